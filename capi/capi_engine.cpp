@@ -1,0 +1,173 @@
+// Engine calls: argument checks and struct translation, then the engine. No ZeRO logic lives here.
+#include "config.hpp"
+#include "guard.hpp"
+#include "handles.hpp"
+
+using zero::capi::copy_out;
+using zero::capi::guard;
+using zero::capi::require_arg;
+using zero::capi::require_struct;
+
+namespace {
+
+zero::Engine& engine_of(zero_engine_t* engine, const char* call) {
+  require_arg(engine != nullptr, call, "engine is NULL");
+  return *engine->impl;
+}
+
+const zero::Engine& engine_of(const zero_engine_t* engine, const char* call) {
+  require_arg(engine != nullptr, call, "engine is NULL");
+  return *engine->impl;
+}
+
+}  // namespace
+
+extern "C" {
+
+ZERO_API zero_status_t zero_engine_create(zero_engine_t** out_engine, const char* json_config, zero_comm_t* comm) {
+  return guard("zero_engine_create", [&] {
+    require_arg(out_engine != nullptr, "zero_engine_create", "out_engine is NULL");
+    require_arg(json_config != nullptr, "zero_engine_create", "json_config is NULL");
+    require_arg(comm != nullptr, "zero_engine_create", "comm is NULL");
+    zero::Config config = zero::parse_config(json_config, comm->impl->size());
+    auto handle = std::make_unique<zero_engine>();
+    handle->impl = std::make_unique<zero::Engine>(std::move(config), comm->impl);
+    *out_engine = handle.release();
+  });
+}
+
+ZERO_API void zero_engine_destroy(zero_engine_t* engine) { delete engine; }
+
+ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engine_t* engine,
+                                                   const zero_param_group_desc_t* desc) {
+  const char* call = "zero_engine_add_param_group";
+  return guard(call, [&] {
+    require_arg(out_group != nullptr, call, "out_group is NULL");
+    zero::Engine& e = engine_of(engine, call);
+    require_struct(desc, call, "zero_param_group_desc_t", "ZERO_PARAM_GROUP_DESC_INIT");
+    *out_group = e.add_param_group(desc->name ? desc->name : "", desc->lr, desc->weight_decay, desc->beta1,
+                                   desc->beta2, desc->eps);
+  });
+}
+
+ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* engine,
+                                             const zero_param_desc_t* desc) {
+  const char* call = "zero_engine_add_param";
+  return guard(call, [&] {
+    require_arg(out_param != nullptr, call, "out_param is NULL");
+    zero::Engine& e = engine_of(engine, call);
+    require_struct(desc, call, "zero_param_desc_t", "ZERO_PARAM_DESC_INIT");
+    require_arg(desc->name != nullptr, call, "desc->name is NULL");
+    require_arg(desc->ndim >= 0 && desc->ndim <= 8, call, "desc->ndim must be in 0..8");
+    require_arg(desc->ndim == 0 || desc->shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
+    if (desc->dtype != ZERO_DTYPE_FP32)
+      zero::fail(desc->dtype == ZERO_DTYPE_BF16 || desc->dtype == ZERO_DTYPE_FP16 ? ZERO_ERR_UNSUPPORTED
+                                                                                  : ZERO_ERR_INVALID_ARGUMENT,
+                 std::string(call) + ": param '" + desc->name +
+                     "': dtype must be ZERO_DTYPE_FP32 (this version trains in fp32)");
+    zero::ParamShape shape;
+    shape.name = desc->name;
+    shape.dims.assign(desc->shape, desc->shape + desc->ndim);
+    shape.unit = desc->unit;
+    shape.group = desc->group;
+    *out_param = e.add_param(std::move(shape), desc->init_data);
+  });
+}
+
+ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine) {
+  return guard("zero_engine_finalize", [&] { engine_of(engine, "zero_engine_finalize").finalize(); });
+}
+
+ZERO_API zero_status_t zero_param_data(void** out_data, zero_engine_t* engine, int32_t param) {
+  return guard("zero_param_data", [&] {
+    require_arg(out_data != nullptr, "zero_param_data", "out_data is NULL");
+    *out_data = engine_of(engine, "zero_param_data").param_data(param);
+  });
+}
+
+ZERO_API zero_status_t zero_grad_data(void** out_data, zero_engine_t* engine, int32_t param) {
+  return guard("zero_grad_data", [&] {
+    require_arg(out_data != nullptr, "zero_grad_data", "out_data is NULL");
+    *out_data = engine_of(engine, "zero_grad_data").grad_data(param);
+  });
+}
+
+ZERO_API zero_status_t zero_gather(zero_engine_t* engine, int32_t unit) {
+  return guard("zero_gather", [&] { engine_of(engine, "zero_gather").gather(unit); });
+}
+
+ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit) {
+  return guard("zero_release", [&] { engine_of(engine, "zero_release").release(unit); });
+}
+
+ZERO_API zero_status_t zero_grad_ready(zero_engine_t* engine, int32_t param) {
+  return guard("zero_grad_ready", [&] { engine_of(engine, "zero_grad_ready").grad_ready(param); });
+}
+
+ZERO_API zero_status_t zero_backward_end(zero_engine_t* engine) {
+  return guard("zero_backward_end", [&] { engine_of(engine, "zero_backward_end").backward_end(); });
+}
+
+ZERO_API zero_status_t zero_step(zero_engine_t* engine, zero_step_info_t* out_info) {
+  const char* call = "zero_step";
+  return guard(call, [&] {
+    zero::Engine& e = engine_of(engine, call);
+    if (out_info != nullptr && out_info->struct_size < sizeof(size_t) * 2)
+      zero::fail(ZERO_ERR_INVALID_ARGUMENT, "zero_step: out_info->struct_size is too small; use ZERO_STEP_INFO_INIT");
+    zero::StepResult r = e.step();
+    if (out_info == nullptr) return;
+    zero_step_info_t info = ZERO_STEP_INFO_INIT;
+    info.step = r.step;
+    info.loss_scale = 1.0;
+    info.grad_norm = r.grad_norm;
+    info.skipped = r.skipped ? 1 : 0;
+    info.lr = r.lr;
+    copy_out(out_info, info, call, "ZERO_STEP_INFO_INIT");
+  });
+}
+
+ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* engine) {
+  return guard("zero_loss_scale", [&] {
+    require_arg(out_scale != nullptr, "zero_loss_scale", "out_scale is NULL");
+    engine_of(engine, "zero_loss_scale");
+    *out_scale = 1.0;  // fp32 training needs no loss scaling
+  });
+}
+
+ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr) {
+  return guard("zero_set_lr", [&] { engine_of(engine, "zero_set_lr").set_lr(group, lr); });
+}
+
+ZERO_API zero_status_t zero_memory_stats(const zero_engine_t* engine, zero_memory_stats_t* out_stats) {
+  const char* call = "zero_memory_stats";
+  return guard(call, [&] {
+    const zero::Engine& e = engine_of(engine, call);
+    zero::MemoryStats m = e.memory_stats();
+    zero_memory_stats_t s = ZERO_MEMORY_STATS_INIT;
+    s.param_bytes = m.param_bytes;
+    s.grad_bytes = m.grad_bytes;
+    s.master_param_bytes = m.master_param_bytes;
+    s.optimizer_state_bytes = m.optimizer_state_bytes;
+    s.bucket_bytes = m.bucket_bytes;
+    s.gathered_bytes = m.gathered_bytes;
+    s.total_bytes = m.total();
+    copy_out(out_stats, s, call, "ZERO_MEMORY_STATS_INIT");
+  });
+}
+
+ZERO_API zero_status_t zero_comm_stats(const zero_engine_t* engine, zero_comm_stats_t* out_stats) {
+  const char* call = "zero_comm_stats";
+  return guard(call, [&] {
+    const zero::CommStats& c = engine_of(engine, call).comm_stats();
+    zero_comm_stats_t s = ZERO_COMM_STATS_INIT;
+    auto kind = [](const zero::CommKindStats& k) { return zero_comm_kind_stats_t{k.calls, k.bytes, k.wire_bytes}; };
+    s.sequence = c.sequence;
+    s.all_gather = kind(c.all_gather);
+    s.reduce_scatter = kind(c.reduce_scatter);
+    s.all_reduce = kind(c.all_reduce);
+    s.broadcast = kind(c.broadcast);
+    copy_out(out_stats, s, call, "ZERO_COMM_STATS_INIT");
+  });
+}
+
+}  // extern "C"

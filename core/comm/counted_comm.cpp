@@ -1,0 +1,39 @@
+#include "comm/counted_comm.hpp"
+
+namespace zero {
+
+size_t elem_size(ElemType type) { return type == ElemType::kF32 ? 4 : 8; }
+
+void CountedComm::count(CommKindStats& kind, uint64_t bytes, uint64_t wire_bytes) {
+  kind.calls += 1;
+  kind.bytes += bytes;
+  kind.wire_bytes += wire_bytes;
+  stats_.sequence += 1;
+}
+
+void CountedComm::all_gather_inplace(float* buf, size_t block_elems) {
+  const uint64_t block_bytes = block_elems * sizeof(float), n = size();
+  count(stats_.all_gather, block_bytes * n, block_bytes * (n - 1));
+  comm_->all_gather_inplace(buf, block_elems);
+}
+
+void CountedComm::reduce_scatter_sum_inplace(float* buf, size_t block_elems) {
+  const uint64_t block_bytes = block_elems * sizeof(float), n = size();
+  count(stats_.reduce_scatter, block_bytes * n, block_bytes * (n - 1));
+  comm_->reduce_scatter_sum_inplace(buf, block_elems);
+}
+
+void CountedComm::all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) {
+  const uint64_t bytes = n_elems * elem_size(type), n = size();
+  // Ring all-reduce: a reduce-scatter and an all-gather, each sending (N-1)/N of the buffer. Rounded down.
+  count(stats_.all_reduce, bytes, 2 * bytes * (n - 1) / n);
+  comm_->all_reduce_inplace(buf, n_elems, type, op);
+}
+
+void CountedComm::broadcast(void* buf, size_t n_bytes, int root) {
+  const uint64_t n = size();
+  count(stats_.broadcast, n_bytes, n_bytes * (n - 1) / n);
+  comm_->broadcast(buf, n_bytes, root);
+}
+
+}  // namespace zero

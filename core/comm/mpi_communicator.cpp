@@ -1,0 +1,130 @@
+#include "comm/mpi_communicator.hpp"
+
+#include <mpi.h>
+
+#include <mutex>
+#include <string>
+
+#include "error.hpp"
+
+namespace zero {
+namespace {
+
+// MPI may be initialised by us or by the caller. When we did it, we finalise it once the last communicator we
+// created is gone: MPI cannot be re-initialised, so finalising earlier would break a later zero_comm_create_mpi.
+std::mutex g_mpi_mutex;
+bool g_we_initialized_mpi = false;
+int g_live_mpi_comms = 0;
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail(ZERO_ERR_COMM, std::string(what) + " failed: " + std::string(text, len));
+}
+
+MPI_Datatype mpi_type(ElemType type) {
+  switch (type) {
+    case ElemType::kF32:
+      return MPI_FLOAT;
+    case ElemType::kF64:
+      return MPI_DOUBLE;
+    case ElemType::kI64:
+      return MPI_INT64_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return MPI_SUM;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+  }
+  return MPI_OP_NULL;
+}
+
+int query_rank(MPI_Comm comm) {
+  int rank = 0;
+  check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
+  return rank;
+}
+
+int query_size(MPI_Comm comm) {
+  int size = 0;
+  check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
+  return size;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : Communicator(query_rank(comm), query_size(comm)), comm_(comm) {}
+
+  ~MpiCommunicator() override {
+    std::lock_guard<std::mutex> lock(g_mpi_mutex);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+    g_live_mpi_comms -= 1;
+    if (g_live_mpi_comms == 0 && g_we_initialized_mpi && !finalized) MPI_Finalize();
+  }
+
+ public:
+  void all_gather_inplace(float* buf, size_t block_elems) override {
+    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count(block_elems), MPI_FLOAT, comm_),
+          "MPI_Allgather");
+  }
+  void reduce_scatter_sum_inplace(float* buf, size_t block_elems) override {
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count(block_elems), MPI_FLOAT, MPI_SUM, comm_),
+          "MPI_Reduce_scatter_block");
+  }
+  void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) override {
+    check(MPI_Allreduce(MPI_IN_PLACE, buf, count(n_elems), mpi_type(type), mpi_op(op), comm_), "MPI_Allreduce");
+  }
+  void broadcast(void* buf, size_t n_bytes, int root) override {
+    check(MPI_Bcast(buf, count(n_bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
+  }
+
+ private:
+  // MPI counts are int; the engine never sends more than 2^31-1 elements in one call (a unit that large is
+  // rejected at finalize), so this only guards the invariant.
+  static int count(size_t n) {
+    if (n > static_cast<size_t>(INT32_MAX)) fail(ZERO_ERR_UNSUPPORTED, "message of more than 2^31-1 elements");
+    return static_cast<int>(n);
+  }
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_mpi_communicator(int64_t fortran_comm) {
+  std::lock_guard<std::mutex> lock(g_mpi_mutex);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) fail(ZERO_ERR_INVALID_STATE, "MPI has already been finalised in this process; it cannot restart");
+  if (!initialized) {
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    g_we_initialized_mpi = true;
+  }
+  MPI_Comm user = fortran_comm == -1 ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_comm));
+  if (user == MPI_COMM_NULL) fail(ZERO_ERR_INVALID_ARGUMENT, "mpi_comm is MPI_COMM_NULL");
+  MPI_Comm dup = MPI_COMM_NULL;
+  check(MPI_Comm_dup(user, &dup), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+  g_live_mpi_comms += 1;
+  try {
+    return std::make_shared<MpiCommunicator>(dup);
+  } catch (...) {
+    g_live_mpi_comms -= 1;
+    MPI_Comm_free(&dup);
+    throw;
+  }
+}
+
+}  // namespace zero

@@ -1,0 +1,405 @@
+#include "config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "error.hpp"
+
+namespace zero {
+
+using json = nlohmann::json;
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t subst = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, subst});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+namespace {
+
+// One JSON object of the config, with its dotted path for messages.
+class Section {
+ public:
+  Section(const json& obj, std::string path, Config& cfg) : obj_(obj), path_(std::move(path)), cfg_(cfg) {
+    if (!obj_.is_object()) fail(ZERO_ERR_CONFIG, "'" + path_ + "' must be a JSON object, got " + obj_.type_name());
+  }
+
+  // Every key must be in `known`; an unknown one is an error naming the nearest known key.
+  void require_known(const std::vector<std::string>& known) const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+      std::string best;
+      size_t best_distance = SIZE_MAX;
+      for (const auto& k : known) {
+        size_t d = edit_distance(it.key(), k);
+        if (d < best_distance) best_distance = d, best = k;
+      }
+      std::string msg = "unknown config key '" + qualified(it.key()) + "'";
+      if (!best.empty()) msg += "; did you mean '" + qualified(best) + "'?";
+      fail(ZERO_ERR_CONFIG, msg);
+    }
+  }
+
+  bool has(const std::string& key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
+  std::string qualified(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  Section child(const std::string& key) const { return Section(obj_.at(key), qualified(key), cfg_); }
+  const json& raw(const std::string& key) const { return obj_.at(key); }
+
+  bool get_bool(const std::string& key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = value(key);
+    if (!v.is_boolean()) type_error(key, "a boolean");
+    return v.get<bool>();
+  }
+
+  double get_number(const std::string& key, double fallback, double lo, double hi) const {
+    if (!has(key)) return fallback;
+    const json& v = value(key);
+    if (!v.is_number()) type_error(key, "a number");
+    double d = v.get<double>();
+    if (!(d >= lo && d <= hi)) range_error(key, d, lo, hi);
+    return d;
+  }
+
+  // Integers may be written as 5e8, as DeepSpeed configs often do, as long as the value is integral.
+  int64_t get_int(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
+    if (!has(key)) return fallback;
+    const json& v = value(key);
+    if (!v.is_number()) type_error(key, "an integer");
+    double d = v.get<double>();
+    if (v.is_number_integer()) d = static_cast<double>(v.get<int64_t>());
+    if (d != std::floor(d)) type_error(key, "an integer");
+    if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi))) range_error(key, d, lo, hi);
+    return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(d);
+  }
+
+  std::string get_string(const std::string& key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = value(key);
+    if (!v.is_string()) type_error(key, "a string");
+    return v.get<std::string>();
+  }
+
+  // A valid key whose presence cannot change results; remembered for the "no effect yet" warning.
+  void no_effect(const std::string& key) const {
+    if (obj_.contains(key)) cfg_.no_effect_keys.push_back(qualified(key));
+  }
+
+  [[noreturn]] void unsupported(const std::string& key, const std::string& why) const {
+    fail(ZERO_ERR_UNSUPPORTED, "config key '" + qualified(key) + "' is not supported yet: " + why);
+  }
+
+ private:
+  const json& value(const std::string& key) const {
+    const json& v = obj_.at(key);
+    if (v.is_string() && v.get<std::string>() == "auto")
+      fail(ZERO_ERR_CONFIG, "config key '" + qualified(key) +
+                                "' is \"auto\"; replace it with a value (the Hugging Face Trainer resolves \"auto\" "
+                                "before handing the config over)");
+    return v;
+  }
+  [[noreturn]] void type_error(const std::string& key, const char* expected) const {
+    fail(ZERO_ERR_CONFIG, "config key '" + qualified(key) + "' must be " + expected + ", got " +
+                              obj_.at(key).dump() + " (" + obj_.at(key).type_name() + ")");
+  }
+  [[noreturn]] void range_error(const std::string& key, double v, double lo, double hi) const {
+    std::ostringstream os;
+    os << "config key '" << qualified(key) << "' is " << v << "; it must be in [" << lo << ", " << hi << "]";
+    fail(ZERO_ERR_CONFIG, os.str());
+  }
+
+  const json& obj_;
+  std::string path_;
+  Config& cfg_;
+};
+
+constexpr int64_t kMaxInt = INT64_C(1) << 53;  // beyond this a JSON number may not be exact
+
+void parse_zero_optimization(const Section& z, Config& cfg) {
+  z.require_known({"stage",
+                   "reduce_bucket_size",
+                   "allgather_bucket_size",
+                   "contiguous_gradients",
+                   "overlap_comm",
+                   "reduce_scatter",
+                   "allgather_partitions",
+                   "stage3_param_persistence_threshold",
+                   "stage3_prefetch_bucket_size",
+                   "stage3_max_live_parameters",
+                   "stage3_max_reuse_distance",
+                   "stage3_gather_16bit_weights_on_model_save",
+                   "stage3_gather_fp16_weights_on_model_save",
+                   "sub_group_size",
+                   "round_robin_gradients",
+                   "elastic_checkpoint",
+                   "load_from_fp32_weights",
+                   "ignore_unused_parameters",
+                   "memory_efficient_linear",
+                   "use_multi_rank_bucket_allreduce",
+                   "offload_param",
+                   "offload_optimizer",
+                   "cpu_offload",
+                   "cpu_offload_params",
+                   "cpu_offload_use_pin_memory",
+                   "zero_hpz_partition_size",
+                   "zero_quantized_weights",
+                   "zero_quantized_gradients",
+                   "mics_shard_size",
+                   "mics_hierarchical_params_gather"});
+  cfg.stage = static_cast<int>(z.get_int("stage", 0, 0, 3));
+  cfg.reduce_bucket_size = z.get_int("reduce_bucket_size", cfg.reduce_bucket_size, 1, kMaxInt);
+  cfg.allgather_bucket_size = z.get_int("allgather_bucket_size", cfg.allgather_bucket_size, 1, kMaxInt);
+  cfg.contiguous_gradients = z.get_bool("contiguous_gradients", true);
+  cfg.overlap_comm = z.get_bool("overlap_comm", false);
+  cfg.param_persistence_threshold =
+      z.get_int("stage3_param_persistence_threshold", cfg.param_persistence_threshold, 0, kMaxInt);
+
+  // Knobs that only trade speed for memory or tune scheduling; validated, and named in the warning.
+  z.get_bool("reduce_scatter", true);
+  z.get_bool("allgather_partitions", true);
+  z.get_int("stage3_prefetch_bucket_size", 0, 0, kMaxInt);
+  z.get_int("stage3_max_live_parameters", 0, 0, kMaxInt);
+  z.get_int("stage3_max_reuse_distance", 0, 0, kMaxInt);
+  z.get_int("sub_group_size", 0, 0, kMaxInt);
+  z.get_bool("round_robin_gradients", false);
+  z.get_bool("elastic_checkpoint", false);
+  z.get_bool("load_from_fp32_weights", true);
+  z.get_bool("ignore_unused_parameters", true);
+  z.get_bool("memory_efficient_linear", true);
+  z.get_bool("use_multi_rank_bucket_allreduce", true);
+  for (const char* k : {"allgather_bucket_size", "overlap_comm", "reduce_scatter", "allgather_partitions",
+                        "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                        "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
+                        "ignore_unused_parameters", "memory_efficient_linear", "use_multi_rank_bucket_allreduce"})
+    z.no_effect(k);
+
+  // Keys that change where memory lives or what is computed: refused until their feature lands.
+  for (const char* k : {"offload_param", "offload_optimizer"}) {
+    if (!z.has(k)) continue;
+    Section off = z.child(k);
+    off.require_known({"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu",
+                       "pipeline_read", "pipeline_write", "fast_init", "ratio"});
+    std::string device = off.get_string("device", "none");
+    if (device != "none") z.unsupported(k, "offload to '" + device + "' is not implemented in this version");
+  }
+  for (const char* k : {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                        "cpu_offload", "cpu_offload_params", "zero_quantized_weights", "zero_quantized_gradients",
+                        "mics_hierarchical_params_gather"}) {
+    if (z.get_bool(k, false)) z.unsupported(k, "this feature is not implemented in this version");
+  }
+  z.get_bool("cpu_offload_use_pin_memory", false);
+  z.no_effect("cpu_offload_use_pin_memory");
+  if (z.get_int("zero_hpz_partition_size", 1, 1, kMaxInt) != 1)
+    z.unsupported("zero_hpz_partition_size", "hierarchical partitioning (ZeRO++) is not implemented");
+  if (z.get_int("mics_shard_size", -1, -1, kMaxInt) > 0)
+    z.unsupported("mics_shard_size", "MiCS sharding is not implemented");
+}
+
+void parse_optimizer(const Section& o, Config& cfg) {
+  o.require_known({"type", "params"});
+  if (!o.has("type")) fail(ZERO_ERR_CONFIG, "config key 'optimizer.type' is missing; use \"AdamW\" or \"Adam\"");
+  std::string type = o.get_string("type", "");
+  std::string lower = type;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  bool adamw_type = lower == "adamw";
+  if (!adamw_type && lower != "adam") {
+    const char* later[] = {"adagrad", "lion", "sgd", "lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam"};
+    for (const char* l : later)
+      if (lower == l) o.unsupported("type", "optimizer \"" + type + "\" is not implemented yet; use Adam or AdamW");
+    fail(ZERO_ERR_CONFIG, "config key 'optimizer.type' is \"" + type + "\"; valid values: \"Adam\", \"AdamW\"");
+  }
+  OptimizerConfig& opt = cfg.optimizer;
+  // torch.optim.AdamW's default weight decay is 0.01; Adam's is 0.
+  opt.weight_decay = adamw_type ? 0.01 : 0.0;
+  bool adam_w_mode = true;  // DeepSpeed's "Adam" means decoupled weight decay unless adam_w_mode is false.
+  if (o.has("params")) {
+    Section p = o.child("params");
+    p.require_known({"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam",
+                     "fused"});
+    opt.lr = p.get_number("lr", opt.lr, 0.0, 1e6);
+    if (p.has("betas")) {
+      const json& b = p.raw("betas");
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+        fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.betas' must be an array of two numbers, got " + b.dump());
+      opt.beta1 = b[0].get<double>();
+      opt.beta2 = b[1].get<double>();
+      if (!(opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 && opt.beta2 < 1))
+        fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.betas' is " + b.dump() + "; both must be in [0, 1)");
+    }
+    opt.eps = p.get_number("eps", opt.eps, 0.0, 1.0);
+    opt.weight_decay = p.get_number("weight_decay", opt.weight_decay, 0.0, 1e6);
+    opt.bias_correction = p.get_bool("bias_correction", true);
+    adam_w_mode = p.get_bool("adam_w_mode", true);
+    if (p.get_bool("amsgrad", false)) p.unsupported("amsgrad", "AMSGrad is not implemented");
+    p.get_bool("torch_adam", false);
+    p.get_bool("fused", true);
+    p.no_effect("torch_adam");
+    p.no_effect("fused");
+  }
+  opt.kind = (adamw_type || adam_w_mode) ? OptimizerConfig::Kind::kAdamW : OptimizerConfig::Kind::kAdamL2;
+}
+
+void parse_precision(const Section& top, const std::string& key, Config& cfg) {
+  if (!top.has(key)) return;
+  Section s = top.child(key);
+  if (key == "fp16") {
+    s.require_known({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                     "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"});
+  } else if (key == "bf16") {
+    s.require_known({"enabled", "immediate_grad_update", "check_grad_overflow"});
+  } else {
+    s.require_known({"enabled", "opt_level"});
+  }
+  if (s.get_bool("enabled", false))
+    s.unsupported("enabled", "mixed precision lands in a later version; this one trains in fp32");
+  (void)cfg;
+}
+
+// train_batch_size = micro batch x accumulation steps x world size; any two determine the third.
+void resolve_batch(const Section& top, Config& cfg, int world) {
+  bool has_tbs = top.has("train_batch_size"), has_mb = top.has("train_micro_batch_size_per_gpu"),
+       has_gas = top.has("gradient_accumulation_steps");
+  int64_t tbs = top.get_int("train_batch_size", 0, 1, kMaxInt);
+  int64_t mb = top.get_int("train_micro_batch_size_per_gpu", 0, 1, kMaxInt);
+  int64_t gas = top.get_int("gradient_accumulation_steps", 1, 1, 1 << 20);
+  auto arithmetic = [&](int64_t t, int64_t m, int64_t g) {
+    std::ostringstream os;
+    os << "train_batch_size (" << t << ") must equal train_micro_batch_size_per_gpu (" << m
+       << ") x gradient_accumulation_steps (" << g << ") x world size (" << world << ") = " << m * g * world;
+    return os.str();
+  };
+  if (has_tbs && has_mb && has_gas) {
+    if (tbs != mb * gas * world) fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: " + arithmetic(tbs, mb, gas));
+  } else if (has_tbs && has_mb) {
+    if (tbs % (mb * world) != 0)
+      fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: train_batch_size (" + std::to_string(tbs) +
+                                ") is not divisible by train_micro_batch_size_per_gpu (" + std::to_string(mb) +
+                                ") x world size (" + std::to_string(world) + ")");
+    gas = tbs / (mb * world);
+  } else if (has_tbs && has_gas) {
+    if (tbs % (gas * world) != 0)
+      fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: train_batch_size (" + std::to_string(tbs) +
+                                ") is not divisible by gradient_accumulation_steps (" + std::to_string(gas) +
+                                ") x world size (" + std::to_string(world) + ")");
+    mb = tbs / (gas * world);
+  } else if (has_mb && has_gas) {
+    tbs = mb * gas * world;
+  } else if (has_tbs) {
+    if (tbs % world != 0)
+      fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: train_batch_size (" + std::to_string(tbs) +
+                                ") is not divisible by the world size (" + std::to_string(world) + ")");
+    gas = 1;
+    mb = tbs / world;
+  } else if (has_mb) {
+    gas = 1;
+    tbs = mb * world;
+  }
+  cfg.train_batch_size = tbs;
+  cfg.train_micro_batch_size_per_gpu = mb;
+  cfg.gradient_accumulation_steps = gas;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& json_text, int world_size) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    fail(ZERO_ERR_CONFIG, std::string("the config is not valid JSON: ") + e.what());
+  }
+  Config cfg;
+  Section top(root, "", cfg);
+  top.require_known({"train_batch_size",
+                     "train_micro_batch_size_per_gpu",
+                     "gradient_accumulation_steps",
+                     "optimizer",
+                     "scheduler",
+                     "fp16",
+                     "bf16",
+                     "amp",
+                     "zero_optimization",
+                     "gradient_clipping",
+                     "prescale_gradients",
+                     "gradient_predivide_factor",
+                     "communication_data_type",
+                     "data_types",
+                     "sparse_gradients",
+                     "steps_per_print",
+                     "wall_clock_breakdown",
+                     "memory_breakdown",
+                     "dump_state",
+                     "zero_allow_untested_optimizer",
+                     "zero_force_ds_cpu_optimizer",
+                     "activation_checkpointing",
+                     "aio",
+                     "checkpoint",
+                     "tensorboard",
+                     "wandb",
+                     "csv_monitor",
+                     "comet",
+                     "flops_profiler",
+                     "comms_logger",
+                     "elasticity",
+                     "compression_training",
+                     "curriculum_learning",
+                     "data_efficiency",
+                     "sparse_attention",
+                     "autotuning"});
+
+  resolve_batch(top, cfg, world_size);
+  cfg.gradient_clipping = top.get_number("gradient_clipping", 0.0, 0.0, 1e30);
+
+  if (!top.has("optimizer"))
+    fail(ZERO_ERR_CONFIG,
+         "the config has no 'optimizer' block; libzero runs the optimizer itself, e.g. "
+         "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");
+  parse_optimizer(top.child("optimizer"), cfg);
+  if (top.has("zero_optimization")) parse_zero_optimization(top.child("zero_optimization"), cfg);
+  for (const char* k : {"fp16", "bf16", "amp"}) parse_precision(top, k, cfg);
+
+  if (top.has("scheduler")) top.unsupported("scheduler", "learning-rate schedulers land with the fused optimizers; "
+                                                         "drive the rate with zero_set_lr meanwhile");
+  if (top.get_bool("prescale_gradients", false))
+    top.unsupported("prescale_gradients", "gradients are summed, then averaged once");
+  if (top.get_number("gradient_predivide_factor", 1.0, 1e-30, 1e30) != 1.0)
+    top.unsupported("gradient_predivide_factor", "gradients are summed, then averaged once");
+  if (top.has("communication_data_type")) {
+    std::string t = top.get_string("communication_data_type", "fp32");
+    if (t != "fp32") top.unsupported("communication_data_type", "this version communicates in fp32 only");
+  }
+  if (top.has("data_types")) {
+    Section d = top.child("data_types");
+    d.require_known({"grad_accum_dtype"});
+    std::string t = d.get_string("grad_accum_dtype", "fp32");
+    if (t != "fp32") d.unsupported("grad_accum_dtype", "this version accumulates gradients in fp32 only");
+  }
+  if (top.get_bool("sparse_gradients", false)) top.unsupported("sparse_gradients", "sparse gradients");
+  for (const char* k : {"elasticity", "compression_training", "curriculum_learning", "data_efficiency",
+                        "sparse_attention"}) {
+    if (!top.has(k)) continue;
+    const json& block = top.raw(k);
+    bool enabled = !block.is_object() || !block.contains("enabled") || block.at("enabled") != json(false);
+    if (enabled) top.unsupported(k, "this feature changes what is trained and is not implemented");
+  }
+  // Logging, profiling, framework-side and I/O-tuning blocks: they cannot change the trained weights.
+  top.get_int("steps_per_print", 10, 0, kMaxInt);
+  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
+                        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "activation_checkpointing",
+                        "aio", "checkpoint", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
+                        "comms_logger", "autotuning"})
+    top.no_effect(k);
+  return cfg;
+}
+
+}  // namespace zero

@@ -1,0 +1,23 @@
+// Errors inside the engine. Core code throws zero::Error carrying the public status code; the C API shims catch
+// it (and every other exception) so nothing crosses the ABI.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "zero/zero.h"
+
+namespace zero {
+
+class Error : public std::runtime_error {
+ public:
+  Error(zero_status_t status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  zero_status_t status() const { return status_; }
+
+ private:
+  zero_status_t status_;
+};
+
+[[noreturn]] inline void fail(zero_status_t status, const std::string& message) { throw Error(status, message); }
+
+}  // namespace zero

@@ -1,0 +1,69 @@
+// Where every parameter element lives: flat per-unit buffers, their partition into equal rank shards, and the
+// gradient buckets. Pure arithmetic on the registration, shared by every stage (stages differ only in which
+// buffers they keep resident), and unit-tested on its own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero {
+
+// Each param starts at a multiple of this many elements inside its unit (Megatron's 64-element alignment).
+constexpr size_t kParamAlignElems = 64;
+// Each rank's shard is a multiple of this many elements (a 64-byte cache line of fp32, one AVX-512 vector).
+constexpr size_t kShardAlignElems = 16;
+
+struct ParamShape {
+  std::string name;
+  std::vector<int64_t> dims;
+  int unit = 0;
+  int group = 0;
+  size_t numel() const;
+};
+
+struct ParamPlacement {
+  int unit = 0;
+  size_t offset = 0;  // first element inside the unit's flat buffer
+  size_t numel = 0;
+};
+
+// A contiguous run of one param inside one rank's shard: what the optimizer walks.
+struct ShardSegment {
+  size_t shard_offset = 0;  // relative to the start of the shard
+  size_t numel = 0;
+  int param = 0;
+  int group = 0;
+};
+
+struct UnitLayout {
+  std::vector<int> params;    // in registration order
+  size_t used_elems = 0;      // end of the last param (before padding)
+  size_t padded_elems = 0;    // a multiple of world_size x kShardAlignElems
+  size_t shard_elems = 0;     // padded_elems / world_size
+};
+
+struct Layout {
+  int world_size = 1;
+  std::vector<ParamPlacement> params;
+  std::vector<UnitLayout> units;
+
+  size_t total_padded_elems() const;
+  // Segments of the element range [begin, begin + length) of `unit`, in order, padding excluded.
+  std::vector<ShardSegment> segments(int unit, size_t begin, size_t length, const std::vector<ParamShape>& shapes) const;
+};
+
+// Throws zero::Error if a unit is empty or ids are out of range.
+Layout build_layout(const std::vector<ParamShape>& params, int world_size);
+
+// Gradient buckets for stages 2-3: consecutive units in backward order (last unit first), each bucket holding at
+// most `bucket_elems` padded elements unless a single unit is larger (then it is a bucket of its own).
+struct Bucket {
+  std::vector<int> units;             // in backward order
+  std::vector<size_t> unit_offsets;   // where each unit's full gradient starts inside the bucket buffer
+  size_t elems = 0;
+};
+std::vector<Bucket> build_buckets(const Layout& layout, int64_t bucket_elems);
+
+}  // namespace zero
