@@ -79,7 +79,7 @@ Difference first_difference(CountedComm& comm, const std::vector<std::string>& d
   d.index = key / world;
   d.rank = static_cast<int>(key % world);
   auto local = [&](int64_t i) {
-    return i < mine ? descriptions[i] : "nothing (it registered only " + std::to_string(mine) + ")";
+    return i < mine ? descriptions[i] : "nothing (it registered only " + std::to_string(mine) + " entries)";
   };
   d.on_root = broadcast_string(comm, local(d.index), 0);
   d.on_rank = broadcast_string(comm, local(d.index), d.rank);

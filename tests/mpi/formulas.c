@@ -1,0 +1,143 @@
+/*
+ * Formulas: each rank's zero_memory_stats equals the bytes predicted from the layout, and zero_comm_stats per
+ * step equals the ZeRO traffic formula, for stages 0-3 at the rank count mpirun gives.
+ *
+ *   mpirun -np N test_formulas
+ *
+ * libzero initialises MPI itself here (the test never calls MPI_Init), which covers that path too.
+ *
+ * Prediction for fp32 params with Adam (Psi = padded params, summed over units; S_u = unit u's shard):
+ *   stage 0: params 4 Psi,   grads 4 Psi,   optimizer 8 Psi
+ *   stage 1: params 4 Psi,   grads 4 Psi,   optimizer 8 Psi / N
+ *   stage 2: params 4 Psi,   grads 4 Psi/N, optimizer 8 Psi / N, buckets 4 x largest bucket
+ *   stage 3: params 4 Psi/N, grads 4 Psi/N, optimizer 8 Psi / N, buckets 4 x largest bucket,
+ *            gathered 4 x largest unit (one unit gathered at a time)
+ * The fp32 master copy aliases the fp32 params (master_param_bytes = 0). Traffic per step, in elements sent by
+ * one rank: stages 0-2 2 Psi (N-1)/N (all-reduce = reduce-scatter + all-gather), stage 3 3 Psi (N-1)/N (gather
+ * in forward and backward, reduce-scatter of gradients), plus one 8-byte all-reduce of the squared norm at
+ * stages 1-3 (stage 0 holds every gradient already).
+ */
+#include <string.h>
+
+#include "harness.h"
+
+static const long kBucketElems = 300; /* small enough that the three units fall into more than one bucket */
+
+static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_t* table_row) {
+  char config[512];
+  snprintf(config, sizeof config,
+           "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
+           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
+           " \"stage3_param_persistence_threshold\": 0}}",
+           stage, kBucketElems);
+  zero_engine_t* engine = NULL;
+  CHECK(zero_engine_create(&engine, config, comm));
+  int32_t ids[kNumParams];
+  register_test_model(engine, NULL, ids);
+  CHECK(zero_engine_finalize(engine));
+
+  /* Independent prediction from the layout rule. */
+  uint64_t psi = 0, largest_unit = 0, largest_bucket = 0, bucket = 0;
+  for (int u = kNumUnits - 1; u >= 0; --u) { /* buckets fill in backward order */
+    uint64_t n = test_unit_padded(u, world);
+    psi += n;
+    if (n > largest_unit) largest_unit = n;
+    if (bucket > 0 && bucket + n > (uint64_t)kBucketElems) bucket = 0;
+    bucket += n;
+    if (bucket > largest_bucket) largest_bucket = bucket;
+  }
+  uint64_t want_params = stage == 3 ? 4 * psi / world : 4 * psi;
+  uint64_t want_grads = stage <= 1 ? 4 * psi : 4 * psi / world;
+  uint64_t want_optim = stage == 0 ? 8 * psi : 8 * psi / world;
+  uint64_t want_buckets = stage >= 2 ? 4 * largest_bucket : 0;
+  uint64_t want_gathered = stage == 3 ? 4 * largest_unit : 0;
+
+  zero_comm_stats_t before = ZERO_COMM_STATS_INIT, after = ZERO_COMM_STATS_INIT;
+  for (int t = 0; t < 2; ++t) { /* measure the second step: the first one also allocates the pools */
+    CHECK(zero_comm_stats(engine, &before));
+    for (int u = 0; u < kNumUnits; ++u) {
+      CHECK(zero_gather(engine, u));
+      CHECK(zero_release(engine, u));
+    }
+    for (int u = kNumUnits - 1; u >= 0; --u) {
+      CHECK(zero_gather(engine, u));
+      for (int p = kNumParams - 1; p >= 0; --p) {
+        if (kModel[p].unit != u) continue;
+        float* g = NULL;
+        CHECK(zero_grad_data((void**)&g, engine, ids[p]));
+        g[0] += 1.0f / 1024;
+        CHECK(zero_grad_ready(engine, ids[p]));
+      }
+      CHECK(zero_release(engine, u));
+    }
+    CHECK(zero_backward_end(engine));
+    CHECK(zero_step(engine, NULL));
+    CHECK(zero_comm_stats(engine, &after));
+  }
+
+  zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
+  CHECK(zero_memory_stats(engine, &mem));
+  EXPECT(mem.param_bytes == want_params, "stage %d: param_bytes %llu, predicted %llu", stage,
+         (unsigned long long)mem.param_bytes, (unsigned long long)want_params);
+  EXPECT(mem.grad_bytes == want_grads, "stage %d: grad_bytes %llu, predicted %llu", stage,
+         (unsigned long long)mem.grad_bytes, (unsigned long long)want_grads);
+  EXPECT(mem.master_param_bytes == 0, "stage %d: master_param_bytes %llu", stage,
+         (unsigned long long)mem.master_param_bytes);
+  EXPECT(mem.optimizer_state_bytes == want_optim, "stage %d: optimizer_state_bytes %llu, predicted %llu", stage,
+         (unsigned long long)mem.optimizer_state_bytes, (unsigned long long)want_optim);
+  EXPECT(mem.bucket_bytes == want_buckets, "stage %d: bucket_bytes %llu, predicted %llu", stage,
+         (unsigned long long)mem.bucket_bytes, (unsigned long long)want_buckets);
+  EXPECT(mem.gathered_bytes == want_gathered, "stage %d: gathered_bytes %llu, predicted %llu", stage,
+         (unsigned long long)mem.gathered_bytes, (unsigned long long)want_gathered);
+  uint64_t want_total = want_params + want_grads + want_optim + want_buckets + want_gathered;
+  EXPECT(mem.total_bytes == want_total, "stage %d: total_bytes %llu, predicted %llu (something unaccounted)", stage,
+         (unsigned long long)mem.total_bytes, (unsigned long long)want_total);
+
+  /* Traffic of one step, in bytes one rank sends. */
+  uint64_t ag = after.all_gather.wire_bytes - before.all_gather.wire_bytes;
+  uint64_t rs = after.reduce_scatter.wire_bytes - before.reduce_scatter.wire_bytes;
+  uint64_t ar = after.all_reduce.wire_bytes - before.all_reduce.wire_bytes;
+  uint64_t ar_calls = after.all_reduce.calls - before.all_reduce.calls;
+  uint64_t one_psi = 4 * psi * (uint64_t)(world - 1) / (uint64_t)world; /* Psi (N-1)/N elements, in bytes */
+  uint64_t norm_wire = 2 * 8 * (uint64_t)(world - 1) / (uint64_t)world;
+  uint64_t model_traffic = stage == 0 ? ar : ag + rs + ar - norm_wire;
+  uint64_t want_traffic = (stage == 3 ? 3 : 2) * one_psi;
+  EXPECT(model_traffic == want_traffic, "stage %d: %llu bytes of model traffic per step, formula %llu", stage,
+         (unsigned long long)model_traffic, (unsigned long long)want_traffic);
+  EXPECT(ar_calls == (stage == 0 ? (uint64_t)kNumUnits : 1), "stage %d: %llu all-reduce calls per step", stage,
+         (unsigned long long)ar_calls);
+  if (stage == 0) EXPECT(ag == 0 && rs == 0, "stage 0 must only all-reduce");
+  if (stage == 3) EXPECT(ag == 2 * one_psi && rs == one_psi, "stage 3: all-gather %llu, reduce-scatter %llu",
+                         (unsigned long long)ag, (unsigned long long)rs);
+  if (stage == 1 || stage == 2)
+    EXPECT(ag == one_psi && rs == one_psi, "stage %d: all-gather %llu, reduce-scatter %llu", stage,
+           (unsigned long long)ag, (unsigned long long)rs);
+
+  uint64_t row[9] = {mem.param_bytes, mem.grad_bytes,     mem.optimizer_state_bytes, mem.bucket_bytes,
+                     mem.gathered_bytes, mem.total_bytes, model_traffic, want_traffic, psi};
+  memcpy(table_row, row, sizeof row);
+  (void)rank;
+  zero_engine_destroy(engine);
+}
+
+int main(void) {
+  zero_comm_t* comm = NULL;
+  CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  int rank = 0, world = 1;
+  CHECK(zero_comm_rank(&rank, comm));
+  CHECK(zero_comm_size(&world, comm));
+  uint64_t table[4][9];
+  for (int stage = 0; stage <= 3; ++stage) run_stage(stage, comm, rank, world, table[stage]);
+  if (rank == 0) {
+    printf("N = %d, padded params Psi = %llu (fp32, Adam); bytes per rank, measured = predicted\n", world,
+           (unsigned long long)table[0][8]);
+    printf("%-6s %8s %8s %8s %8s %8s %8s %16s\n", "stage", "params", "grads", "optim", "buckets", "gathered", "total",
+           "traffic/step");
+    for (int s = 0; s < 4; ++s)
+      printf("%-6d %8llu %8llu %8llu %8llu %8llu %8llu %16llu\n", s, (unsigned long long)table[s][0],
+             (unsigned long long)table[s][1], (unsigned long long)table[s][2], (unsigned long long)table[s][3],
+             (unsigned long long)table[s][4], (unsigned long long)table[s][5], (unsigned long long)table[s][6]);
+  }
+  zero_comm_destroy(comm); /* the last communicator: libzero finalises the MPI it initialised */
+  return 0;
+}

@@ -1,0 +1,93 @@
+/* Shared pieces of the multi-process tests: an error-checking macro and the uneven test model. */
+#ifndef ZERO_TESTS_MPI_HARNESS_H_
+#define ZERO_TESTS_MPI_HARNESS_H_
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "zero/zero.h"
+
+#define CHECK(call)                                                                                       \
+  do {                                                                                                    \
+    zero_status_t s_ = (call);                                                                            \
+    if (s_ != ZERO_OK) {                                                                                  \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, zero_status_string(s_),    \
+              zero_last_error());                                                                         \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                                       \
+    }                                                                                                     \
+  } while (0)
+
+#define EXPECT(cond, ...)                                            \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      fprintf(stderr, "%s:%d: expectation failed: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                  \
+      fprintf(stderr, "\n");                                         \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                  \
+    }                                                                \
+  } while (0)
+
+/* Eight params of uneven sizes in three units and two groups: some smaller than any rank count, several not
+ * divisible by 3 or 4, so shard boundaries cut through params and padding differs per rank count. */
+enum { kNumParams = 8, kNumUnits = 3 };
+typedef struct {
+  const char* name;
+  int ndim;
+  int64_t shape[2];
+  int unit;
+  int group; /* 0: config's optimizer params; 1: the "no_decay" group the tests add */
+} TestParam;
+
+static const TestParam kModel[kNumParams] = {
+    {"embed.weight", 2, {37, 5}, 0, 0}, {"embed.bias", 1, {1, 0}, 0, 1}, {"block.w1", 2, {13, 7}, 1, 0},
+    {"block.b1", 1, {3, 0}, 1, 1},      {"block.norm", 1, {2, 0}, 1, 1}, {"head.w2", 2, {7, 11}, 2, 0},
+    {"head.b2", 1, {5, 0}, 2, 1},       {"head.out", 1, {129, 0}, 2, 0},
+};
+
+static inline size_t test_param_numel(int p) {
+  size_t n = 1;
+  for (int d = 0; d < kModel[p].ndim; ++d) n *= (size_t)kModel[p].shape[d];
+  return n;
+}
+
+/* The documented layout rule (docs/architecture.md), computed independently of the engine: params start at
+ * multiples of 64 elements inside their unit; a unit is padded to a multiple of 16 x N. */
+static inline size_t test_unit_padded(int unit, int world) {
+  size_t end = 0;
+  for (int p = 0; p < kNumParams; ++p) {
+    if (kModel[p].unit != unit) continue;
+    size_t start = (end + 63) / 64 * 64;
+    end = start + test_param_numel(p);
+  }
+  size_t multiple = 16 * (size_t)world;
+  return (end + multiple - 1) / multiple * multiple;
+}
+
+/* Registers kModel with the "no_decay" group as group 1. `init` may be NULL (zeros) or hold kNumParams arrays. */
+static inline void register_test_model(zero_engine_t* engine, float* const* init, int32_t* ids) {
+  zero_param_group_desc_t g = ZERO_PARAM_GROUP_DESC_INIT;
+  g.name = "no_decay";
+  g.lr = 0.005;
+  g.weight_decay = 0.0;
+  g.beta1 = 0.8;
+  g.beta2 = 0.99;
+  int32_t group = -1;
+  CHECK(zero_engine_add_param_group(&group, engine, &g));
+  if (group != 1) {
+    fprintf(stderr, "expected group id 1, got %d\n", group);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (int p = 0; p < kNumParams; ++p) {
+    zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+    d.name = kModel[p].name;
+    d.ndim = kModel[p].ndim;
+    d.shape = kModel[p].shape;
+    d.unit = kModel[p].unit;
+    d.group = kModel[p].group;
+    d.init_data = init ? init[p] : NULL;
+    CHECK(zero_engine_add_param(&ids[p], engine, &d));
+  }
+}
+
+#endif /* ZERO_TESTS_MPI_HARNESS_H_ */
