@@ -45,13 +45,12 @@ ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engi
     require_arg(out_group != nullptr, call, "out_group is NULL");
     zero::Engine& e = engine_of(engine, call);
     require_struct(desc, call, "zero_param_group_desc_t", "ZERO_PARAM_GROUP_DESC_INIT");
-    *out_group = e.add_param_group(desc->name ? desc->name : "", desc->lr, desc->weight_decay, desc->beta1,
-                                   desc->beta2, desc->eps);
+    *out_group = e.add_param_group(desc->name ? desc->name : "", desc->lr, desc->weight_decay, desc->beta1, desc->beta2,
+                                   desc->eps);
   });
 }
 
-ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* engine,
-                                             const zero_param_desc_t* desc) {
+ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* engine, const zero_param_desc_t* desc) {
   const char* call = "zero_engine_add_param";
   return guard(call, [&] {
     require_arg(out_param != nullptr, call, "out_param is NULL");

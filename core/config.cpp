@@ -109,8 +109,8 @@ class Section {
     return v;
   }
   [[noreturn]] void type_error(const std::string& key, const char* expected) const {
-    fail(ZERO_ERR_CONFIG, "config key '" + qualified(key) + "' must be " + expected + ", got " +
-                              obj_.at(key).dump() + " (" + obj_.at(key).type_name() + ")");
+    fail(ZERO_ERR_CONFIG, "config key '" + qualified(key) + "' must be " + expected + ", got " + obj_.at(key).dump() +
+                              " (" + obj_.at(key).type_name() + ")");
   }
   [[noreturn]] void range_error(const std::string& key, double v, double lo, double hi) const {
     std::ostringstream os;
@@ -224,8 +224,8 @@ void parse_optimizer(const Section& o, Config& cfg) {
   bool adam_w_mode = true;  // DeepSpeed's "Adam" means decoupled weight decay unless adam_w_mode is false.
   if (o.has("params")) {
     Section p = o.child("params");
-    p.require_known({"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam",
-                     "fused"});
+    p.require_known(
+        {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam", "fused"});
     opt.lr = p.get_number("lr", opt.lr, 0.0, 1e6);
     if (p.has("betas")) {
       const json& b = p.raw("betas");
@@ -368,8 +368,10 @@ Config parse_config(const std::string& json_text, int world_size) {
   if (top.has("zero_optimization")) parse_zero_optimization(top.child("zero_optimization"), cfg);
   for (const char* k : {"fp16", "bf16", "amp"}) parse_precision(top, k, cfg);
 
-  if (top.has("scheduler")) top.unsupported("scheduler", "learning-rate schedulers land with the fused optimizers; "
-                                                         "drive the rate with zero_set_lr meanwhile");
+  if (top.has("scheduler"))
+    top.unsupported("scheduler",
+                    "learning-rate schedulers land with the fused optimizers; "
+                    "drive the rate with zero_set_lr meanwhile");
   if (top.get_bool("prescale_gradients", false))
     top.unsupported("prescale_gradients", "gradients are summed, then averaged once");
   if (top.get_number("gradient_predivide_factor", 1.0, 1e-30, 1e30) != 1.0)
@@ -385,8 +387,8 @@ Config parse_config(const std::string& json_text, int world_size) {
     if (t != "fp32") d.unsupported("grad_accum_dtype", "this version accumulates gradients in fp32 only");
   }
   if (top.get_bool("sparse_gradients", false)) top.unsupported("sparse_gradients", "sparse gradients");
-  for (const char* k : {"elasticity", "compression_training", "curriculum_learning", "data_efficiency",
-                        "sparse_attention"}) {
+  for (const char* k :
+       {"elasticity", "compression_training", "curriculum_learning", "data_efficiency", "sparse_attention"}) {
     if (!top.has(k)) continue;
     const json& block = top.raw(k);
     bool enabled = !block.is_object() || !block.contains("enabled") || block.at("enabled") != json(false);
@@ -394,10 +396,10 @@ Config parse_config(const std::string& json_text, int world_size) {
   }
   // Logging, profiling, framework-side and I/O-tuning blocks: they cannot change the trained weights.
   top.get_int("steps_per_print", 10, 0, kMaxInt);
-  for (const char* k : {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state",
-                        "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "activation_checkpointing",
-                        "aio", "checkpoint", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
-                        "comms_logger", "autotuning"})
+  for (const char* k :
+       {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer", "activation_checkpointing", "aio", "checkpoint", "tensorboard", "wandb",
+        "csv_monitor", "comet", "flops_profiler", "comms_logger", "autotuning"})
     top.no_effect(k);
   return cfg;
 }

@@ -60,8 +60,8 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm) : config_(std:
 void Engine::require_state(State wanted, const char* call) const {
   if (state_ == wanted) return;
   if (state_ == State::kBroken)
-    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": the engine is unusable after an earlier failure (" +
-                                     broken_reason_ + "); destroy it");
+    fail(ZERO_ERR_INVALID_STATE,
+         std::string(call) + ": the engine is unusable after an earlier failure (" + broken_reason_ + "); destroy it");
   if (wanted == State::kRegistering)
     fail(ZERO_ERR_INVALID_STATE, std::string(call) + " must come before zero_engine_finalize");
   fail(ZERO_ERR_INVALID_STATE, std::string(call) + " needs zero_engine_finalize first");
@@ -238,9 +238,9 @@ float* Engine::param_data(int param) {
   UnitState& us = units_[pl.unit];
   if (sharded_params(pl.unit)) {
     if (us.gathered == nullptr)
-      fail(ZERO_ERR_INVALID_STATE, "zero_param_data: param '" + param_name(param) + "' lives in " +
-                                       unit_name(pl.unit) + ", which is not gathered; call zero_gather(engine, " +
-                                       std::to_string(pl.unit) + ") first");
+      fail(ZERO_ERR_INVALID_STATE, "zero_param_data: param '" + param_name(param) + "' lives in " + unit_name(pl.unit) +
+                                       ", which is not gathered; call zero_gather(engine, " + std::to_string(pl.unit) +
+                                       ") first");
     return us.gathered + pl.offset;
   }
   return us.full_params.data() + pl.offset;
@@ -293,8 +293,7 @@ void Engine::release(int unit) {
   require_state(State::kReady, "zero_release");
   check_unit(unit, "zero_release");
   UnitState& us = units_[unit];
-  if (us.gathered == nullptr)
-    fail(ZERO_ERR_INVALID_STATE, "zero_release: " + unit_name(unit) + " is not gathered");
+  if (us.gathered == nullptr) fail(ZERO_ERR_INVALID_STATE, "zero_release: " + unit_name(unit) + " is not gathered");
   if (sharded_params(unit)) gathered_pool_.give_back(us.gathered);
   us.gathered = nullptr;
 }
@@ -374,10 +373,9 @@ void Engine::backward_end() {
 StepResult Engine::step() {
   require_state(State::kReady, "zero_step");
   if (micro_steps_ != config_.gradient_accumulation_steps)
-    fail(ZERO_ERR_INVALID_STATE, "zero_step: expected gradient_accumulation_steps (" +
-                                     std::to_string(config_.gradient_accumulation_steps) +
-                                     ") calls of zero_backward_end since the last step, got " +
-                                     std::to_string(micro_steps_));
+    fail(ZERO_ERR_INVALID_STATE,
+         "zero_step: expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
+             ") calls of zero_backward_end since the last step, got " + std::to_string(micro_steps_));
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].gathered != nullptr)
       fail(ZERO_ERR_INVALID_STATE,

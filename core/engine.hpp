@@ -38,8 +38,7 @@ class Engine {
  public:
   Engine(Config config, std::shared_ptr<Communicator> comm);
 
-  int add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2,
-                      double eps);
+  int add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2, double eps);
   int add_param(ParamShape shape, const void* init_data);
   void finalize();
 

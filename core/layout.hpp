@@ -38,10 +38,10 @@ struct ShardSegment {
 };
 
 struct UnitLayout {
-  std::vector<int> params;    // in registration order
-  size_t used_elems = 0;      // end of the last param (before padding)
-  size_t padded_elems = 0;    // a multiple of world_size x kShardAlignElems
-  size_t shard_elems = 0;     // padded_elems / world_size
+  std::vector<int> params;  // in registration order
+  size_t used_elems = 0;    // end of the last param (before padding)
+  size_t padded_elems = 0;  // a multiple of world_size x kShardAlignElems
+  size_t shard_elems = 0;   // padded_elems / world_size
 };
 
 struct Layout {
@@ -51,7 +51,8 @@ struct Layout {
 
   size_t total_padded_elems() const;
   // Segments of the element range [begin, begin + length) of `unit`, in order, padding excluded.
-  std::vector<ShardSegment> segments(int unit, size_t begin, size_t length, const std::vector<ParamShape>& shapes) const;
+  std::vector<ShardSegment> segments(int unit, size_t begin, size_t length,
+                                     const std::vector<ParamShape>& shapes) const;
 };
 
 // Throws zero::Error if a unit is empty or ids are out of range.
@@ -60,8 +61,8 @@ Layout build_layout(const std::vector<ParamShape>& params, int world_size);
 // Gradient buckets for stages 2-3: consecutive units in backward order (last unit first), each bucket holding at
 // most `bucket_elems` padded elements unless a single unit is larger (then it is a bucket of its own).
 struct Bucket {
-  std::vector<int> units;             // in backward order
-  std::vector<size_t> unit_offsets;   // where each unit's full gradient starts inside the bucket buffer
+  std::vector<int> units;            // in backward order
+  std::vector<size_t> unit_offsets;  // where each unit's full gradient starts inside the bucket buffer
   size_t elems = 0;
 };
 std::vector<Bucket> build_buckets(const Layout& layout, int64_t bucket_elems);

@@ -136,8 +136,8 @@ void Engine::verify_registration_across_ranks() {
   if (lo[kGroups] != hi[kGroups]) {
     Difference d = first_difference(comm, group_text);
     fail(ZERO_ERR_MISMATCH, "param group registration differs across ranks at group #" + std::to_string(d.index) +
-                                ": rank 0 has " + d.on_root + ", rank " + std::to_string(d.rank) + " has " +
-                                d.on_rank + ".");
+                                ": rank 0 has " + d.on_root + ", rank " + std::to_string(d.rank) + " has " + d.on_rank +
+                                ".");
   }
 }
 

@@ -17,13 +17,13 @@
 
 enum { kInputs = 64, kBatch = 32 };
 
-#define CHECK(call)                                                                         \
-  do {                                                                                      \
-    zero_status_t s_ = (call);                                                              \
-    if (s_ != ZERO_OK) {                                                                    \
+#define CHECK(call)                                                                             \
+  do {                                                                                          \
+    zero_status_t s_ = (call);                                                                  \
+    if (s_ != ZERO_OK) {                                                                        \
       fprintf(stderr, "%s failed: %s: %s\n", #call, zero_status_string(s_), zero_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                         \
-    }                                                                                       \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                             \
+    }                                                                                           \
   } while (0)
 
 /* xorshift64*: a tiny deterministic generator so every run draws the same data. */
@@ -57,22 +57,11 @@ static float teacher(const float* x) {
   return tanhf(y) + 0.5f * x[0] * x[1];
 }
 
-int main(int argc, char** argv) {
-  int stage = 3, steps = 200, hidden = 512;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
-    else if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
-    else if (strcmp(argv[i], "--hidden") == 0) hidden = atoi(argv[i + 1]);
-    else {
-      fprintf(stderr, "usage: %s [--stage 0-3] [--steps N] [--hidden H]\n", argv[0]);
-      return 2;
-    }
-  }
-  MPI_Init(&argc, &argv);
+/* Trains at `stage` for `steps` steps; fills `mem` with this rank's memory statistics at the end. */
+static void run_training(int stage, int steps, int hidden, int verbose, zero_memory_stats_t* mem) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-
   zero_comm_t* comm = NULL;
   CHECK(zero_comm_create_mpi(&comm, (int64_t)MPI_Comm_c2f(MPI_COMM_WORLD)));
   char config[512];
@@ -83,7 +72,6 @@ int main(int argc, char** argv) {
            kBatch, stage);
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
-
   /* Biases get no weight decay, as usual. */
   zero_param_group_desc_t no_decay = ZERO_PARAM_GROUP_DESC_INIT;
   no_decay.name = "no_decay";
@@ -125,8 +113,8 @@ int main(int argc, char** argv) {
   uint64_t data_seed = 1000 + (uint64_t)rank; /* each rank reads its own slice of the data */
   Mlp m = {hidden, NULL, NULL, NULL, NULL};
   double t0 = MPI_Wtime();
-  if (rank == 0) printf("training a %d-parameter MLP at ZeRO stage %d on %d ranks\n", hidden * (kInputs + 2) + 1,
-                        stage, world);
+  if (verbose && rank == 0)
+    printf("training a %d-parameter MLP at ZeRO stage %d on %d ranks\n", hidden * (kInputs + 2) + 1, stage, world);
   for (int step = 1; step <= steps; ++step) {
     for (int s = 0; s < kBatch; ++s) {
       for (int i = 0; i < kInputs; ++i) x[s * kInputs + i] = (float)uniform(&data_seed);
@@ -177,16 +165,25 @@ int main(int argc, char** argv) {
     double mean_loss = 0.0;
     MPI_Allreduce(&loss, &mean_loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     mean_loss /= world;
-    if (rank == 0 && (step == 1 || step % 20 == 0 || step == steps))
+    if (verbose && rank == 0 && (step == 1 || step % 20 == 0 || step == steps))
       printf("step %4d  loss %.5f  grad_norm %.4f  %.2f ms/step\n", step, mean_loss, info.grad_norm,
              1e3 * (MPI_Wtime() - t0) / step);
   }
 
-  /* Memory per rank, next to the ZeRO formula for fp32 Adam (K = 8 bytes of state per param). */
-  zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
-  CHECK(zero_memory_stats(engine, &mem));
-  uint64_t mine[6] = {mem.param_bytes, mem.grad_bytes, mem.optimizer_state_bytes, mem.bucket_bytes,
-                      mem.gathered_bytes, mem.total_bytes};
+  *mem = (zero_memory_stats_t)ZERO_MEMORY_STATS_INIT;
+  CHECK(zero_memory_stats(engine, mem));
+  free(x);
+  free(h);
+  free(dh);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+}
+
+static void print_memory_table(int stage, const zero_memory_stats_t* mem, int world) {
+  uint64_t mine[6] = {mem->param_bytes,  mem->grad_bytes,     mem->optimizer_state_bytes,
+                      mem->bucket_bytes, mem->gathered_bytes, mem->total_bytes};
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   uint64_t* all = malloc(sizeof(mine) * (size_t)world);
   MPI_Gather(mine, 6, MPI_UINT64_T, all, 6, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   if (rank == 0) {
@@ -194,21 +191,62 @@ int main(int argc, char** argv) {
            "grads", "optim", "buckets", "gathered", "total");
     for (int r = 0; r < world; ++r)
       printf("%-6d %12llu %12llu %12llu %12llu %12llu %12llu\n", r, (unsigned long long)all[r * 6],
-             (unsigned long long)all[r * 6 + 1], (unsigned long long)all[r * 6 + 2],
-             (unsigned long long)all[r * 6 + 3], (unsigned long long)all[r * 6 + 4],
-             (unsigned long long)all[r * 6 + 5]);
-    /* Model states only (params + grads + optimizer), fp32: stage 0 16P, 1 8P+8P/N, 2 4P+12P/N, 3 16P/N. */
-    double psi = (double)all[0] / 4.0 * (stage == 3 ? world : 1); /* padded param count */
-    double formula[4] = {16 * psi, 8 * psi + 8 * psi / world, 4 * psi + 12 * psi / world, 16 * psi / world};
-    printf("model states (params+grads+optim) on rank 0: %.0f bytes; ZeRO formula for %.0f padded params: %.0f\n",
-           (double)(all[0] + all[1] + all[2]), psi, formula[stage]);
+             (unsigned long long)all[r * 6 + 1], (unsigned long long)all[r * 6 + 2], (unsigned long long)all[r * 6 + 3],
+             (unsigned long long)all[r * 6 + 4], (unsigned long long)all[r * 6 + 5]);
   }
   free(all);
-  free(x);
-  free(h);
-  free(dh);
-  zero_engine_destroy(engine);
-  zero_comm_destroy(comm);
+}
+
+/* Model states (params + grads + optimizer state) per rank for fp32 Adam, as the ZeRO paper counts them with
+ * K = 8 bytes of optimizer state per param: stage 0 16P, 1 8P + 8P/N, 2 4P + 12P/N, 3 16P/N. */
+static double zero_formula(int stage, double psi, int world) {
+  const double formula[4] = {16 * psi, 8 * psi + 8 * psi / world, 4 * psi + 12 * psi / world, 16 * psi / world};
+  return formula[stage];
+}
+
+int main(int argc, char** argv) {
+  int stage = 3, steps = 300, hidden = 512, compare = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--compare-stages") == 0)
+      compare = 1;
+    else if (i + 1 < argc && strcmp(argv[i], "--stage") == 0)
+      stage = atoi(argv[++i]);
+    else if (i + 1 < argc && strcmp(argv[i], "--steps") == 0)
+      steps = atoi(argv[++i]);
+    else if (i + 1 < argc && strcmp(argv[i], "--hidden") == 0)
+      hidden = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: %s [--stage 0-3] [--steps N] [--hidden H] [--compare-stages]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (stage < 0 || stage > 3 || steps < 1 || hidden < 1) {
+    fprintf(stderr, "--stage must be 0-3, --steps and --hidden positive\n");
+    return 2;
+  }
+  MPI_Init(&argc, &argv);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  zero_memory_stats_t mem;
+  if (!compare) {
+    run_training(stage, steps, hidden, 1, &mem);
+    print_memory_table(stage, &mem, world);
+  } else {
+    if (rank == 0)
+      printf(
+          "model states per rank (params + grads + optimizer state), %d ranks, 10 steps per stage\n"
+          "%-6s %14s %14s %10s\n",
+          world, "stage", "measured", "ZeRO formula", "vs stage 0");
+    double stage0 = 0;
+    for (int s = 0; s <= 3; ++s) {
+      run_training(s, 10, hidden, 0, &mem);
+      double states = (double)(mem.param_bytes + mem.grad_bytes + mem.optimizer_state_bytes);
+      double psi = (double)mem.param_bytes / 4.0 * (s == 3 ? world : 1); /* padded params */
+      if (s == 0) stage0 = states;
+      if (rank == 0) printf("%-6d %14.0f %14.0f %9.2fx\n", s, states, zero_formula(s, psi, world), stage0 / states);
+    }
+  }
   MPI_Finalize();
   return 0;
 }

@@ -107,14 +107,16 @@ static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_
   EXPECT(ar_calls == (stage == 0 ? (uint64_t)kNumUnits : 1), "stage %d: %llu all-reduce calls per step", stage,
          (unsigned long long)ar_calls);
   if (stage == 0) EXPECT(ag == 0 && rs == 0, "stage 0 must only all-reduce");
-  if (stage == 3) EXPECT(ag == 2 * one_psi && rs == one_psi, "stage 3: all-gather %llu, reduce-scatter %llu",
-                         (unsigned long long)ag, (unsigned long long)rs);
+  if (stage == 3)
+    EXPECT(ag == 2 * one_psi && rs == one_psi, "stage 3: all-gather %llu, reduce-scatter %llu", (unsigned long long)ag,
+           (unsigned long long)rs);
   if (stage == 1 || stage == 2)
     EXPECT(ag == one_psi && rs == one_psi, "stage %d: all-gather %llu, reduce-scatter %llu", stage,
            (unsigned long long)ag, (unsigned long long)rs);
 
-  uint64_t row[9] = {mem.param_bytes, mem.grad_bytes,     mem.optimizer_state_bytes, mem.bucket_bytes,
-                     mem.gathered_bytes, mem.total_bytes, model_traffic, want_traffic, psi};
+  uint64_t row[9] = {mem.param_bytes,  mem.grad_bytes,     mem.optimizer_state_bytes,
+                     mem.bucket_bytes, mem.gathered_bytes, mem.total_bytes,
+                     model_traffic,    want_traffic,       psi};
   memcpy(table_row, row, sizeof row);
   (void)rank;
   zero_engine_destroy(engine);

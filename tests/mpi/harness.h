@@ -8,24 +8,24 @@
 
 #include "zero/zero.h"
 
-#define CHECK(call)                                                                                       \
-  do {                                                                                                    \
-    zero_status_t s_ = (call);                                                                            \
-    if (s_ != ZERO_OK) {                                                                                  \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, zero_status_string(s_),    \
-              zero_last_error());                                                                         \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                       \
-    }                                                                                                     \
+#define CHECK(call)                                                                                    \
+  do {                                                                                                 \
+    zero_status_t s_ = (call);                                                                         \
+    if (s_ != ZERO_OK) {                                                                               \
+      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call, zero_status_string(s_), \
+              zero_last_error());                                                                      \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                                    \
+    }                                                                                                  \
   } while (0)
 
-#define EXPECT(cond, ...)                                            \
-  do {                                                               \
-    if (!(cond)) {                                                   \
+#define EXPECT(cond, ...)                                                            \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
       fprintf(stderr, "%s:%d: expectation failed: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                  \
-    }                                                                \
+      fprintf(stderr, __VA_ARGS__);                                                  \
+      fprintf(stderr, "\n");                                                         \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                  \
+    }                                                                                \
   } while (0)
 
 /* Eight params of uneven sizes in three units and two groups: some smaller than any rank count, several not

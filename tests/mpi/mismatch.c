@@ -57,8 +57,8 @@ static void run(Scenario scenario, const char* label, zero_comm_t* comm, int ran
     must_contain = odd ? "unit 3 has no params" : "failed on rank";
   }
   EXPECT(s == want, "%s: rank %d got %s (%s)", label, rank, zero_status_string(s), msg);
-  EXPECT(strstr(msg, must_contain) != NULL, "%s: rank %d: message does not name '%s': %s", label, rank,
-         must_contain, msg);
+  EXPECT(strstr(msg, must_contain) != NULL, "%s: rank %d: message does not name '%s': %s", label, rank, must_contain,
+         msg);
   if (rank == 0) printf("%s: every rank got %s: %s\n", label, zero_status_string(s), msg);
   /* The engine is still registering: a wrong-order call is refused, destroy is fine. */
   EXPECT(zero_step(engine, NULL) == ZERO_ERR_INVALID_STATE, "%s: zero_step after a failed finalize", label);

@@ -95,9 +95,12 @@ int main(int argc, char** argv) {
   int stage = 0, gas = 1;
   long bucket = 400;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
-    else if (strcmp(argv[i], "--gas") == 0) gas = atoi(argv[i + 1]);
-    else if (strcmp(argv[i], "--bucket") == 0) bucket = atol(argv[i + 1]);
+    if (strcmp(argv[i], "--stage") == 0)
+      stage = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--gas") == 0)
+      gas = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--bucket") == 0)
+      bucket = atol(argv[i + 1]);
   }
   MPI_Init(&argc, &argv);
   int rank = 0, world = 1;

@@ -146,7 +146,8 @@ typedef struct zero_param_desc {
   const void* init_data;
 } zero_param_desc_t;
 
-#define ZERO_PARAM_DESC_INIT { sizeof(zero_param_desc_t), NULL, 0, NULL, ZERO_DTYPE_FP32, 0, 0, NULL }
+#define ZERO_PARAM_DESC_INIT \
+  { sizeof(zero_param_desc_t), NULL, 0, NULL, ZERO_DTYPE_FP32, 0, 0, NULL }
 
 /* Registers a parameter; *out_param receives its id (0, 1, ... in call order). Before finalize only. Local. */
 ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* engine, const zero_param_desc_t* desc);
@@ -199,7 +200,8 @@ typedef struct zero_step_info {
   double lr;         /* group 0's learning rate used for this step */
 } zero_step_info_t;
 
-#define ZERO_STEP_INFO_INIT { sizeof(zero_step_info_t), 0, 0.0, 0.0, 0, 0.0 }
+#define ZERO_STEP_INFO_INIT \
+  { sizeof(zero_step_info_t), 0, 0.0, 0.0, 0, 0.0 }
 
 /* Collective. After exactly gradient_accumulation_steps micro-steps: averages the gradients (sum over ranks and
  * micro-steps, then one multiply by 1 / (world size x accumulation steps) folded with the clip factor), clips to
@@ -230,7 +232,8 @@ typedef struct zero_memory_stats {
   uint64_t total_bytes;           /* the sum of the above */
 } zero_memory_stats_t;
 
-#define ZERO_MEMORY_STATS_INIT { sizeof(zero_memory_stats_t), 0, 0, 0, 0, 0, 0, 0 }
+#define ZERO_MEMORY_STATS_INIT \
+  { sizeof(zero_memory_stats_t), 0, 0, 0, 0, 0, 0, 0 }
 
 /* Local. Valid after finalize. */
 ZERO_API zero_status_t zero_memory_stats(const zero_engine_t* engine, zero_memory_stats_t* out_stats);
@@ -254,7 +257,10 @@ typedef struct zero_comm_stats {
   zero_comm_kind_stats_t broadcast;
 } zero_comm_stats_t;
 
-#define ZERO_COMM_STATS_INIT { sizeof(zero_comm_stats_t), 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0} }
+#define ZERO_COMM_STATS_INIT                                                   \
+  {                                                                            \
+    sizeof(zero_comm_stats_t), 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, { 0, 0, 0 } \
+  }
 
 /* Local. */
 ZERO_API zero_status_t zero_comm_stats(const zero_engine_t* engine, zero_comm_stats_t* out_stats);

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages libzero needs to build and test, only if some are missing. Run as root (or with
+# sudo available) on Debian 12.
+set -euo pipefail
+
+# cmake, g++, make: the toolchain (usually present already). Open MPI: it yields when ranks outnumber cores,
+# where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
+# clang-format: the formatting check.
+packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libgtest-dev libcmocka-dev clang-format)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+echo "installing missing Debian packages: ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,220 @@
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "config.hpp"
+#include "error.hpp"
+
+namespace zero {
+namespace {
+
+const char* kOptimizer = R"("optimizer": {"type": "AdamW", "params": {"lr": 0.001}})";
+
+std::string with_optimizer(const std::string& rest) {
+  return "{" + std::string(kOptimizer) + (rest.empty() ? "" : ", " + rest) + "}";
+}
+
+// Parses and expects a failure; returns the message.
+std::string parse_error(const std::string& json, zero_status_t want, int world = 1) {
+  try {
+    parse_config(json, world);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), want) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for " << json;
+  return "";
+}
+
+TEST(Config, Defaults) {
+  Config c = parse_config(with_optimizer(""), 4);
+  EXPECT_EQ(c.stage, 0);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.param_persistence_threshold, 100000);
+  EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_EQ(c.optimizer.kind, OptimizerConfig::Kind::kAdamW);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);  // torch.optim.AdamW's default
+  EXPECT_TRUE(c.no_effect_keys.empty());
+}
+
+TEST(Config, ZeroOptimizationBlock) {
+  Config c = parse_config(with_optimizer(R"("zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8,
+      "contiguous_gradients": false, "stage3_param_persistence_threshold": 1e4})"),
+                          2);
+  EXPECT_EQ(c.stage, 3);
+  EXPECT_EQ(c.reduce_bucket_size, 500000000);
+  EXPECT_FALSE(c.contiguous_gradients);
+  EXPECT_EQ(c.param_persistence_threshold, 10000);
+}
+
+TEST(Config, UnknownKeysNameTheNearestValidKey) {
+  std::string m = parse_error(with_optimizer(R"("zero_optimisation": {"stage": 1})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("'zero_optimisation'"), std::string::npos) << m;
+  EXPECT_NE(m.find("did you mean 'zero_optimization'"), std::string::npos) << m;
+  m = parse_error(with_optimizer(R"("zero_optimization": {"stagee": 1})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("'zero_optimization.stagee'"), std::string::npos) << m;
+  EXPECT_NE(m.find("did you mean 'zero_optimization.stage'"), std::string::npos) << m;
+  m = parse_error(R"({"optimizer": {"type": "AdamW", "params": {"learning_rate": 1}}})", ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("optimizer.params.learning_rate"), std::string::npos) << m;
+}
+
+// Every supported key with a value of the wrong type is an error naming that key.
+TEST(Config, EveryKeyWithAWrongTypeIsNamed) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("zero_optimization": {"stage": "2"})", "zero_optimization.stage"},
+      {R"("zero_optimization": {"stage": 1.5})", "zero_optimization.stage"},
+      {R"("zero_optimization": {"reduce_bucket_size": true})", "zero_optimization.reduce_bucket_size"},
+      {R"("zero_optimization": {"allgather_bucket_size": "big"})", "zero_optimization.allgather_bucket_size"},
+      {R"("zero_optimization": {"contiguous_gradients": 1})", "zero_optimization.contiguous_gradients"},
+      {R"("zero_optimization": {"overlap_comm": "yes"})", "zero_optimization.overlap_comm"},
+      {R"("zero_optimization": {"stage3_param_persistence_threshold": []})",
+       "zero_optimization.stage3_param_persistence_threshold"},
+      {R"("zero_optimization": {"stage3_prefetch_bucket_size": "x"})", "zero_optimization.stage3_prefetch_bucket_size"},
+      {R"("zero_optimization": {"stage3_max_live_parameters": -1})", "zero_optimization.stage3_max_live_parameters"},
+      {R"("zero_optimization": {"sub_group_size": 0.5})", "zero_optimization.sub_group_size"},
+      {R"("zero_optimization": 3)", "zero_optimization"},
+      {R"("gradient_accumulation_steps": "4")", "gradient_accumulation_steps"},
+      {R"("gradient_accumulation_steps": 0)", "gradient_accumulation_steps"},
+      {R"("train_batch_size": 2.5)", "train_batch_size"},
+      {R"("train_micro_batch_size_per_gpu": null, "train_batch_size": {})", "train_batch_size"},
+      {R"("gradient_clipping": "1.0")", "gradient_clipping"},
+      {R"("gradient_clipping": -1)", "gradient_clipping"},
+      {R"("steps_per_print": "10")", "steps_per_print"},
+      {R"("fp16": {"enabled": "false"})", "fp16.enabled"},
+      {R"("bf16": [])", "bf16"},
+  };
+  for (const auto& [rest, key] : cases) {
+    std::string m = parse_error(with_optimizer(rest), ZERO_ERR_CONFIG, 2);
+    EXPECT_NE(m.find(std::string("'") + key + "'"), std::string::npos) << rest << " -> " << m;
+  }
+  const std::pair<const char*, const char*> optimizer_cases[] = {
+      {R"({"optimizer": {"type": 3}})", "optimizer.type"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"lr": "0.1"}}})", "optimizer.params.lr"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})", "optimizer.params.betas"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"betas": [0.9, 1.5]}}})", "optimizer.params.betas"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"eps": "tiny"}}})", "optimizer.params.eps"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": false}}})", "optimizer.params.weight_decay"},
+      {R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": 0}}})", "optimizer.params.adam_w_mode"},
+      {R"({"optimizer": {"type": "Adam", "params": {"bias_correction": "no"}}})", "optimizer.params.bias_correction"},
+  };
+  for (const auto& [json, key] : optimizer_cases) {
+    std::string m = parse_error(json, ZERO_ERR_CONFIG);
+    EXPECT_NE(m.find(std::string("'") + key + "'"), std::string::npos) << json << " -> " << m;
+  }
+}
+
+TEST(Config, StageOutOfRange) {
+  std::string m = parse_error(with_optimizer(R"("zero_optimization": {"stage": 4})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("[0, 3]"), std::string::npos) << m;
+}
+
+TEST(Config, BatchSizesAnyTwoDetermineTheThird) {
+  Config c = parse_config(with_optimizer(R"("train_batch_size": 32, "train_micro_batch_size_per_gpu": 4)"), 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  c = parse_config(with_optimizer(R"("train_batch_size": 32, "gradient_accumulation_steps": 2)"), 2);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
+  c = parse_config(with_optimizer(R"("train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5)"), 2);
+  EXPECT_EQ(c.train_batch_size, 30);
+  c = parse_config(with_optimizer(R"("train_batch_size": 16)"), 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  c = parse_config(
+      with_optimizer(
+          R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4)"),
+      2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+}
+
+TEST(Config, InconsistentBatchSizesShowTheArithmetic) {
+  std::string m = parse_error(
+      with_optimizer(
+          R"("train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2)"),
+      ZERO_ERR_CONFIG, 2);
+  EXPECT_NE(m.find("train_batch_size (32) must equal train_micro_batch_size_per_gpu (4) x "
+                   "gradient_accumulation_steps (2) x world size (2) = 16"),
+            std::string::npos)
+      << m;
+  m = parse_error(with_optimizer(R"("train_batch_size": 30, "train_micro_batch_size_per_gpu": 4)"), ZERO_ERR_CONFIG, 2);
+  EXPECT_NE(m.find("not divisible"), std::string::npos) << m;
+}
+
+TEST(Config, KeysThatChangeResultsAreRefusedUntilSupported) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("fp16": {"enabled": true})", "fp16.enabled"},
+      {R"("bf16": {"enabled": true})", "bf16.enabled"},
+      {R"("zero_optimization": {"offload_optimizer": {"device": "cpu"}})", "zero_optimization.offload_optimizer"},
+      {R"("zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}})",
+       "zero_optimization.offload_param"},
+      {R"("zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true})",
+       "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
+      {R"("scheduler": {"type": "WarmupLR"})", "scheduler"},
+      {R"("communication_data_type": "bf16")", "communication_data_type"},
+      {R"("prescale_gradients": true)", "prescale_gradients"},
+      {R"("gradient_predivide_factor": 2.0)", "gradient_predivide_factor"},
+      {R"("data_types": {"grad_accum_dtype": "bf16"})", "data_types.grad_accum_dtype"},
+  };
+  for (const auto& [rest, key] : cases) {
+    std::string m = parse_error(with_optimizer(rest), ZERO_ERR_UNSUPPORTED);
+    EXPECT_NE(m.find(std::string("'") + key + "'"), std::string::npos) << rest << " -> " << m;
+    EXPECT_NE(m.find("not supported yet"), std::string::npos) << m;
+  }
+  // The neutral values of the same keys are fine.
+  parse_config(with_optimizer(R"("fp16": {"enabled": false}, "bf16": {"enabled": false},
+      "zero_optimization": {"offload_optimizer": {"device": "none"}}, "communication_data_type": "fp32")"),
+               1);
+}
+
+TEST(Config, TuningKnobsAreAcceptedAndReported) {
+  Config c = parse_config(with_optimizer(R"("zero_optimization": {"stage": 3, "overlap_comm": true,
+      "stage3_prefetch_bucket_size": 5e7, "stage3_max_live_parameters": 1e9, "sub_group_size": 1e9},
+      "steps_per_print": 100, "wall_clock_breakdown": false)"),
+                          1);
+  std::vector<std::string> want = {"zero_optimization.overlap_comm",
+                                   "zero_optimization.stage3_prefetch_bucket_size",
+                                   "zero_optimization.stage3_max_live_parameters",
+                                   "zero_optimization.sub_group_size",
+                                   "steps_per_print",
+                                   "wall_clock_breakdown"};
+  for (const auto& k : want)
+    EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), k), c.no_effect_keys.end()) << k;
+}
+
+TEST(Config, OptimizerTypes) {
+  Config c = parse_config(R"({"optimizer": {"type": "Adam"}})", 1);
+  EXPECT_EQ(c.optimizer.kind, OptimizerConfig::Kind::kAdamW);  // DeepSpeed's adam_w_mode defaults to true
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  c = parse_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false, "weight_decay": 0.1,
+      "betas": [0.8, 0.9], "eps": 1e-6}}})",
+                   1);
+  EXPECT_EQ(c.optimizer.kind, OptimizerConfig::Kind::kAdamL2);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.9);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
+  parse_error(R"({"optimizer": {"type": "Lion"}})", ZERO_ERR_UNSUPPORTED);
+  std::string m = parse_error(R"({"optimizer": {"type": "Adamm"}})", ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("\"Adam\""), std::string::npos) << m;
+  m = parse_error(R"({"zero_optimization": {"stage": 1}})", ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("'optimizer'"), std::string::npos) << m;
+  parse_error(R"({"optimizer": {"type": "AdamW", "params": {"amsgrad": true}}})", ZERO_ERR_UNSUPPORTED);
+}
+
+TEST(Config, MalformedInput) {
+  std::string m = parse_error("{\"optimizer\": ", ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("not valid JSON"), std::string::npos) << m;
+  m = parse_error("[1, 2]", ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("JSON object"), std::string::npos) << m;
+  m = parse_error(with_optimizer(R"("train_micro_batch_size_per_gpu": "auto")"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("\"auto\""), std::string::npos) << m;
+}
+
+TEST(Config, EditDistance) {
+  EXPECT_EQ(edit_distance("stage", "stage"), 0u);
+  EXPECT_EQ(edit_distance("stagee", "stage"), 1u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+}
+
+}  // namespace
+}  // namespace zero
