@@ -26,14 +26,23 @@ typedef struct {
 /* group 0 = the config's optimizer params, group 1 = register_test_model's no_decay group. */
 static const Hyper kGroups[2] = {{0.01, 0.02, 0.9, 0.999, 1e-8}, {0.005, 0.0, 0.8, 0.99, 1e-8}};
 
-/* The gradient rank `rank` adds to element i of param p in micro-step k of step t: a multiple of 2^-10. */
-static float test_grad(int t, int k, int rank, int p, size_t i) {
-  uint64_t h = (uint64_t)t * 1000003u ^ (uint64_t)k * 7919u ^ (uint64_t)rank * 104729u ^ (uint64_t)p * 15485863u ^
-               (uint64_t)i * 2654435761u;
+static uint64_t mix(uint64_t h) {
   h ^= h >> 17;
   h *= 0xed5ad4bbu;
   h ^= h >> 11;
-  int v = (int)(h % 33) - 16;
+  h *= 0xac4c1b51u;
+  h ^= h >> 15;
+  return h;
+}
+
+/* The gradient rank `rank` adds to element i of param p in micro-step k of step t: a multiple of 2^-10. A part
+ * shared by all ranks and micro-steps keeps the averaged norm near 0.13 x (t % 3 + 1) whatever N and the
+ * accumulation, so a clip at 0.25 engages on some steps and not on others; a per-rank part makes the ranks
+ * disagree, as real data-parallel gradients do. */
+static float test_grad(int t, int k, int rank, int p, size_t i) {
+  uint64_t common = mix((uint64_t)t * 1000003u ^ (uint64_t)p * 15485863u ^ (uint64_t)i * 2654435761u);
+  uint64_t own = mix(common ^ ((uint64_t)k * 7919u + 1) * 104729u ^ (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15u);
+  int v = (int)(common % 17) - 8 + (int)(own % 9) - 4;
   return (float)ldexp(v * (t % 3 + 1), -10);
 }
 
@@ -141,6 +150,7 @@ int main(int argc, char** argv) {
   CHECK(zero_engine_finalize(engine));
   for (int p = 0; p < kNumParams; ++p) free(init[p]);
 
+  int clipped = 0;
   for (int t = 1; t <= kSteps; ++t) {
     for (int k = 0; k < gas; ++k) {
       for (int u = 0; u < kNumUnits; ++u) { /* forward */
@@ -170,15 +180,20 @@ int main(int argc, char** argv) {
     EXPECT(info.step == t, "step %lld, expected %d", (long long)info.step, t);
     EXPECT(info.grad_norm == norm, "step %d: grad_norm %.17g, reference %.17g", t, info.grad_norm, norm);
     EXPECT(info.skipped == 0, "step %d skipped", t);
+    clipped += norm > kClip;
   }
+  /* Both paths of the clip (scaled and untouched) must have run, or the test would not cover clipping. */
+  EXPECT(clipped > 0 && clipped < kSteps, "clipping engaged on %d of %d steps", clipped, kSteps);
   for (int u = 0; u < kNumUnits; ++u) {
     CHECK(zero_gather(engine, u));
     expect_weights_equal(engine, ids, &ref, u, "final");
     CHECK(zero_release(engine, u));
   }
   if (rank == 0)
-    printf("parity ok: stage %d, %d ranks, gradient_accumulation_steps %d, %d steps, bit-identical weights\n", stage,
-           world, gas, kSteps);
+    printf(
+        "parity ok: stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped), bit-identical "
+        "weights\n",
+        stage, world, gas, kSteps, clipped);
   for (int p = 0; p < kNumParams; ++p) free(ref.w[p]), free(ref.m[p]), free(ref.v[p]), free(ref.g[p]);
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);

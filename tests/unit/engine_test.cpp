@@ -195,5 +195,14 @@ TEST(Engine, ParamGroupsOverrideOnlyWhatTheySet) {
   EXPECT_EQ(e->param_data(1)[0], 1.0f);                      // group 1 has weight_decay 0
 }
 
+TEST(Engine, OneWarningNamesTheKnobsWithoutEffect) {
+  testing::internal::CaptureStderr();
+  auto e = make_engine(3, R"(, "steps_per_print": 5)");
+  auto quiet = make_engine(3);
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("no effect yet: steps_per_print"), std::string::npos) << err;
+  EXPECT_EQ(err.find("warning", err.find("warning") + 1), std::string::npos) << "more than one warning: " << err;
+}
+
 }  // namespace
 }  // namespace zero
