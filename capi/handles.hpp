@@ -1,4 +1,5 @@
-// What the opaque handles of zero.h are.
+// What the opaque handles of zero.h point to. zero_comm and zero_engine are never defined: the shims convert
+// to these C++ types, so the handles stay opaque even in the debug info that the ABI check reads.
 #pragma once
 
 #include <memory>
@@ -6,10 +7,23 @@
 #include "comm/communicator.hpp"
 #include "engine.hpp"
 
-struct zero_comm {
-  std::shared_ptr<zero::Communicator> impl;
+namespace zero {
+namespace capi {
+
+struct CommHandle {
+  std::shared_ptr<Communicator> impl;
 };
 
-struct zero_engine {
-  std::unique_ptr<zero::Engine> impl;
+struct EngineHandle {
+  std::unique_ptr<Engine> impl;
 };
+
+inline CommHandle* handle(zero_comm_t* c) { return reinterpret_cast<CommHandle*>(c); }
+inline const CommHandle* handle(const zero_comm_t* c) { return reinterpret_cast<const CommHandle*>(c); }
+inline EngineHandle* handle(zero_engine_t* e) { return reinterpret_cast<EngineHandle*>(e); }
+inline const EngineHandle* handle(const zero_engine_t* e) { return reinterpret_cast<const EngineHandle*>(e); }
+inline zero_comm_t* opaque(CommHandle* c) { return reinterpret_cast<zero_comm_t*>(c); }
+inline zero_engine_t* opaque(EngineHandle* e) { return reinterpret_cast<zero_engine_t*>(e); }
+
+}  // namespace capi
+}  // namespace zero

@@ -1,23 +1,110 @@
-// Engine calls: argument checks and struct translation, then the engine. No ZeRO logic lives here.
+// The C API of zero.h: argument checks, struct translation and error translation around the engine. Nothing
+// here knows about ZeRO.
+#include "comm/mpi_communicator.hpp"
+#include "comm/single_communicator.hpp"
 #include "config.hpp"
 #include "guard.hpp"
 #include "handles.hpp"
 
+using zero::capi::CommHandle;
 using zero::capi::copy_out;
+using zero::capi::EngineHandle;
 using zero::capi::guard;
+using zero::capi::handle;
+using zero::capi::opaque;
 using zero::capi::require_arg;
 using zero::capi::require_struct;
+
+namespace zero {
+namespace capi {
+namespace {
+thread_local std::string t_last_error;
+}  // namespace
+
+void set_last_error(const std::string& message) { t_last_error = message; }
+const char* last_error() { return t_last_error.c_str(); }
+
+}  // namespace capi
+}  // namespace zero
+
+extern "C" {
+
+ZERO_API const char* zero_status_string(zero_status_t status) {
+  switch (status) {
+    case ZERO_OK:
+      return "ZERO_OK";
+    case ZERO_ERR_INVALID_ARGUMENT:
+      return "ZERO_ERR_INVALID_ARGUMENT";
+    case ZERO_ERR_INVALID_STATE:
+      return "ZERO_ERR_INVALID_STATE";
+    case ZERO_ERR_CONFIG:
+      return "ZERO_ERR_CONFIG";
+    case ZERO_ERR_UNSUPPORTED:
+      return "ZERO_ERR_UNSUPPORTED";
+    case ZERO_ERR_MISMATCH:
+      return "ZERO_ERR_MISMATCH";
+    case ZERO_ERR_COMM:
+      return "ZERO_ERR_COMM";
+    case ZERO_ERR_OUT_OF_MEMORY:
+      return "ZERO_ERR_OUT_OF_MEMORY";
+    case ZERO_ERR_INTERNAL:
+      return "ZERO_ERR_INTERNAL";
+  }
+  return "unknown";
+}
+
+ZERO_API const char* zero_last_error(void) { return zero::capi::last_error(); }
+
+ZERO_API uint32_t zero_get_version(void) { return ZERO_VERSION_NUMBER; }
+
+ZERO_API zero_status_t zero_comm_create_mpi(zero_comm_t** out_comm, int64_t mpi_comm) {
+  return guard("zero_comm_create_mpi", [&] {
+    require_arg(out_comm != nullptr, "zero_comm_create_mpi", "out_comm is NULL");
+    auto h = std::make_unique<CommHandle>();
+    h->impl = zero::make_mpi_communicator(mpi_comm);
+    *out_comm = opaque(h.release());
+  });
+}
+
+ZERO_API zero_status_t zero_comm_create_single(zero_comm_t** out_comm) {
+  return guard("zero_comm_create_single", [&] {
+    require_arg(out_comm != nullptr, "zero_comm_create_single", "out_comm is NULL");
+    auto h = std::make_unique<CommHandle>();
+    h->impl = zero::make_single_communicator();
+    *out_comm = opaque(h.release());
+  });
+}
+
+ZERO_API void zero_comm_destroy(zero_comm_t* comm) { delete handle(comm); }
+
+ZERO_API zero_status_t zero_comm_rank(int* out_rank, const zero_comm_t* comm) {
+  return guard("zero_comm_rank", [&] {
+    require_arg(out_rank != nullptr, "zero_comm_rank", "out_rank is NULL");
+    require_arg(comm != nullptr, "zero_comm_rank", "comm is NULL");
+    *out_rank = handle(comm)->impl->rank();
+  });
+}
+
+ZERO_API zero_status_t zero_comm_size(int* out_size, const zero_comm_t* comm) {
+  return guard("zero_comm_size", [&] {
+    require_arg(out_size != nullptr, "zero_comm_size", "out_size is NULL");
+    require_arg(comm != nullptr, "zero_comm_size", "comm is NULL");
+    *out_size = handle(comm)->impl->size();
+  });
+}
+
+}  // extern "C"
 
 namespace {
 
 zero::Engine& engine_of(zero_engine_t* engine, const char* call) {
   require_arg(engine != nullptr, call, "engine is NULL");
-  return *engine->impl;
+  return *handle(engine)->impl;
 }
 
 const zero::Engine& engine_of(const zero_engine_t* engine, const char* call) {
   require_arg(engine != nullptr, call, "engine is NULL");
-  return *engine->impl;
+  return *handle(engine)->impl;
 }
 
 }  // namespace
@@ -29,14 +116,15 @@ ZERO_API zero_status_t zero_engine_create(zero_engine_t** out_engine, const char
     require_arg(out_engine != nullptr, "zero_engine_create", "out_engine is NULL");
     require_arg(json_config != nullptr, "zero_engine_create", "json_config is NULL");
     require_arg(comm != nullptr, "zero_engine_create", "comm is NULL");
-    zero::Config config = zero::parse_config(json_config, comm->impl->size());
-    auto handle = std::make_unique<zero_engine>();
-    handle->impl = std::make_unique<zero::Engine>(std::move(config), comm->impl);
-    *out_engine = handle.release();
+    const auto& communicator = handle(comm)->impl;
+    zero::Config config = zero::parse_config(json_config, communicator->size());
+    auto h = std::make_unique<EngineHandle>();
+    h->impl = std::make_unique<zero::Engine>(std::move(config), communicator);
+    *out_engine = opaque(h.release());
   });
 }
 
-ZERO_API void zero_engine_destroy(zero_engine_t* engine) { delete engine; }
+ZERO_API void zero_engine_destroy(zero_engine_t* engine) { delete handle(engine); }
 
 ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engine_t* engine,
                                                    const zero_param_group_desc_t* desc) {

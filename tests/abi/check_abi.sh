@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Compares the built library's ABI with the checked-in baseline. Fails on any incompatible change (abidiff's
+# bit 8: a removed function, a changed struct layout or signature, ...); a compatible addition passes with a
+# reminder to record it in the baseline. Prints abidiff's report either way.
+#   check_abi.sh LIBRARY GENERATED_INCLUDE_DIR
+set -euo pipefail
+lib=$1
+generated=$2
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+baseline="$root/capi/abi/libzero.so.0.abi"
+current=$(mktemp --suffix=.abi)
+trap 'rm -f "$current"' EXIT
+bash "$here/abi_xml.sh" "$lib" "$generated" >"$current"
+
+set +e
+abidiff --no-show-locs --headers-dir1 "$root/capi/include/zero" --headers-dir2 "$root/capi/include/zero" \
+        "$baseline" "$current"
+rc=$?
+set -e
+if (( rc & 3 )); then
+  echo "abidiff could not compare (exit $rc)"
+  exit 1
+fi
+if (( rc & 8 )); then
+  echo "INCOMPATIBLE ABI CHANGE against capi/abi/libzero.so.0.abi (report above)."
+  echo "Keep the ABI compatible, or follow docs/abi.md for a new SONAME."
+  exit 1
+fi
+if (( rc & 4 )); then
+  echo "the ABI changed compatibly (report above); record it with scripts/update-abi-baseline.sh (docs/abi.md)"
+fi
+echo "abi ok: compatible with capi/abi/libzero.so.0.abi"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The three lists of the ABI must agree: the functions zero.h declares, capi/exports.txt (with each symbol's
+# version node), and what libzero.so exports. Nothing else may be exported (no C++, nlohmann-json or MPI
+# symbol), and the SONAME must be libzero.so.0.
+set -euo pipefail
+lib=$1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+
+soname=$(objdump -p "$lib" | awk '/SONAME/ {print $2}')
+if [[ "$soname" != "libzero.so.0" ]]; then
+  echo "SONAME is '$soname', expected libzero.so.0"
+  exit 1
+fi
+
+declared=$(grep -o -E 'ZERO_API (const )?[a-z0-9_]+\*? \**[a-z0-9_]+\(' "$root/capi/include/zero/zero.h" |
+           sed -E 's/.*[ *]([a-z0-9_]+)\($/\1/' | sort)
+listed=$(grep -E '^ZERO_[0-9.]+ ' "$root/capi/exports.txt" | awk '{print $2 "@@" $1}' | sort)
+exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v -E '^ZERO_[0-9.]+$' | sort)
+
+status=0
+if ! diff <(echo "$declared") <(echo "$listed" | sed 's/@@.*//') >/tmp/zero_abi_diff.$$; then
+  echo "zero.h (<) and capi/exports.txt (>) disagree:"; cat /tmp/zero_abi_diff.$$; status=1
+fi
+if ! diff <(echo "$listed") <(echo "$exported") >/tmp/zero_abi_diff.$$; then
+  echo "capi/exports.txt (<) and the symbols $lib exports (>) disagree:"; cat /tmp/zero_abi_diff.$$; status=1
+fi
+rm -f /tmp/zero_abi_diff.$$
+if [[ $status -eq 0 ]]; then
+  echo "symbols ok: $(echo "$listed" | wc -l) functions declared, listed and exported with their version nodes;" \
+       "SONAME $soname; nothing else exported"
+fi
+exit $status
