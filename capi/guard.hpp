@@ -40,14 +40,20 @@ inline void require_arg(bool ok, const char* call, const char* what) {
   if (!ok) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": " + what);
 }
 
-// Input structs: the caller's struct_size must cover every field this version reads.
+// Input structs: the caller's struct_size must cover at least the struct as version 0.1 defined it
+// (`first_size`). A caller built against an older header passes a smaller struct than sizeof(T) once fields are
+// appended; read_struct() then fills the fields it does not know with their _INIT defaults.
 template <typename T>
-void require_struct(const T* s, const char* call, const char* type, const char* init_macro) {
+T read_struct(const T* s, size_t first_size, const T& defaults, const char* call, const char* type,
+              const char* init_macro) {
   require_arg(s != nullptr, call, (std::string(type) + " pointer is NULL").c_str());
-  if (s->struct_size < sizeof(T))
+  if (s->struct_size < first_size)
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": " + type + ".struct_size is " +
-                                        std::to_string(s->struct_size) + ", expected " + std::to_string(sizeof(T)) +
-                                        "; initialise it with " + init_macro);
+                                        std::to_string(s->struct_size) + ", expected at least " +
+                                        std::to_string(first_size) + "; initialise it with " + init_macro);
+  T out = defaults;
+  std::memcpy(static_cast<void*>(&out), s, std::min(s->struct_size, sizeof(T)));
+  return out;
 }
 
 // Output structs: fill as many fields as the caller's struct_size has room for (older callers have fewer).

@@ -1,5 +1,7 @@
 // The C API of zero.h: argument checks, struct translation and error translation around the engine. Nothing
 // here knows about ZeRO.
+#include <cstddef>
+
 #include "comm/mpi_communicator.hpp"
 #include "comm/single_communicator.hpp"
 #include "config.hpp"
@@ -12,8 +14,8 @@ using zero::capi::EngineHandle;
 using zero::capi::guard;
 using zero::capi::handle;
 using zero::capi::opaque;
+using zero::capi::read_struct;
 using zero::capi::require_arg;
-using zero::capi::require_struct;
 
 namespace zero {
 namespace capi {
@@ -29,29 +31,7 @@ const char* last_error() { return t_last_error.c_str(); }
 
 extern "C" {
 
-ZERO_API const char* zero_status_string(zero_status_t status) {
-  switch (status) {
-    case ZERO_OK:
-      return "ZERO_OK";
-    case ZERO_ERR_INVALID_ARGUMENT:
-      return "ZERO_ERR_INVALID_ARGUMENT";
-    case ZERO_ERR_INVALID_STATE:
-      return "ZERO_ERR_INVALID_STATE";
-    case ZERO_ERR_CONFIG:
-      return "ZERO_ERR_CONFIG";
-    case ZERO_ERR_UNSUPPORTED:
-      return "ZERO_ERR_UNSUPPORTED";
-    case ZERO_ERR_MISMATCH:
-      return "ZERO_ERR_MISMATCH";
-    case ZERO_ERR_COMM:
-      return "ZERO_ERR_COMM";
-    case ZERO_ERR_OUT_OF_MEMORY:
-      return "ZERO_ERR_OUT_OF_MEMORY";
-    case ZERO_ERR_INTERNAL:
-      return "ZERO_ERR_INTERNAL";
-  }
-  return "unknown";
-}
+ZERO_API const char* zero_status_string(zero_status_t status) { return zero::status_name(status); }
 
 ZERO_API const char* zero_last_error(void) { return zero::capi::last_error(); }
 
@@ -97,6 +77,10 @@ ZERO_API zero_status_t zero_comm_size(int* out_size, const zero_comm_t* comm) {
 
 namespace {
 
+// Input structs as version 0.1 defined them: the smallest struct_size a caller may pass, forever.
+constexpr size_t kParamGroupDescSizeV01 = offsetof(zero_param_group_desc_t, eps) + sizeof(double);
+constexpr size_t kParamDescSizeV01 = offsetof(zero_param_desc_t, init_data) + sizeof(void*);
+
 zero::Engine& engine_of(zero_engine_t* engine, const char* call) {
   require_arg(engine != nullptr, call, "engine is NULL");
   return *handle(engine)->impl;
@@ -132,9 +116,10 @@ ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engi
   return guard(call, [&] {
     require_arg(out_group != nullptr, call, "out_group is NULL");
     zero::Engine& e = engine_of(engine, call);
-    require_struct(desc, call, "zero_param_group_desc_t", "ZERO_PARAM_GROUP_DESC_INIT");
-    *out_group = e.add_param_group(desc->name ? desc->name : "", desc->lr, desc->weight_decay, desc->beta1, desc->beta2,
-                                   desc->eps);
+    const zero_param_group_desc_t defaults = ZERO_PARAM_GROUP_DESC_INIT;
+    const zero_param_group_desc_t d = read_struct(desc, kParamGroupDescSizeV01, defaults, call,
+                                                  "zero_param_group_desc_t", "ZERO_PARAM_GROUP_DESC_INIT");
+    *out_group = e.add_param_group(d.name ? d.name : "", d.lr, d.weight_decay, d.beta1, d.beta2, d.eps);
   });
 }
 
@@ -143,21 +128,22 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
   return guard(call, [&] {
     require_arg(out_param != nullptr, call, "out_param is NULL");
     zero::Engine& e = engine_of(engine, call);
-    require_struct(desc, call, "zero_param_desc_t", "ZERO_PARAM_DESC_INIT");
-    require_arg(desc->name != nullptr, call, "desc->name is NULL");
-    require_arg(desc->ndim >= 0 && desc->ndim <= 8, call, "desc->ndim must be in 0..8");
-    require_arg(desc->ndim == 0 || desc->shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
-    if (desc->dtype != ZERO_DTYPE_FP32)
-      zero::fail(desc->dtype == ZERO_DTYPE_BF16 || desc->dtype == ZERO_DTYPE_FP16 ? ZERO_ERR_UNSUPPORTED
-                                                                                  : ZERO_ERR_INVALID_ARGUMENT,
-                 std::string(call) + ": param '" + desc->name +
-                     "': dtype must be ZERO_DTYPE_FP32 (this version trains in fp32)");
+    const zero_param_desc_t defaults = ZERO_PARAM_DESC_INIT;
+    const zero_param_desc_t d =
+        read_struct(desc, kParamDescSizeV01, defaults, call, "zero_param_desc_t", "ZERO_PARAM_DESC_INIT");
+    require_arg(d.name != nullptr, call, "desc->name is NULL");
+    require_arg(d.ndim >= 0 && d.ndim <= 8, call, "desc->ndim must be in 0..8");
+    require_arg(d.ndim == 0 || d.shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
+    if (d.dtype != ZERO_DTYPE_FP32)
+      zero::fail(
+          d.dtype == ZERO_DTYPE_BF16 || d.dtype == ZERO_DTYPE_FP16 ? ZERO_ERR_UNSUPPORTED : ZERO_ERR_INVALID_ARGUMENT,
+          std::string(call) + ": param '" + d.name + "': dtype must be ZERO_DTYPE_FP32 (this version trains in fp32)");
     zero::ParamShape shape;
-    shape.name = desc->name;
-    shape.dims.assign(desc->shape, desc->shape + desc->ndim);
-    shape.unit = desc->unit;
-    shape.group = desc->group;
-    *out_param = e.add_param(std::move(shape), desc->init_data);
+    shape.name = d.name;
+    shape.dims.assign(d.shape, d.shape + d.ndim);
+    shape.unit = d.unit;
+    shape.group = d.group;
+    *out_param = e.add_param(std::move(shape), d.init_data);
   });
 }
 

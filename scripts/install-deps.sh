@@ -5,8 +5,10 @@ set -euo pipefail
 
 # cmake, g++, make: the toolchain (usually present already). Open MPI: it yields when ranks outnumber cores,
 # where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
-# clang-format: the formatting check.
-packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libgtest-dev libcmocka-dev clang-format)
+# clang-format: the formatting check. abigail-tools, pkg-config: the ABI and install checks. debhelper, dpkg-dev,
+# lintian: the Debian packages. python3-yaml: parsing the conda recipe.
+packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libgtest-dev libcmocka-dev clang-format
+          abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: installs missing Debian packages, builds the release preset (warnings are errors) and runs the
-# whole CTest suite (unit, C API, formatting, multi-process under mpirun), then builds the asan preset and runs
-# the single-process tests under AddressSanitizer + UndefinedBehaviorSanitizer.
+# Every test: installs missing Debian packages; builds the release preset (warnings are errors) and runs the
+# whole CTest suite (unit, C API, ABI, install, formatting, multi-process under mpirun); builds the asan preset
+# and runs the single-process tests under AddressSanitizer + UndefinedBehaviorSanitizer; then builds, lints,
+# installs and consumes the Debian packages, and tests the conda recipe's build script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -17,3 +18,9 @@ echo "== ASan + UBSan build, single-process tests"
 cmake --preset asan
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
+
+echo "== Debian packages"
+bash packaging/test-debian.sh
+
+echo "== conda recipe"
+bash packaging/conda/test-conda.sh

@@ -24,6 +24,10 @@ fi
 if ! diff <(echo "$listed") <(echo "$exported") >/tmp/zero_abi_diff.$$; then
   echo "capi/exports.txt (<) and the symbols $lib exports (>) disagree:"; cat /tmp/zero_abi_diff.$$; status=1
 fi
+debian=$(grep -E '^ zero_' "$root/packaging/debian/libzero0.symbols" | awk '{split($1, a, "@"); print a[1] "@@" a[2]}' | sort)
+if ! diff <(echo "$listed") <(echo "$debian") >/tmp/zero_abi_diff.$$; then
+  echo "capi/exports.txt (<) and packaging/debian/libzero0.symbols (>) disagree:"; cat /tmp/zero_abi_diff.$$; status=1
+fi
 rm -f /tmp/zero_abi_diff.$$
 if [[ $status -eq 0 ]]; then
   echo "symbols ok: $(echo "$listed" | wc -l) functions declared, listed and exported with their version nodes;" \

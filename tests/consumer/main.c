@@ -4,13 +4,13 @@
 
 #include "zero/zero.h"
 
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    zero_status_t s_ = (call);                                                                    \
-    if (s_ != ZERO_OK) {                                                                          \
-      fprintf(stderr, "%s: %s: %s\n", #call, zero_status_string(s_), zero_last_error());          \
-      return 1;                                                                                   \
-    }                                                                                             \
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    zero_status_t s_ = (call);                                                           \
+    if (s_ != ZERO_OK) {                                                                 \
+      fprintf(stderr, "%s: %s: %s\n", #call, zero_status_string(s_), zero_last_error()); \
+      return 1;                                                                          \
+    }                                                                                    \
   } while (0)
 
 int main(void) {

@@ -1,0 +1,29 @@
+#include "error.hpp"
+
+namespace zero {
+
+const char* status_name(zero_status_t status) {
+  switch (status) {
+    case ZERO_OK:
+      return "ZERO_OK";
+    case ZERO_ERR_INVALID_ARGUMENT:
+      return "ZERO_ERR_INVALID_ARGUMENT";
+    case ZERO_ERR_INVALID_STATE:
+      return "ZERO_ERR_INVALID_STATE";
+    case ZERO_ERR_CONFIG:
+      return "ZERO_ERR_CONFIG";
+    case ZERO_ERR_UNSUPPORTED:
+      return "ZERO_ERR_UNSUPPORTED";
+    case ZERO_ERR_MISMATCH:
+      return "ZERO_ERR_MISMATCH";
+    case ZERO_ERR_COMM:
+      return "ZERO_ERR_COMM";
+    case ZERO_ERR_OUT_OF_MEMORY:
+      return "ZERO_ERR_OUT_OF_MEMORY";
+    case ZERO_ERR_INTERNAL:
+      return "ZERO_ERR_INTERNAL";
+  }
+  return "unknown";
+}
+
+}  // namespace zero
