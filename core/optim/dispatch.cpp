@@ -1,0 +1,152 @@
+// Which SIMD path runs: the best one CPUID reports, or the one ZERO_SIMD forces (tests cover every path on one
+// machine that way). And the OpenMP split of a run over threads.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "error.hpp"
+#include "optim/kernels.hpp"
+
+namespace zero {
+
+const KernelTable& kernel_table_avx512_bf16();
+const KernelTable& kernel_table_avx512_plain();
+
+namespace {
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+bool cpu_has_avx512_bf16() {
+  // GCC 12's __builtin_cpu_supports does not know avx512bf16: CPUID leaf 7 subleaf 1, EAX bit 5.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
+  return (eax >> 5) & 1u;
+}
+
+Isa detect() {
+  const char* forced = std::getenv("ZERO_SIMD");
+  if (forced != nullptr && forced[0] != '\0') {
+    std::string f = forced;
+    Isa isa = f == "scalar" ? Isa::kScalar : f == "avx2" ? Isa::kAvx2 : f == "avx512" ? Isa::kAvx512 : Isa::kScalar;
+    if (f != "scalar" && f != "avx2" && f != "avx512")
+      fail(ZERO_ERR_CONFIG, "ZERO_SIMD is '" + f + "'; valid values: scalar, avx2, avx512 (or unset for the best)");
+    if (!isa_supported(isa)) fail(ZERO_ERR_UNSUPPORTED, "ZERO_SIMD=" + f + " but this CPU does not support it");
+    return isa;
+  }
+  if (cpu_has_avx512()) return Isa::kAvx512;
+  if (cpu_has_avx2()) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar:
+      return true;
+    case Isa::kAvx2:
+      return cpu_has_avx2();
+    case Isa::kAvx512:
+      return cpu_has_avx512();
+  }
+  return false;
+}
+
+Isa active_isa() {
+  // Read once: the path must not change in the middle of a run.
+  static const Isa isa = detect();
+  return isa;
+}
+
+const KernelTable& kernel_table_avx512() {
+  return cpu_has_avx512_bf16() ? kernel_table_avx512_bf16() : kernel_table_avx512_plain();
+}
+
+const KernelTable& kernels(Isa isa) {
+  if (!isa_supported(isa)) fail(ZERO_ERR_UNSUPPORTED, std::string("the ") + isa_name(isa) + " path is not supported");
+  switch (isa) {
+    case Isa::kAvx2:
+      return kernel_table_avx2();
+    case Isa::kAvx512:
+      return kernel_table_avx512();
+    default:
+      return kernel_table_scalar();
+  }
+}
+
+namespace {
+// Below this many elements per thread, starting threads costs more than it saves.
+constexpr size_t kMinElemsPerThread = size_t{1} << 16;
+
+int threads_for(size_t n) {
+  int max_threads = omp_get_max_threads();
+  size_t useful = n / kMinElemsPerThread;
+  return static_cast<int>(std::max<size_t>(1, std::min<size_t>(useful, static_cast<size_t>(max_threads))));
+}
+}  // namespace
+
+void parallel_step(StepKernel kernel, const KernelArgs& args) {
+  const int threads = threads_for(args.n);
+  if (threads == 1) return kernel(args);
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num()), nt = static_cast<size_t>(omp_get_num_threads());
+    // Chunks are multiples of 64 elements so that every chunk starts on a cache line.
+    const size_t chunk = (args.n / nt + 63) / 64 * 64;
+    const size_t begin = std::min(args.n, t * chunk), end = std::min(args.n, begin + chunk);
+    if (begin < end) {
+      KernelArgs a = args;
+      a.n = end - begin;
+      a.master = args.master + begin;
+      a.grad = static_cast<const char*>(args.grad) + begin * args.grad_elem_size;
+      if (args.state0) a.state0 = args.state0 + begin;
+      if (args.state1) a.state1 = args.state1 + begin;
+      if (args.copy) a.copy = static_cast<uint16_t*>(args.copy) + begin;
+      a.first_index = args.first_index + begin;
+      kernel(a);
+    }
+  }
+}
+
+double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n) {
+  const int threads = threads_for(n);
+  if (threads == 1) return kernel(grad, n);
+  double partial[256] = {};
+  const int used = std::min(threads, 256);
+#pragma omp parallel num_threads(used)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num()), nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t chunk = (n / nt + 63) / 64 * 64;
+    const size_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
+    if (begin < end) partial[t] = kernel(static_cast<const char*>(grad) + begin * elem_size, end - begin);
+  }
+  double sum = 0.0;
+  for (int t = 0; t < used; ++t) sum += partial[t];  // fixed order: deterministic for a given thread count
+  return sum;
+}
+
+}  // namespace zero

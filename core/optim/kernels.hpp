@@ -1,0 +1,72 @@
+// Fused optimizer kernels over a contiguous run of one param group's elements, and the fused gradient-norm pass.
+//
+// One pass per step reads the gradient (in the accumulation dtype), applies the combined factor (averaging x
+// unscale x clip), updates the fp32 master and the optimizer state, and writes the compute-dtype copy of the
+// param. Every element goes through the same float operations whatever its position (vector body or tail) and
+// whichever SIMD path runs: there is no FMA anywhere, and sqrt and division are IEEE-exact, so the scalar, AVX2
+// and AVX-512 paths produce bit-identical results.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dtype.hpp"
+
+namespace zero {
+
+enum class OptimizerKind { kAdamW, kAdamL2, kAdagrad, kLion, kSgd };
+constexpr int kNumOptimizerKinds = 5;
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+constexpr int kNumIsas = 3;
+const char* isa_name(Isa isa);
+
+// How the compute-dtype copy is written: not at all (fp32 params are the master), or rounded.
+enum class CopyMode { kNone = 0, kBf16Rne = 1, kBf16Stochastic = 2, kFp16Rne = 3 };
+constexpr int kNumCopyModes = 4;
+
+// Per-step constants, computed once in double and rounded to float (see optim/hyper.cpp).
+struct StepScalars {
+  float grad_factor = 1.0f;  // averaging x unscale x clip, applied to every gradient first
+  float a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0, h = 0, i = 0;  // meaning depends on the optimizer
+  bool first_step = false;                                              // SGD: the momentum buffer starts as g
+  uint32_t seed = 0;                                                    // stochastic rounding
+};
+
+struct KernelArgs {
+  float* master = nullptr;     // fp32 master params (the params themselves when the copy mode is kNone)
+  const void* grad = nullptr;  // gradients, in the grad dtype the kernel was chosen for
+  size_t grad_elem_size = 4;   // bytes per gradient element (for splitting a run across threads)
+  float* state0 = nullptr;     // Adam/Lion exp_avg, Adagrad sum, SGD momentum buffer
+  float* state1 = nullptr;     // Adam exp_avg_sq
+  void* copy = nullptr;        // compute-dtype params to write (2-byte elements), or null with kNone
+  size_t n = 0;
+  uint64_t first_index = 0;  // global index of element 0 (stochastic rounding is keyed by it)
+  StepScalars s;
+};
+
+using StepKernel = void (*)(const KernelArgs&);
+using SumSquaresKernel = double (*)(const void* grad, size_t n);
+
+struct KernelTable {
+  StepKernel step[kNumOptimizerKinds][3][kNumCopyModes];  // [optimizer][grad dtype][copy mode]
+  SumSquaresKernel sum_squares[3];                        // [grad dtype]
+};
+
+// The best path this CPU supports, unless ZERO_SIMD=scalar|avx2|avx512 forces one (an unsupported forced path
+// is an error, not a silent fallback).
+Isa active_isa();
+bool isa_supported(Isa isa);
+const KernelTable& kernels(Isa isa);
+
+const KernelTable& kernel_table_scalar();
+const KernelTable& kernel_table_avx2();
+const KernelTable& kernel_table_avx512();
+
+// Runs `kernel` over [0, n) split into contiguous chunks across the OpenMP threads when n is large enough to
+// pay for it; every element is computed identically whatever the split.
+void parallel_step(StepKernel kernel, const KernelArgs& args);
+double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n);
+
+}  // namespace zero

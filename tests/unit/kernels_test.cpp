@@ -1,0 +1,353 @@
+// The fused optimizer kernels: every optimizer x SIMD path x gradient dtype x copy mode.
+//
+// 1. Every SIMD path equals the scalar path bit for bit (master, state, copy), on lengths with tails.
+// 2. The scalar path agrees with an fp64 reference of the same optimizer within a derived bound: each result
+//    is a short chain of fp32 operations (at most 12 roundings of relative size 2^-24 each, plus the rounding of
+//    the hyper-parameters to float, also 2^-24 relative), so |x - x_ref| <= 2^-20 x (sum of the magnitudes of the
+//    terms that make up x) + 1 ulp(x_ref). The margin over 12 x 2^-24 covers error propagation between terms.
+// 3. The compute-dtype copy is exactly the documented rounding (dtype.hpp) of the new master, and those rounding
+//    functions agree with independent references (F16C hardware for fp16, exact arithmetic in double for bf16).
+// 4. Stochastic rounding is unbiased.
+#include <gtest/gtest.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "dtype.hpp"
+#include "optim/hyper.hpp"
+#include "optim/kernels.hpp"
+
+namespace zero {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------
+// Rounding functions against independent references.
+
+// bf16 by exact arithmetic: the two bf16 neighbours of x, chosen by distance in double, ties to even.
+uint16_t bf16_reference(float x) {
+  if (std::isnan(x)) return float_to_bf16_rne(x);  // NaN payloads are a convention, checked separately
+  uint32_t u = float_bits(x);
+  uint16_t down = static_cast<uint16_t>(u >> 16), up = static_cast<uint16_t>(down + 1);
+  if ((u & 0xffffu) == 0) return down;
+  double dx = x, ddown = bf16_to_float(down);
+  double dup = (up & 0x7fffu) == 0x7f80u ? std::copysign(std::ldexp(1.0, 128), dx) : double(bf16_to_float(up));
+  double e_down = std::fabs(dx - ddown), e_up = std::fabs(dup - dx);
+  if (e_down < e_up) return down;
+  if (e_up < e_down) return up;
+  return (down & 1u) ? up : down;
+}
+
+TEST(Rounding, Bf16IsRoundToNearestEvenIncludingDenormals) {
+  std::mt19937 rng(7);
+  std::vector<uint32_t> patterns = {0x00000001u, 0x00008000u, 0x00018000u, 0x007fffffu, 0x00800000u, 0x3f808000u,
+                                    0x3f818000u, 0x7f7fffffu, 0x7f7f8000u, 0x80000001u, 0xff7fffffu, 0x7f800000u};
+  for (uint32_t i = 0; i < 2000000; ++i) patterns.push_back(rng());
+  for (uint32_t u = 0; u < 0x00800000u; u += 977) patterns.push_back(u);  // denormals
+  for (uint32_t u : patterns) {
+    float x = bits_float(u);
+    ASSERT_EQ(float_to_bf16_rne(x), bf16_reference(x)) << std::hex << u;
+  }
+  uint16_t nan = float_to_bf16_rne(bits_float(0x7f800001u));
+  EXPECT_TRUE(std::isnan(bf16_to_float(nan)));
+  EXPECT_EQ(nan & 0x0040u, 0x0040u);  // quiet
+}
+
+TEST(Rounding, Fp16MatchesF16cHardwareEverywhere) {
+  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C to compare with";
+  // Every 97th float bit pattern (44 million values, all exponents), plus the boundaries.
+  auto check = [](uint32_t u) {
+    float x = bits_float(u);
+    __m128i h = _mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT);
+    uint16_t hw = static_cast<uint16_t>(_mm_extract_epi16(h, 0));
+    ASSERT_EQ(float_to_fp16_rne(x), hw) << std::hex << u;
+    __m128 back = _mm_cvtph_ps(_mm_set1_epi16(static_cast<short>(hw)));
+    float y = _mm_cvtss_f32(back);
+    ASSERT_EQ(float_bits(fp16_to_float(hw)), float_bits(y)) << std::hex << hw;
+  };
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 97) check(static_cast<uint32_t>(u));
+  for (uint32_t u : {0x477fefffu, 0x477ff000u, 0x477ff001u, 0x33000000u, 0x33000001u, 0x387fffffu, 0x38800000u})
+    check(u), check(u | 0x80000000u);
+}
+
+TEST(Rounding, StochasticBf16IsUnbiased) {
+  // x sits 0.3 of the way from one bf16 value to the next. Over n = 2^20 independent draws the mean of the
+  // rounded values has standard error spacing x sqrt(p(1-p)/n) = 2^-7 x 0.458 / 1024. We require the mean within
+  // 5 standard errors (two-sided confidence 1 - 6e-7; the seed is fixed, so the test is deterministic).
+  const float spacing = std::ldexp(1.0f, -7);
+  const float x = 1.0f + 0.3f * spacing;
+  const int n = 1 << 20;
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += bf16_to_float(float_to_bf16_sr(x, mix32(static_cast<uint32_t>(i) ^ 12345u)));
+  const double mean = sum / n, sigma = spacing * std::sqrt(0.3 * 0.7 / n);
+  EXPECT_LT(std::fabs(mean - x), 5 * sigma) << "mean " << mean << " x " << x;
+  // And it really is stochastic: both neighbours occur in about the right proportion.
+  EXPECT_NEAR((mean - 1.0) / spacing, 0.3, 0.01);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Kernels.
+
+struct Case {
+  OptimizerKind kind;
+  DType grad;
+  CopyMode copy;
+};
+
+struct Streams {
+  std::vector<float> master, s0, s1;
+  std::vector<uint16_t> copy;
+  std::vector<uint8_t> grad;
+};
+
+OptimizerHyper hyper_for(OptimizerKind kind) {
+  OptimizerHyper h;
+  h.kind = kind;
+  h.lr = kind == OptimizerKind::kLion ? 1e-4 : 1e-2;
+  h.beta1 = 0.9;
+  h.beta2 = kind == OptimizerKind::kLion ? 0.99 : 0.999;
+  h.eps = kind == OptimizerKind::kAdagrad ? 1e-10 : 1e-8;
+  h.weight_decay = 0.01;
+  h.momentum = 0.9;
+  h.dampening = 0.1;
+  h.nesterov = true;
+  return h;
+}
+
+Streams make_streams(const Case& c, size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Streams s;
+  s.master.resize(n);
+  s.s0.resize(n);
+  s.s1.resize(n);
+  s.copy.assign(n, 0);
+  s.grad.resize(n * dtype_size(c.grad));
+  for (size_t i = 0; i < n; ++i) {
+    s.master[i] = normal(rng);
+    s.s0[i] = 0.1f * normal(rng);
+    s.s1[i] = std::fabs(0.01f * normal(rng));
+    if (c.kind == OptimizerKind::kAdagrad) s.s0[i] = std::fabs(s.s0[i]);
+    float g = normal(rng);
+    if (c.grad == DType::kF32) std::memcpy(&s.grad[4 * i], &g, 4);
+    uint16_t h = c.grad == DType::kBF16 ? float_to_bf16_rne(g) : float_to_fp16_rne(g);
+    if (c.grad != DType::kF32) std::memcpy(&s.grad[2 * i], &h, 2);
+  }
+  return s;
+}
+
+KernelArgs args_for(Streams& s, const Case& c, const OptimizerHyper& h, int64_t step) {
+  KernelArgs a;
+  a.master = s.master.data();
+  a.grad = s.grad.data();
+  a.grad_elem_size = dtype_size(c.grad);
+  a.state0 = state_count(h) > 0 ? s.s0.data() : nullptr;
+  a.state1 = state_count(h) > 1 ? s.s1.data() : nullptr;
+  a.copy = c.copy == CopyMode::kNone ? nullptr : s.copy.data();
+  a.n = s.master.size();
+  a.first_index = 1000;
+  a.s = make_step_scalars(h, step, 0.5);
+  a.s.seed = 99;
+  return a;
+}
+
+double grad_value(const Streams& s, DType t, size_t i) {
+  if (t == DType::kF32) {
+    float g;
+    std::memcpy(&g, &s.grad[4 * i], 4);
+    return g;
+  }
+  uint16_t h;
+  std::memcpy(&h, &s.grad[2 * i], 2);
+  return t == DType::kBF16 ? bf16_to_float(h) : fp16_to_float(h);
+}
+
+// The textbook optimizers in double. Returns the magnitude scale of the terms for the error bound.
+struct RefResult {
+  double p, s0, s1, p_scale, s0_scale, s1_scale;
+};
+
+RefResult reference(const OptimizerHyper& h, int64_t t, double p, double s0, double s1, double g) {
+  g *= 0.5;  // the grad factor
+  RefResult r{};
+  switch (h.kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdamL2: {
+      if (h.kind == OptimizerKind::kAdamL2) g += h.weight_decay * p;
+      double m = h.beta1 * s0 + (1 - h.beta1) * g, v = h.beta2 * s1 + (1 - h.beta2) * g * g;
+      double bc1 = 1 - std::pow(h.beta1, t), bc2 = 1 - std::pow(h.beta2, t);
+      double decay = h.kind == OptimizerKind::kAdamW ? 1 - h.lr * h.weight_decay : 1.0;
+      double update = h.lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + h.eps);
+      r = {p * decay - update,
+           m,
+           v,
+           std::fabs(p) + std::fabs(update) * 4,
+           std::fabs(h.beta1 * s0) + std::fabs((1 - h.beta1) * g),
+           h.beta2 * s1 + (1 - h.beta2) * g * g};
+      if (h.kind == OptimizerKind::kAdamL2) r.s0_scale += std::fabs(h.weight_decay * p);
+      break;
+    }
+    case OptimizerKind::kAdagrad: {
+      g += h.weight_decay * p;
+      double sum = s0 + g * g, update = h.lr * g / (std::sqrt(sum) + h.eps);
+      r = {p - update, sum, s1, std::fabs(p) + std::fabs(update) * 4, sum, 0};
+      break;
+    }
+    case OptimizerKind::kLion: {
+      double c = h.beta1 * s0 + (1 - h.beta1) * g;
+      double sign = c > 0 ? 1.0 : (c < 0 ? -1.0 : 0.0);
+      double m = h.beta2 * s0 + (1 - h.beta2) * g;
+      r = {p * (1 - h.lr * h.weight_decay) - h.lr * sign,          m, s1, std::fabs(p) + h.lr,
+           std::fabs(h.beta2 * s0) + std::fabs((1 - h.beta2) * g), 0};
+      break;
+    }
+    case OptimizerKind::kSgd: {
+      g += h.weight_decay * p;
+      double buf = t == 1 ? g : h.momentum * s0 + (1 - h.dampening) * g;
+      double d = h.nesterov ? g + h.momentum * buf : buf;
+      r = {p - h.lr * d,
+           buf,
+           s1,
+           std::fabs(p) + h.lr * (std::fabs(g) + std::fabs(buf)) * 4,
+           std::fabs(h.momentum * s0) + std::fabs(g) * 2,
+           0};
+      break;
+    }
+  }
+  return r;
+}
+
+double ulp(double x) { return std::ldexp(1.0, std::ilogb(std::max(std::fabs(x), 1e-30)) - 23); }
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  for (auto k : {OptimizerKind::kAdamW, OptimizerKind::kAdamL2, OptimizerKind::kAdagrad, OptimizerKind::kLion,
+                 OptimizerKind::kSgd})
+    for (auto g : {DType::kF32, DType::kBF16, DType::kF16})
+      for (auto c : {CopyMode::kNone, CopyMode::kBf16Rne, CopyMode::kBf16Stochastic, CopyMode::kFp16Rne})
+        cases.push_back({k, g, c});
+  return cases;
+}
+
+std::string describe(const Case& c) {
+  const char* kinds[] = {"AdamW", "AdamL2", "Adagrad", "Lion", "SGD"};
+  const char* copies[] = {"none", "bf16", "bf16-sr", "fp16"};
+  return std::string(kinds[static_cast<int>(c.kind)]) + " grad " + dtype_name(c.grad) + " copy " +
+         copies[static_cast<int>(c.copy)];
+}
+
+TEST(Kernels, ScalarMatchesFp64ReferenceWithinTheDerivedBound) {
+  const size_t n = 1037;  // not a multiple of any vector width
+  for (const Case& c : all_cases()) {
+    const OptimizerHyper h = hyper_for(c.kind);
+    for (int64_t step : {1, 2, 10}) {
+      Streams s = make_streams(c, n, 1), before = s;
+      KernelArgs a = args_for(s, c, h, step);
+      kernel_table_scalar().step[static_cast<int>(c.kind)][static_cast<int>(c.grad)][static_cast<int>(c.copy)](a);
+      for (size_t i = 0; i < n; ++i) {
+        RefResult r = reference(h, step, before.master[i], before.s0[i], before.s1[i], grad_value(before, c.grad, i));
+        ASSERT_LE(std::fabs(s.master[i] - r.p), std::ldexp(r.p_scale, -20) + ulp(r.p))
+            << describe(c) << " step " << step << " elem " << i;
+        if (state_count(h) > 0) {
+          ASSERT_LE(std::fabs(s.s0[i] - r.s0), std::ldexp(r.s0_scale, -20) + ulp(r.s0)) << describe(c) << " " << i;
+        }
+        if (state_count(h) > 1) {
+          ASSERT_LE(std::fabs(s.s1[i] - r.s1), std::ldexp(r.s1_scale, -20) + ulp(r.s1)) << describe(c) << " " << i;
+        }
+        // The copy is exactly the promised rounding of the new master.
+        if (c.copy == CopyMode::kBf16Rne) {
+          ASSERT_EQ(s.copy[i], float_to_bf16_rne(s.master[i])) << describe(c);
+        }
+        if (c.copy == CopyMode::kFp16Rne) {
+          ASSERT_EQ(s.copy[i], float_to_fp16_rne(s.master[i])) << describe(c);
+        }
+        if (c.copy == CopyMode::kBf16Stochastic) {
+          uint16_t down = static_cast<uint16_t>(float_bits(s.master[i]) >> 16);
+          ASSERT_TRUE(s.copy[i] == down || s.copy[i] == down + 1) << describe(c);
+          ASSERT_EQ(s.copy[i], float_to_bf16_sr(s.master[i], mix32(static_cast<uint32_t>(1000 + i) ^ 99u)));
+        }
+      }
+    }
+  }
+}
+
+TEST(Kernels, EverySimdPathEqualsTheScalarPathBitForBit) {
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) {
+      std::printf("skipping %s: not supported by this CPU\n", isa_name(isa));
+      continue;
+    }
+    for (size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1037}}) {
+      for (const Case& c : all_cases()) {
+        const OptimizerHyper h = hyper_for(c.kind);
+        Streams want = make_streams(c, n, 3), got = want;
+        KernelArgs wa = args_for(want, c, h, 2), ga = args_for(got, c, h, 2);
+        const int k = static_cast<int>(c.kind), g = static_cast<int>(c.grad), m = static_cast<int>(c.copy);
+        kernel_table_scalar().step[k][g][m](wa);
+        kernels(isa).step[k][g][m](ga);
+        ASSERT_EQ(0, std::memcmp(want.master.data(), got.master.data(), n * 4)) << isa_name(isa) << " " << describe(c);
+        ASSERT_EQ(0, std::memcmp(want.s0.data(), got.s0.data(), n * 4)) << isa_name(isa) << " " << describe(c);
+        ASSERT_EQ(0, std::memcmp(want.s1.data(), got.s1.data(), n * 4)) << isa_name(isa) << " " << describe(c);
+        ASSERT_EQ(0, std::memcmp(want.copy.data(), got.copy.data(), n * 2)) << isa_name(isa) << " " << describe(c);
+      }
+    }
+  }
+}
+
+TEST(Kernels, SpecialValuesRoundTheSameOnEveryPath) {
+  // Denormals (which vcvtneps2bf16 would flush), NaN, infinities and values that round to infinity, written as
+  // masters by an SGD step with lr 0 (finite masters pass through unchanged; infinities become NaN through
+  // 0 x inf, which exercises NaN rounding too).
+  const std::vector<uint32_t> bits = {0x00000001u, 0x00400000u, 0x807fffffu, 0x00800000u, 0x7fc00001u, 0xffa00000u,
+                                      0x7f800000u, 0xff800000u, 0x7f7fffffu, 0x477ff000u, 0x33000000u, 0x38800001u,
+                                      0x3f808000u, 0x3f818000u, 0x00000000u, 0x80000000u, 0x00018000u};
+  OptimizerHyper h;
+  h.kind = OptimizerKind::kSgd;
+  h.lr = 0.0;
+  for (CopyMode copy : {CopyMode::kBf16Rne, CopyMode::kBf16Stochastic, CopyMode::kFp16Rne}) {
+    std::vector<std::vector<uint16_t>> results;
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_supported(isa)) continue;
+      std::vector<float> master(bits.size()), grad(bits.size(), 0.0f);
+      for (size_t i = 0; i < bits.size(); ++i) master[i] = bits_float(bits[i]);
+      std::vector<uint16_t> out(bits.size());
+      KernelArgs a;
+      a.master = master.data();
+      a.grad = grad.data();
+      a.copy = out.data();
+      a.n = bits.size();
+      a.s = make_step_scalars(h, 1, 1.0);
+      kernels(isa).step[static_cast<int>(OptimizerKind::kSgd)][0][static_cast<int>(copy)](a);
+      for (size_t i = 0; i < bits.size(); ++i) {
+        if (copy == CopyMode::kBf16Rne) {
+          ASSERT_EQ(out[i], float_to_bf16_rne(master[i])) << i;
+        }
+        if (copy == CopyMode::kFp16Rne) {
+          ASSERT_EQ(out[i], float_to_fp16_rne(master[i])) << i;
+        }
+      }
+      results.push_back(out);
+    }
+    for (const auto& r : results) EXPECT_EQ(r, results[0]);
+  }
+}
+
+TEST(Kernels, SumOfSquaresDetectsNonFiniteGradients) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    std::vector<float> g(100, 0.5f);
+    EXPECT_EQ(kernels(isa).sum_squares[0](g.data(), g.size()), 25.0);
+    g[99] = std::numeric_limits<float>::infinity();
+    EXPECT_FALSE(std::isfinite(kernels(isa).sum_squares[0](g.data(), g.size())));
+    g[99] = std::nanf("");
+    EXPECT_FALSE(std::isfinite(kernels(isa).sum_squares[0](g.data(), g.size())));
+    std::vector<uint16_t> h(33, float_to_bf16_rne(2.0f));
+    EXPECT_EQ(kernels(isa).sum_squares[1](h.data(), h.size()), 132.0);
+    h.assign(33, float_to_fp16_rne(-3.0f));
+    EXPECT_EQ(kernels(isa).sum_squares[2](h.data(), h.size()), 297.0);
+  }
+}
+
+}  // namespace
+}  // namespace zero
