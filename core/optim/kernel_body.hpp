@@ -73,8 +73,11 @@ inline void step_vector(const KernelArgs& a, size_t i) {
 template <class V, OptimizerKind K, DType G, CopyMode C>
 void step_kernel(const KernelArgs& args) {
   constexpr size_t W = V::W;
-  const size_t body = args.n / W * W;
-  for (size_t i = 0; i < body; i += W) step_vector<V, K, G, C>(args, i);
+  // A local copy: the stores through its float pointers cannot alias it, so the compiler keeps the pointers and
+  // the broadcast constants in registers instead of reloading them after every store.
+  const KernelArgs local = args;
+  const size_t body = local.n / W * W;
+  for (size_t i = 0; i < body; i += W) step_vector<V, K, G, C>(local, i);
   const size_t tail = args.n - body;
   if (tail == 0) return;
   // The last partial vector, on zero-padded copies of every stream.
