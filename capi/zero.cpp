@@ -134,16 +134,27 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
     require_arg(d.name != nullptr, call, "desc->name is NULL");
     require_arg(d.ndim >= 0 && d.ndim <= 8, call, "desc->ndim must be in 0..8");
     require_arg(d.ndim == 0 || d.shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
-    if (d.dtype != ZERO_DTYPE_FP32)
-      zero::fail(
-          d.dtype == ZERO_DTYPE_BF16 || d.dtype == ZERO_DTYPE_FP16 ? ZERO_ERR_UNSUPPORTED : ZERO_ERR_INVALID_ARGUMENT,
-          std::string(call) + ": param '" + d.name + "': dtype must be ZERO_DTYPE_FP32 (this version trains in fp32)");
+    const auto valid_dtype = [](int32_t t) {
+      return t == ZERO_DTYPE_FP32 || t == ZERO_DTYPE_BF16 || t == ZERO_DTYPE_FP16;
+    };
+    require_arg(valid_dtype(d.dtype), call, "desc->dtype is not a zero_dtype_t value");
+    require_arg(d.init_dtype == -1 || valid_dtype(d.init_dtype), call,
+                "desc->init_dtype must be -1 (same as dtype) or a zero_dtype_t value");
+    const zero::DType compute = e.config().compute_dtype;
+    if (static_cast<zero::DType>(d.dtype) != compute)
+      zero::fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": param '" + d.name + "' has dtype " +
+                                                zero::dtype_name(static_cast<zero::DType>(d.dtype)) +
+                                                " but the engine computes in " + zero::dtype_name(compute) +
+                                                " (set by the config's bf16/fp16 blocks)");
     zero::ParamShape shape;
     shape.name = d.name;
     shape.dims.assign(d.shape, d.shape + d.ndim);
     shape.unit = d.unit;
     shape.group = d.group;
-    *out_param = e.add_param(std::move(shape), d.init_data);
+    zero::ParamInit init;
+    init.data = d.init_data;
+    init.dtype = static_cast<zero::DType>(d.init_dtype == -1 ? d.dtype : d.init_dtype);
+    *out_param = e.add_param(std::move(shape), init);
   });
 }
 
@@ -191,7 +202,7 @@ ZERO_API zero_status_t zero_step(zero_engine_t* engine, zero_step_info_t* out_in
     if (out_info == nullptr) return;
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
     info.step = r.step;
-    info.loss_scale = 1.0;
+    info.loss_scale = r.loss_scale;
     info.grad_norm = r.grad_norm;
     info.skipped = r.skipped ? 1 : 0;
     info.lr = r.lr;
@@ -202,13 +213,32 @@ ZERO_API zero_status_t zero_step(zero_engine_t* engine, zero_step_info_t* out_in
 ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* engine) {
   return guard("zero_loss_scale", [&] {
     require_arg(out_scale != nullptr, "zero_loss_scale", "out_scale is NULL");
-    engine_of(engine, "zero_loss_scale");
-    *out_scale = 1.0;  // fp32 training needs no loss scaling
+    *out_scale = engine_of(engine, "zero_loss_scale").loss_scale();
   });
 }
 
 ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr) {
   return guard("zero_set_lr", [&] { engine_of(engine, "zero_set_lr").set_lr(group, lr); });
+}
+
+ZERO_API zero_status_t zero_engine_info(const zero_engine_t* engine, zero_engine_info_t* out_info) {
+  const char* call = "zero_engine_info";
+  return guard(call, [&] {
+    const zero::Engine& e = engine_of(engine, call);
+    const zero::Config& c = e.config();
+    zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
+    info.rank = e.rank();
+    info.world_size = e.world_size();
+    info.stage = c.stage;
+    info.gradient_accumulation_steps = static_cast<int32_t>(c.gradient_accumulation_steps);
+    info.param_dtype = static_cast<zero_dtype_t>(c.compute_dtype);
+    info.grad_dtype = static_cast<zero_dtype_t>(c.grad_accum_dtype);
+    info.comm_dtype = static_cast<zero_dtype_t>(c.comm_dtype);
+    info.simd = static_cast<zero_simd_t>(e.isa());
+    info.num_params = e.num_params();
+    info.num_units = e.num_units();
+    copy_out(out_info, info, call, "ZERO_ENGINE_INFO_INIT");
+  });
 }
 
 ZERO_API zero_status_t zero_memory_stats(const zero_engine_t* engine, zero_memory_stats_t* out_stats) {

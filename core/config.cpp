@@ -205,64 +205,204 @@ void parse_zero_optimization(const Section& z, Config& cfg) {
     z.unsupported("mics_shard_size", "MiCS sharding is not implemented");
 }
 
+std::string lowercase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+void parse_betas(const Section& p, OptimizerHyper& opt) {
+  if (!p.has("betas")) return;
+  const json& b = p.raw("betas");
+  if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+    fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") + "' must be an array of two numbers, got " + b.dump());
+  opt.beta1 = b[0].get<double>();
+  opt.beta2 = b[1].get<double>();
+  if (!(opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 && opt.beta2 < 1))
+    fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") + "' is " + b.dump() + "; both must be in [0, 1)");
+}
+
+// DeepSpeed's optimizer types and parameter names; defaults are those of DeepSpeed's CPU optimizers and torch.
 void parse_optimizer(const Section& o, Config& cfg) {
   o.require_known({"type", "params"});
-  if (!o.has("type")) fail(ZERO_ERR_CONFIG, "config key 'optimizer.type' is missing; use \"AdamW\" or \"Adam\"");
-  std::string type = o.get_string("type", "");
-  std::string lower = type;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  bool adamw_type = lower == "adamw";
-  if (!adamw_type && lower != "adam") {
-    const char* later[] = {"adagrad", "lion", "sgd", "lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam"};
-    for (const char* l : later)
-      if (lower == l) o.unsupported("type", "optimizer \"" + type + "\" is not implemented yet; use Adam or AdamW");
-    fail(ZERO_ERR_CONFIG, "config key 'optimizer.type' is \"" + type + "\"; valid values: \"Adam\", \"AdamW\"");
-  }
-  OptimizerConfig& opt = cfg.optimizer;
-  // torch.optim.AdamW's default weight decay is 0.01; Adam's is 0.
-  opt.weight_decay = adamw_type ? 0.01 : 0.0;
-  bool adam_w_mode = true;  // DeepSpeed's "Adam" means decoupled weight decay unless adam_w_mode is false.
-  if (o.has("params")) {
-    Section p = o.child("params");
+  if (!o.has("type"))
+    fail(ZERO_ERR_CONFIG,
+         "config key 'optimizer.type' is missing; use one of \"Adam\", \"AdamW\", \"Adagrad\", \"Lion\", \"SGD\"");
+  const std::string type = o.get_string("type", "");
+  const std::string lower = lowercase(type);
+  OptimizerHyper& opt = cfg.optimizer;
+  const json empty = json::object();
+  const Section p = o.has("params") ? o.child("params") : Section(empty, "optimizer.params", cfg);
+  if (lower == "adam" || lower == "adamw") {
     p.require_known(
         {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam", "fused"});
-    opt.lr = p.get_number("lr", opt.lr, 0.0, 1e6);
-    if (p.has("betas")) {
-      const json& b = p.raw("betas");
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
-        fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.betas' must be an array of two numbers, got " + b.dump());
-      opt.beta1 = b[0].get<double>();
-      opt.beta2 = b[1].get<double>();
-      if (!(opt.beta1 >= 0 && opt.beta1 < 1 && opt.beta2 >= 0 && opt.beta2 < 1))
-        fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.betas' is " + b.dump() + "; both must be in [0, 1)");
-    }
-    opt.eps = p.get_number("eps", opt.eps, 0.0, 1.0);
-    opt.weight_decay = p.get_number("weight_decay", opt.weight_decay, 0.0, 1e6);
+    const bool adamw_type = lower == "adamw";
+    opt.lr = p.get_number("lr", 1e-3, 0.0, 1e6);
+    parse_betas(p, opt);
+    opt.eps = p.get_number("eps", 1e-8, 0.0, 1.0);
+    // torch.optim.AdamW's default weight decay is 0.01; Adam's is 0.
+    opt.weight_decay = p.get_number("weight_decay", adamw_type ? 0.01 : 0.0, 0.0, 1e6);
     opt.bias_correction = p.get_bool("bias_correction", true);
-    adam_w_mode = p.get_bool("adam_w_mode", true);
+    // DeepSpeed's "Adam" means decoupled weight decay unless adam_w_mode is false.
+    const bool adam_w_mode = p.get_bool("adam_w_mode", true);
     if (p.get_bool("amsgrad", false)) p.unsupported("amsgrad", "AMSGrad is not implemented");
     p.get_bool("torch_adam", false);
     p.get_bool("fused", true);
     p.no_effect("torch_adam");
     p.no_effect("fused");
+    opt.kind = (adamw_type || adam_w_mode) ? OptimizerKind::kAdamW : OptimizerKind::kAdamL2;
+  } else if (lower == "adagrad") {
+    p.require_known({"lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value", "amsgrad"});
+    opt.kind = OptimizerKind::kAdagrad;
+    opt.lr = p.get_number("lr", 1e-2, 0.0, 1e6);
+    opt.eps = p.get_number("eps", 1e-10, 0.0, 1.0);
+    opt.weight_decay = p.get_number("weight_decay", 0.0, 0.0, 1e6);
+    if (p.get_number("lr_decay", 0.0, 0.0, 1e6) != 0.0) p.unsupported("lr_decay", "use a scheduler instead");
+    if (p.get_number("initial_accumulator_value", 0.0, 0.0, 1e30) != 0.0)
+      p.unsupported("initial_accumulator_value", "the accumulator starts at 0");
+    if (p.get_bool("amsgrad", false)) p.unsupported("amsgrad", "Adagrad has no AMSGrad variant");
+  } else if (lower == "lion") {
+    p.require_known({"lr", "betas", "weight_decay"});
+    opt.kind = OptimizerKind::kLion;
+    opt.lr = p.get_number("lr", 1e-4, 0.0, 1e6);
+    opt.beta1 = 0.9;
+    opt.beta2 = 0.99;
+    parse_betas(p, opt);
+    opt.weight_decay = p.get_number("weight_decay", 0.0, 0.0, 1e6);
+  } else if (lower == "sgd") {
+    p.require_known({"lr", "momentum", "dampening", "weight_decay", "nesterov"});
+    opt.kind = OptimizerKind::kSgd;
+    if (!p.has("lr"))
+      fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.lr' is required for SGD (torch has no default)");
+    opt.lr = p.get_number("lr", 0.0, 0.0, 1e6);
+    opt.momentum = p.get_number("momentum", 0.0, 0.0, 1.0);
+    opt.dampening = p.get_number("dampening", 0.0, 0.0, 1.0);
+    opt.weight_decay = p.get_number("weight_decay", 0.0, 0.0, 1e6);
+    opt.nesterov = p.get_bool("nesterov", false);
+    if (opt.nesterov && (opt.momentum == 0.0 || opt.dampening != 0.0))
+      fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.nesterov' needs momentum > 0 and dampening 0 (as in torch)");
+  } else {
+    const char* later[] = {"lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "adafactor"};
+    for (const char* l : later)
+      if (lower == l) o.unsupported("type", "optimizer \"" + type + "\" is not implemented");
+    fail(ZERO_ERR_CONFIG, "config key 'optimizer.type' is \"" + type +
+                              "\"; valid values: \"Adam\", \"AdamW\", \"Adagrad\", \"Lion\", \"SGD\"");
   }
-  opt.kind = (adamw_type || adam_w_mode) ? OptimizerConfig::Kind::kAdamW : OptimizerConfig::Kind::kAdamL2;
 }
 
-void parse_precision(const Section& top, const std::string& key, Config& cfg) {
-  if (!top.has(key)) return;
-  Section s = top.child(key);
-  if (key == "fp16") {
+DType parse_dtype_name(const Section& s, const std::string& key, DType fallback) {
+  if (!s.has(key)) return fallback;
+  const std::string v = lowercase(s.get_string(key, ""));
+  if (v == "fp32" || v == "float32" || v == "float") return DType::kF32;
+  if (v == "bf16" || v == "bfloat16") return DType::kBF16;
+  if (v == "fp16" || v == "float16" || v == "half") return DType::kF16;
+  fail(ZERO_ERR_CONFIG,
+       "config key '" + s.qualified(key) + "' is \"" + v + "\"; valid values: \"fp32\", \"bf16\", \"fp16\"");
+}
+
+// fp16 / bf16 / amp blocks, communication_data_type and data_types.
+void parse_precision(const Section& top, Config& cfg) {
+  bool fp16 = false, bf16 = false;
+  if (top.has("fp16")) {
+    Section s = top.child("fp16");
     s.require_known({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
                      "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"});
-  } else if (key == "bf16") {
-    s.require_known({"enabled", "immediate_grad_update", "check_grad_overflow"});
-  } else {
-    s.require_known({"enabled", "opt_level"});
+    fp16 = s.get_bool("enabled", false);
+    LossScaleConfig& ls = cfg.loss_scale;
+    ls.static_scale = s.get_number("loss_scale", 0.0, 0.0, 1e38);
+    ls.initial_scale_power = static_cast<int>(s.get_int("initial_scale_power", 16, 0, 127));
+    ls.window = s.get_int("loss_scale_window", 1000, 1, kMaxInt);
+    ls.hysteresis = static_cast<int>(s.get_int("hysteresis", 2, 1, 1 << 30));
+    ls.consecutive_hysteresis = s.get_bool("consecutive_hysteresis", false);
+    ls.min_scale = s.get_number("min_loss_scale", 1.0, 1e-38, 1e38);
+    if (s.get_bool("auto_cast", false)) s.unsupported("auto_cast", "casting inputs is the framework's business");
+    if (s.get_bool("fp16_master_weights_and_grads", false))
+      s.unsupported("fp16_master_weights_and_grads", "the master weights are always fp32");
   }
-  if (s.get_bool("enabled", false))
-    s.unsupported("enabled", "mixed precision lands in a later version; this one trains in fp32");
-  (void)cfg;
+  if (top.has("bf16")) {
+    Section s = top.child("bf16");
+    s.require_known(
+        {"enabled", "immediate_grad_update", "check_grad_overflow", "stochastic_rounding", "stochastic_rounding_seed"});
+    bf16 = s.get_bool("enabled", false);
+    s.get_bool("immediate_grad_update", false);
+    s.get_bool("check_grad_overflow", false);
+    s.no_effect("immediate_grad_update");
+    s.no_effect("check_grad_overflow");
+    cfg.stochastic_rounding = s.get_bool("stochastic_rounding", false);
+    cfg.stochastic_rounding_seed = static_cast<uint32_t>(s.get_int("stochastic_rounding_seed", 0, 0, 0xffffffffll));
+  }
+  if (top.has("amp")) {
+    Section s = top.child("amp");
+    s.require_known({"enabled", "opt_level"});
+    if (s.get_bool("enabled", false)) s.unsupported("enabled", "NVIDIA Apex AMP; use \"bf16\" or \"fp16\"");
+  }
+  if (fp16 && bf16) fail(ZERO_ERR_CONFIG, "config enables both 'fp16' and 'bf16'; choose one");
+  cfg.compute_dtype = bf16 ? DType::kBF16 : fp16 ? DType::kF16 : DType::kF32;
+  if (cfg.stochastic_rounding && !bf16)
+    fail(ZERO_ERR_CONFIG, "config key 'bf16.stochastic_rounding' needs 'bf16.enabled': true");
+  cfg.comm_dtype = parse_dtype_name(top, "communication_data_type", cfg.compute_dtype);
+  cfg.grad_accum_dtype = DType::kF32;
+  if (top.has("data_types")) {
+    Section d = top.child("data_types");
+    d.require_known({"grad_accum_dtype"});
+    cfg.grad_accum_dtype = parse_dtype_name(d, "grad_accum_dtype", DType::kF32);
+  }
+  // Reductions run in place in the gradient buffers, so the communication dtype may not be wider than them.
+  if (dtype_size(cfg.comm_dtype) > dtype_size(cfg.grad_accum_dtype))
+    top.unsupported("communication_data_type",
+                    std::string("communicating in ") + dtype_name(cfg.comm_dtype) + " with " +
+                        dtype_name(cfg.grad_accum_dtype) +
+                        " gradient accumulation; accumulate in fp32 "
+                        "(data_types.grad_accum_dtype) or communicate in the accumulation dtype");
+}
+
+void parse_scheduler(const Section& sch, Config& cfg) {
+  sch.require_known({"type", "params"});
+  const std::string type = sch.get_string("type", "");
+  const json empty = json::object();
+  const Section p = sch.has("params") ? sch.child("params") : Section(empty, "scheduler.params", cfg);
+  SchedulerConfig& s = cfg.scheduler;
+  auto warmup_type = [&]() {
+    const std::string t = p.get_string("warmup_type", "log");
+    if (t != "log" && t != "linear")
+      fail(ZERO_ERR_CONFIG, "config key 'scheduler.params.warmup_type' is \"" + t + "\"; valid: \"log\", \"linear\"");
+    return t == "log";
+  };
+  if (type == "WarmupLR" || type == "WarmupDecayLR") {
+    if (type == "WarmupLR")
+      p.require_known({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
+    else
+      p.require_known({"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+                       "last_batch_iteration"});
+    s.kind = type == "WarmupLR" ? SchedulerConfig::Kind::kWarmupLR : SchedulerConfig::Kind::kWarmupDecayLR;
+    s.warmup_min_lr = p.get_number("warmup_min_lr", 0.0, 0.0, 1e6);
+    s.warmup_max_lr = p.get_number("warmup_max_lr", 0.001, 0.0, 1e6);
+    s.warmup_num_steps = p.get_int("warmup_num_steps", 1000, 0, kMaxInt);
+    s.warmup_log = warmup_type();
+    if (type == "WarmupDecayLR") {
+      if (!p.has("total_num_steps"))
+        fail(ZERO_ERR_CONFIG, "config key 'scheduler.params.total_num_steps' is required for WarmupDecayLR");
+      s.total_num_steps = p.get_int("total_num_steps", 0, 1, kMaxInt);
+    }
+  } else if (type == "WarmupCosineLR") {
+    p.require_known({"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
+                     "last_batch_iteration"});
+    s.kind = SchedulerConfig::Kind::kWarmupCosineLR;
+    if (!p.has("total_num_steps"))
+      fail(ZERO_ERR_CONFIG, "config key 'scheduler.params.total_num_steps' is required for WarmupCosineLR");
+    s.total_num_steps = p.get_int("total_num_steps", 0, 1, kMaxInt);
+    s.warmup_min_ratio = p.get_number("warmup_min_ratio", 0.0, 0.0, 1.0);
+    s.warmup_num_steps = p.get_int("warmup_num_steps", 1000, 0, kMaxInt);
+    s.cos_min_ratio = p.get_number("cos_min_ratio", 0.0001, 0.0, 1.0);
+    s.warmup_log = warmup_type();
+  } else if (type == "LRRangeTest" || type == "OneCycle") {
+    sch.unsupported("type",
+                    "scheduler \"" + type + "\" is not implemented; use WarmupLR, WarmupDecayLR or WarmupCosineLR");
+  } else {
+    fail(ZERO_ERR_CONFIG, "config key 'scheduler.type' is \"" + type +
+                              "\"; valid values: \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\"");
+  }
+  if (p.get_int("last_batch_iteration", -1, -1, kMaxInt) != -1)
+    p.unsupported("last_batch_iteration", "resuming a schedule comes with checkpoints");
 }
 
 // train_batch_size = micro batch x accumulation steps x world size; any two determine the third.
@@ -366,26 +506,13 @@ Config parse_config(const std::string& json_text, int world_size) {
          "\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3}}");
   parse_optimizer(top.child("optimizer"), cfg);
   if (top.has("zero_optimization")) parse_zero_optimization(top.child("zero_optimization"), cfg);
-  for (const char* k : {"fp16", "bf16", "amp"}) parse_precision(top, k, cfg);
+  parse_precision(top, cfg);
+  if (top.has("scheduler")) parse_scheduler(top.child("scheduler"), cfg);
 
-  if (top.has("scheduler"))
-    top.unsupported("scheduler",
-                    "learning-rate schedulers land with the fused optimizers; "
-                    "drive the rate with zero_set_lr meanwhile");
   if (top.get_bool("prescale_gradients", false))
     top.unsupported("prescale_gradients", "gradients are summed, then averaged once");
   if (top.get_number("gradient_predivide_factor", 1.0, 1e-30, 1e30) != 1.0)
     top.unsupported("gradient_predivide_factor", "gradients are summed, then averaged once");
-  if (top.has("communication_data_type")) {
-    std::string t = top.get_string("communication_data_type", "fp32");
-    if (t != "fp32") top.unsupported("communication_data_type", "this version communicates in fp32 only");
-  }
-  if (top.has("data_types")) {
-    Section d = top.child("data_types");
-    d.require_known({"grad_accum_dtype"});
-    std::string t = d.get_string("grad_accum_dtype", "fp32");
-    if (t != "fp32") d.unsupported("grad_accum_dtype", "this version accumulates gradients in fp32 only");
-  }
   if (top.get_bool("sparse_gradients", false)) top.unsupported("sparse_gradients", "sparse gradients");
   for (const char* k :
        {"elasticity", "compression_training", "curriculum_learning", "data_efficiency", "sparse_attention"}) {

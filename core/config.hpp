@@ -7,17 +7,30 @@
 #include <string>
 #include <vector>
 
+#include "dtype.hpp"
+#include "optim/hyper.hpp"
+
 namespace zero {
 
-struct OptimizerConfig {
-  enum class Kind { kAdamW, kAdamL2 };
-  Kind kind = Kind::kAdamW;
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
-  bool bias_correction = true;
+// fp16 loss scaling, with DeepSpeed's keys and defaults (fp16 block).
+struct LossScaleConfig {
+  double static_scale = 0.0;  // loss_scale: 0 means dynamic
+  int initial_scale_power = 16;
+  int64_t window = 1000;  // loss_scale_window
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_scale = 1.0;  // min_loss_scale
+};
+
+// Learning-rate schedules, with DeepSpeed's names and parameters (scheduler block).
+struct SchedulerConfig {
+  enum class Kind { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+  Kind kind = Kind::kNone;
+  double warmup_min_lr = 0.0, warmup_max_lr = 0.001;  // WarmupLR, WarmupDecayLR
+  int64_t warmup_num_steps = 1000;
+  bool warmup_log = true;                                 // warmup_type "log" (default) or "linear"
+  int64_t total_num_steps = 0;                            // WarmupDecayLR, WarmupCosineLR
+  double warmup_min_ratio = 0.0, cos_min_ratio = 0.0001;  // WarmupCosineLR
 };
 
 struct Config {
@@ -31,7 +44,14 @@ struct Config {
   int64_t train_micro_batch_size_per_gpu = 0;  // 0: not given and not derivable
   int64_t train_batch_size = 0;                // 0: not given and not derivable
   double gradient_clipping = 0.0;              // 0: off
-  OptimizerConfig optimizer;
+  OptimizerHyper optimizer;
+  DType compute_dtype = DType::kF32;     // bf16.enabled / fp16.enabled
+  DType comm_dtype = DType::kF32;        // communication_data_type (default: the compute dtype)
+  DType grad_accum_dtype = DType::kF32;  // data_types.grad_accum_dtype (default fp32)
+  bool stochastic_rounding = false;      // bf16.stochastic_rounding (libzero extension)
+  uint32_t stochastic_rounding_seed = 0;
+  LossScaleConfig loss_scale;  // used when compute_dtype is fp16
+  SchedulerConfig scheduler;
   // Keys present in the config that are valid but change nothing yet (for the one warning on rank 0).
   std::vector<std::string> no_effect_keys;
 };

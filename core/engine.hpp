@@ -1,5 +1,7 @@
 // The ZeRO engine: owns every parameter, gradient and optimizer-state byte of one rank and runs stages 0-3.
-// See docs/architecture.md for the data flow of one step per stage.
+// See docs/architecture.md for the data flow of one step per stage. The implementation is split by phase:
+// engine.cpp (registration, layout, allocation, initial values), engine_micro_step.cpp (gather, release,
+// gradients and their buckets) and engine_step.cpp (norm, loss scale, optimizer, publishing parameters).
 #pragma once
 
 #include <memory>
@@ -10,13 +12,16 @@
 #include "comm/counted_comm.hpp"
 #include "config.hpp"
 #include "layout.hpp"
-#include "optim/adam.hpp"
+#include "loss_scaler.hpp"
+#include "optim/hyper.hpp"
+#include "optim/kernels.hpp"
 
 namespace zero {
 
 struct GroupSpec {
   std::string name;
-  AdamHyper hyper;
+  OptimizerHyper hyper;
+  double base_lr = 0.0;  // the configured rate; a scheduler derives each step's rate from it
 };
 
 struct MemoryStats {
@@ -31,7 +36,13 @@ struct StepResult {
   int64_t step = 0;
   double grad_norm = 0.0;
   double lr = 0.0;
+  double loss_scale = 1.0;
   bool skipped = false;
+};
+
+struct ParamInit {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
 };
 
 class Engine {
@@ -39,44 +50,52 @@ class Engine {
   Engine(Config config, std::shared_ptr<Communicator> comm);
 
   int add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2, double eps);
-  int add_param(ParamShape shape, const void* init_data);
+  int add_param(ParamShape shape, ParamInit init);
   void finalize();
 
-  float* param_data(int param);
-  float* grad_data(int param);
+  void* param_data(int param);
+  void* grad_data(int param);
   void gather(int unit);
   void release(int unit);
   void grad_ready(int param);
   void backward_end();
   StepResult step();
   void set_lr(int group, double lr);
+  double loss_scale() const { return scaler_.scale(); }
 
   MemoryStats memory_stats() const;
   const CommStats& comm_stats() const { return comm_.stats(); }
   const Config& config() const { return config_; }
   const Layout& layout() const { return layout_; }
-  int stage() const { return config_.stage; }
+  int rank() const { return comm_.rank(); }
+  int world_size() const { return comm_.size(); }
+  int num_params() const { return static_cast<int>(params_.size()); }
+  int num_units() const { return state_ == State::kRegistering ? 0 : static_cast<int>(layout_.units.size()); }
+  Isa isa() const { return isa_; }
 
  private:
   enum class State { kRegistering, kReady, kBroken };
 
-  // What one rank keeps of one unit. Which members are allocated depends on the stage (see finalize()).
+  // What one rank keeps of one unit. Which members are allocated depends on the stage and dtypes (allocate()).
   struct UnitState {
-    FloatBuffer full_params;   // stages 0-2 and persistent stage-3 units
-    FloatBuffer shard_params;  // stage 3: this rank's shard, which is also the fp32 master
-    FloatBuffer full_grads;    // stages 0-1
-    FloatBuffer grad_shard;    // stages 2-3: fp32 accumulator of the reduced gradient shard
-    FloatBuffer exp_avg, exp_avg_sq;
-    float* gathered = nullptr;  // stage 3 while gathered: a buffer from the gathered pool
-    bool persistent = false;    // stage 3 unit small enough to stay resident (stage3_param_persistence_threshold)
-    int bucket = -1;            // stages 2-3
+    Buffer params;    // compute dtype: the full unit (stages 0-2, persistent stage-3 units) or this rank's shard
+    Buffer master;    // fp32 master of what this rank updates; empty when params are fp32 (they are the master)
+    Buffer grads;     // accumulation dtype: the full unit (stages 0-1) or the reduced shard (stages 2-3)
+    Buffer state[2];  // fp32 optimizer state of what this rank updates
+    void* gathered = nullptr;  // while gathered: the full params (a pooled buffer at stage 3)
+    bool full_params = false;  // params holds the full unit
+    bool persistent = false;   // a stage-3 unit small enough to stay resident (stage3_param_persistence_threshold)
+    int bucket = -1;           // stages 2-3
     size_t offset_in_bucket = 0;
-    std::vector<ShardSegment> segments;  // what the optimizer updates on this rank
+    size_t update_begin = 0;             // first element of the unit this rank updates
+    size_t update_elems = 0;             // how many
+    uint64_t global_offset = 0;          // the unit's first element in the whole model (stochastic rounding keys)
+    std::vector<ShardSegment> segments;  // what the optimizer updates on this rank, relative to update_begin
   };
 
   // Stage 2-3 gradient bucket of the current micro-step.
   struct BucketState {
-    float* buffer = nullptr;  // from the bucket pool while the bucket is being filled
+    void* buffer = nullptr;  // from the bucket pool while the bucket is being filled
     size_t params_ready = 0;
     size_t params_total = 0;
     bool reduced = false;
@@ -85,38 +104,47 @@ class Engine {
   // Buffers handed out and taken back without per-step allocation.
   class Pool {
    public:
-    void set_capacity(size_t elems) { capacity_ = elems; }
-    float* acquire();
-    void give_back(float* buffer);
+    void set_capacity(size_t elems, DType dtype) { capacity_ = elems, dtype_ = dtype; }
+    void* acquire();
+    void give_back(void* buffer) { free_.push_back(buffer); }
     uint64_t allocated_bytes() const;
 
    private:
     size_t capacity_ = 0;
-    std::vector<std::unique_ptr<FloatBuffer>> all_;
-    std::vector<float*> free_;
+    DType dtype_ = DType::kF32;
+    std::vector<std::unique_ptr<Buffer>> all_;
+    std::vector<void*> free_;
   };
 
   void require_state(State wanted, const char* call) const;
   void check_param(int param, const char* call) const;
   void check_unit(int unit, const char* call) const;
+  void check_window(const char* call) const;
   bool sharded_params(int unit) const { return config_.stage == 3 && !units_[unit].persistent; }
   bool bucketed_grads() const { return config_.stage >= 2; }
+  bool separate_master() const { return config_.compute_dtype != DType::kF32; }
+  size_t compute_size() const { return dtype_size(config_.compute_dtype); }
+  size_t grad_size() const { return dtype_size(config_.grad_accum_dtype); }
   void verify_registration_across_ranks();
   void allocate();
   void load_initial_values();
   void reduce_ready_buckets();
   void reduce_bucket(int bucket);
-  float* unit_params_shard(int unit);
-  float* unit_grads_shard(int unit);
+  void reduce_full_grads(int unit);
+  float* master_of(int unit);
+  void* copy_of(int unit);
+  void* grads_of(int unit);
+  CopyMode copy_mode() const;
   const std::string& param_name(int p) const { return params_[p].name; }
   [[noreturn]] void broken(const std::exception& e);
 
   Config config_;
   CountedComm comm_;
+  Isa isa_;
   State state_ = State::kRegistering;
   std::vector<GroupSpec> groups_;
   std::vector<ParamShape> params_;
-  std::vector<const void*> init_data_;
+  std::vector<ParamInit> init_;
   Layout layout_;
   std::vector<Bucket> buckets_;
   std::vector<UnitState> units_;
@@ -124,9 +152,10 @@ class Engine {
   std::vector<char> param_ready_;  // per param, this micro-step
   Pool gathered_pool_;
   Pool bucket_pool_;
+  LossScaler scaler_;
   int next_bucket_to_reduce_ = 0;
   int64_t micro_steps_ = 0;  // completed in the current accumulation window
-  int64_t steps_ = 0;
+  int64_t steps_ = 0;        // optimizer steps taken (skipped ones excluded)
   std::string broken_reason_;
 };
 

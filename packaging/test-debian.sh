@@ -7,10 +7,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/libzero-deb.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-mkdir "$work/libzero-0.1.0"
-(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/libzero-0.1.0")
-cp -r "$root/packaging/debian" "$work/libzero-0.1.0/debian"
-(cd "$work/libzero-0.1.0" && dpkg-buildpackage -us -uc -b -j"$(nproc)" >"$work/build.log" 2>&1) || {
+src="$work/libzero"
+mkdir "$src"
+(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src")
+cp -r "$root/packaging/debian" "$src/debian"
+(cd "$src" && dpkg-buildpackage -us -uc -b -j"$(nproc)" >"$work/build.log" 2>&1) || {
   tail -50 "$work/build.log"
   exit 1
 }

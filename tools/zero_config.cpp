@@ -27,8 +27,20 @@ int usage(FILE* out) {
   return out == stdout ? 0 : 2;
 }
 
-const char* kind_name(zero::OptimizerConfig::Kind k) {
-  return k == zero::OptimizerConfig::Kind::kAdamW ? "AdamW (decoupled weight decay)" : "Adam (L2 weight decay)";
+const char* kind_name(zero::OptimizerKind k) {
+  switch (k) {
+    case zero::OptimizerKind::kAdamW:
+      return "AdamW (decoupled weight decay)";
+    case zero::OptimizerKind::kAdamL2:
+      return "Adam (L2 weight decay)";
+    case zero::OptimizerKind::kAdagrad:
+      return "Adagrad";
+    case zero::OptimizerKind::kLion:
+      return "Lion";
+    case zero::OptimizerKind::kSgd:
+      return "SGD";
+  }
+  return "?";
 }
 
 int check(const std::string& path, int world) {
@@ -57,6 +69,17 @@ int check(const std::string& path, int world) {
   const auto& o = c.optimizer;
   std::printf("  optimizer              %s lr %g betas (%g, %g) eps %g weight_decay %g%s\n", kind_name(o.kind), o.lr,
               o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction ? "" : " (no bias correction)");
+  std::printf("  dtypes                 params %s, gradients %s, communication %s, master and state fp32%s\n",
+              zero::dtype_name(c.compute_dtype), zero::dtype_name(c.grad_accum_dtype), zero::dtype_name(c.comm_dtype),
+              c.stochastic_rounding ? " (stochastic rounding)" : "");
+  if (c.compute_dtype == zero::DType::kF16) {
+    if (c.loss_scale.static_scale > 0)
+      std::printf("  loss scale             static %g\n", c.loss_scale.static_scale);
+    else
+      std::printf("  loss scale             dynamic from 2^%d, window %lld, hysteresis %d, min %g\n",
+                  c.loss_scale.initial_scale_power, static_cast<long long>(c.loss_scale.window),
+                  c.loss_scale.hysteresis, c.loss_scale.min_scale);
+  }
   if (c.gradient_clipping > 0)
     std::printf("  gradient clipping      global norm %g\n", c.gradient_clipping);
   else

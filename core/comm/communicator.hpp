@@ -4,12 +4,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "dtype.hpp"
+
 namespace zero {
 
-enum class ElemType { kF32, kF64, kI64 };
+enum class ElemType { kF32, kF64, kI64, kBF16, kF16 };
 enum class ReduceOp { kSum, kMin, kMax };
 
 size_t elem_size(ElemType type);
+ElemType elem_type(DType type);
 
 class Communicator {
  public:
@@ -17,12 +20,13 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // `buf` holds size() blocks of `block_elems` floats; this rank's block is the input. Afterwards every block
+  // `buf` holds size() blocks of `block_elems` elements; this rank's block is the input. Afterwards every block
   // holds its owner's data.
-  virtual void all_gather_inplace(float* buf, size_t block_elems) = 0;
-  // `buf` holds size() blocks of `block_elems` floats. Afterwards buf[0, block_elems) holds the element-wise sum
-  // over ranks of block rank(); the rest of `buf` is unspecified.
-  virtual void reduce_scatter_sum_inplace(float* buf, size_t block_elems) = 0;
+  virtual void all_gather_inplace(void* buf, size_t block_elems, ElemType type) = 0;
+  // `buf` holds size() blocks of `block_elems` elements (kF32, kBF16 or kF16). Afterwards buf[0, block_elems) holds
+  // the element-wise sum over ranks of block rank(); the rest of `buf` is unspecified. 16-bit sums are computed
+  // in fp32 and rounded to nearest even after every addition.
+  virtual void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type) = 0;
   virtual void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t n_bytes, int root) = 0;
 

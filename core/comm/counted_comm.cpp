@@ -2,7 +2,23 @@
 
 namespace zero {
 
-size_t elem_size(ElemType type) { return type == ElemType::kF32 ? 4 : 8; }
+size_t elem_size(ElemType type) {
+  switch (type) {
+    case ElemType::kF32:
+      return 4;
+    case ElemType::kF64:
+    case ElemType::kI64:
+      return 8;
+    case ElemType::kBF16:
+    case ElemType::kF16:
+      return 2;
+  }
+  return 0;
+}
+
+ElemType elem_type(DType type) {
+  return type == DType::kF32 ? ElemType::kF32 : type == DType::kBF16 ? ElemType::kBF16 : ElemType::kF16;
+}
 
 void CountedComm::count(CommKindStats& kind, uint64_t bytes, uint64_t wire_bytes) {
   kind.calls += 1;
@@ -11,16 +27,16 @@ void CountedComm::count(CommKindStats& kind, uint64_t bytes, uint64_t wire_bytes
   stats_.sequence += 1;
 }
 
-void CountedComm::all_gather_inplace(float* buf, size_t block_elems) {
-  const uint64_t block_bytes = block_elems * sizeof(float), n = size();
+void CountedComm::all_gather_inplace(void* buf, size_t block_elems, ElemType type) {
+  const uint64_t block_bytes = block_elems * elem_size(type), n = size();
   count(stats_.all_gather, block_bytes * n, block_bytes * (n - 1));
-  comm_->all_gather_inplace(buf, block_elems);
+  comm_->all_gather_inplace(buf, block_elems, type);
 }
 
-void CountedComm::reduce_scatter_sum_inplace(float* buf, size_t block_elems) {
-  const uint64_t block_bytes = block_elems * sizeof(float), n = size();
+void CountedComm::reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type) {
+  const uint64_t block_bytes = block_elems * elem_size(type), n = size();
   count(stats_.reduce_scatter, block_bytes * n, block_bytes * (n - 1));
-  comm_->reduce_scatter_sum_inplace(buf, block_elems);
+  comm_->reduce_scatter_sum_inplace(buf, block_elems, type);
 }
 
 void CountedComm::all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) {

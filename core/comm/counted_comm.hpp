@@ -26,8 +26,8 @@ class CountedComm {
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
 
-  void all_gather_inplace(float* buf, size_t block_elems);
-  void reduce_scatter_sum_inplace(float* buf, size_t block_elems);
+  void all_gather_inplace(void* buf, size_t block_elems, ElemType type);
+  void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type);
   void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op);
   void broadcast(void* buf, size_t n_bytes, int root);
 

@@ -32,8 +32,24 @@ MPI_Datatype mpi_type(ElemType type) {
       return MPI_DOUBLE;
     case ElemType::kI64:
       return MPI_INT64_T;
+    case ElemType::kBF16:
+    case ElemType::kF16:
+      return MPI_UINT16_T;  // MPI has no 16-bit float types; sums use the ops below
   }
   return MPI_DATATYPE_NULL;
+}
+
+// Sums of 16-bit floats for MPI: each addition in fp32, rounded to nearest even.
+void sum_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16_rne(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+void sum_fp16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const uint16_t* a = static_cast<const uint16_t*>(in);
+  uint16_t* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_fp16_rne(fp16_to_float(a[i]) + fp16_to_float(b[i]));
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -62,28 +78,36 @@ int query_size(MPI_Comm comm) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) : Communicator(query_rank(comm), query_size(comm)), comm_(comm) {}
+  explicit MpiCommunicator(MPI_Comm comm) : Communicator(query_rank(comm), query_size(comm)), comm_(comm) {
+    check(MPI_Op_create(sum_bf16, 1, &sum_bf16_), "MPI_Op_create");
+    check(MPI_Op_create(sum_fp16, 1, &sum_fp16_), "MPI_Op_create");
+  }
 
   ~MpiCommunicator() override {
     std::lock_guard<std::mutex> lock(g_mpi_mutex);
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&comm_);
+    if (!finalized) {
+      MPI_Op_free(&sum_bf16_);
+      MPI_Op_free(&sum_fp16_);
+      MPI_Comm_free(&comm_);
+    }
     g_live_mpi_comms -= 1;
     if (g_live_mpi_comms == 0 && g_we_initialized_mpi && !finalized) MPI_Finalize();
   }
 
  public:
-  void all_gather_inplace(float* buf, size_t block_elems) override {
-    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count(block_elems), MPI_FLOAT, comm_),
+  void all_gather_inplace(void* buf, size_t block_elems, ElemType type) override {
+    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count(block_elems), mpi_type(type), comm_),
           "MPI_Allgather");
   }
-  void reduce_scatter_sum_inplace(float* buf, size_t block_elems) override {
-    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count(block_elems), MPI_FLOAT, MPI_SUM, comm_),
+  void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type) override {
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count(block_elems), mpi_type(type), sum_op(type), comm_),
           "MPI_Reduce_scatter_block");
   }
   void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, count(n_elems), mpi_type(type), mpi_op(op), comm_), "MPI_Allreduce");
+    MPI_Op mop = op == ReduceOp::kSum ? sum_op(type) : mpi_op(op);
+    check(MPI_Allreduce(MPI_IN_PLACE, buf, count(n_elems), mpi_type(type), mop, comm_), "MPI_Allreduce");
   }
   void broadcast(void* buf, size_t n_bytes, int root) override {
     check(MPI_Bcast(buf, count(n_bytes), MPI_BYTE, root, comm_), "MPI_Bcast");
@@ -96,7 +120,11 @@ class MpiCommunicator final : public Communicator {
     if (n > static_cast<size_t>(INT32_MAX)) fail(ZERO_ERR_UNSUPPORTED, "message of more than 2^31-1 elements");
     return static_cast<int>(n);
   }
+  MPI_Op sum_op(ElemType type) const {
+    return type == ElemType::kBF16 ? sum_bf16_ : type == ElemType::kF16 ? sum_fp16_ : MPI_SUM;
+  }
   MPI_Comm comm_;
+  MPI_Op sum_bf16_ = MPI_OP_NULL, sum_fp16_ = MPI_OP_NULL;
 };
 
 }  // namespace

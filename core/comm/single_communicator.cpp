@@ -9,8 +9,8 @@ class SingleCommunicator final : public Communicator {
 
  public:
   // With one rank the single block already sits where every collective would put it.
-  void all_gather_inplace(float*, size_t) override {}
-  void reduce_scatter_sum_inplace(float*, size_t) override {}
+  void all_gather_inplace(void*, size_t, ElemType) override {}
+  void reduce_scatter_sum_inplace(void*, size_t, ElemType) override {}
   void all_reduce_inplace(void*, size_t, ElemType, ReduceOp) override {}
   void broadcast(void*, size_t, int) override {}
 };

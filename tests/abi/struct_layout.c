@@ -25,7 +25,7 @@ OFFSET(zero_param_group_desc_t, beta1, 32);
 OFFSET(zero_param_group_desc_t, beta2, 40);
 OFFSET(zero_param_group_desc_t, eps, 48);
 
-SIZE(zero_param_desc_t, 56);
+SIZE(zero_param_desc_t, 64); /* 0.1: 56 bytes, ending with init_data */
 OFFSET(zero_param_desc_t, struct_size, 0);
 OFFSET(zero_param_desc_t, name, 8);
 OFFSET(zero_param_desc_t, ndim, 16);
@@ -34,6 +34,7 @@ OFFSET(zero_param_desc_t, dtype, 32);
 OFFSET(zero_param_desc_t, unit, 36);
 OFFSET(zero_param_desc_t, group, 40);
 OFFSET(zero_param_desc_t, init_data, 48);
+OFFSET(zero_param_desc_t, init_dtype, 56); /* 0.2 */
 
 SIZE(zero_step_info_t, 48);
 OFFSET(zero_step_info_t, struct_size, 0);
@@ -42,6 +43,20 @@ OFFSET(zero_step_info_t, loss_scale, 16);
 OFFSET(zero_step_info_t, grad_norm, 24);
 OFFSET(zero_step_info_t, skipped, 32);
 OFFSET(zero_step_info_t, lr, 40);
+
+SIZE(zero_simd_t, 4); /* 0.2 */
+SIZE(zero_engine_info_t, 48);
+OFFSET(zero_engine_info_t, struct_size, 0);
+OFFSET(zero_engine_info_t, rank, 8);
+OFFSET(zero_engine_info_t, world_size, 12);
+OFFSET(zero_engine_info_t, stage, 16);
+OFFSET(zero_engine_info_t, gradient_accumulation_steps, 20);
+OFFSET(zero_engine_info_t, param_dtype, 24);
+OFFSET(zero_engine_info_t, grad_dtype, 28);
+OFFSET(zero_engine_info_t, comm_dtype, 32);
+OFFSET(zero_engine_info_t, simd, 36);
+OFFSET(zero_engine_info_t, num_params, 40);
+OFFSET(zero_engine_info_t, num_units, 44);
 
 SIZE(zero_memory_stats_t, 64);
 OFFSET(zero_memory_stats_t, struct_size, 0);
@@ -72,5 +87,6 @@ _Static_assert(ZERO_OK == 0 && ZERO_ERR_INVALID_ARGUMENT == 1 && ZERO_ERR_INVALI
                    ZERO_ERR_OUT_OF_MEMORY == 7 && ZERO_ERR_INTERNAL == 8,
                "status codes changed");
 _Static_assert(ZERO_DTYPE_FP32 == 0 && ZERO_DTYPE_BF16 == 1 && ZERO_DTYPE_FP16 == 2, "dtype values changed");
+_Static_assert(ZERO_SIMD_SCALAR == 0 && ZERO_SIMD_AVX2 == 1 && ZERO_SIMD_AVX512 == 2, "simd values changed");
 
 int zero_struct_layout_checked(void) { return 1; }

@@ -96,6 +96,8 @@ static void test_null_arguments(void** state) {
   zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
   zero_comm_stats_t cs = ZERO_COMM_STATS_INIT;
   assert_fails(zero_memory_stats(NULL, &mem), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
+  assert_fails(zero_engine_info(NULL, &info), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
   assert_fails(zero_comm_stats(NULL, &cs), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
 
   zero_comm_destroy(comm);
@@ -110,8 +112,13 @@ static void test_null_arguments(void** state) {
   assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "ndim");
   d.ndim = 0;
   d.dtype = ZERO_DTYPE_BF16;
-  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_UNSUPPORTED, "ZERO_DTYPE_FP32");
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "the engine computes in fp32");
+  d.dtype = (zero_dtype_t)7;
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "not a zero_dtype_t");
   d.dtype = ZERO_DTYPE_FP32;
+  d.init_dtype = 9;
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "init_dtype");
+  d.init_dtype = -1;
   d.struct_size = 8;
   assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "ZERO_PARAM_DESC_INIT");
   assert_fails(zero_memory_stats(engine, NULL), ZERO_ERR_INVALID_ARGUMENT, "NULL");
@@ -160,8 +167,11 @@ static void test_bad_config(void** state) {
                ZERO_ERR_CONFIG, "did you mean 'zero_optimization'");
   assert_null(engine);
   assert_fails(
-      zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"bf16\": {\"enabled\": true}}", comm),
-      ZERO_ERR_UNSUPPORTED, "bf16.enabled");
+      zero_engine_create(&engine,
+                         "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"offload_optimizer\": "
+                         "{\"device\": \"cpu\"}}}",
+                         comm),
+      ZERO_ERR_UNSUPPORTED, "offload_optimizer");
   assert_fails(zero_engine_create(&engine, "not json", comm), ZERO_ERR_CONFIG, "not valid JSON");
   assert_null(engine);
   zero_comm_destroy(comm);
@@ -178,6 +188,13 @@ static void test_training_run(void** state) {
   assert_int_equal(rank, 0);
   assert_int_equal(size, 1);
   zero_comm_destroy(comm);
+  zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
+  assert_int_equal(zero_engine_info(engine, &info), ZERO_OK);
+  assert_int_equal(info.world_size, 1);
+  assert_int_equal(info.stage, 3);
+  assert_int_equal(info.param_dtype, ZERO_DTYPE_FP32);
+  assert_int_equal(info.grad_dtype, ZERO_DTYPE_FP32);
+  assert_int_equal(info.num_units, 0);
   const float init[3] = {1.0f, 2.0f, 3.0f};
   zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
   int64_t shape[1] = {3};

@@ -33,7 +33,7 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c.reduce_bucket_size, 500000000);
   EXPECT_EQ(c.param_persistence_threshold, 100000);
   EXPECT_EQ(c.gradient_clipping, 0.0);
-  EXPECT_EQ(c.optimizer.kind, OptimizerConfig::Kind::kAdamW);
+  EXPECT_EQ(c.optimizer.kind, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);  // torch.optim.AdamW's default
   EXPECT_TRUE(c.no_effect_keys.empty());
@@ -142,18 +142,18 @@ TEST(Config, InconsistentBatchSizesShowTheArithmetic) {
 
 TEST(Config, KeysThatChangeResultsAreRefusedUntilSupported) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"("fp16": {"enabled": true})", "fp16.enabled"},
-      {R"("bf16": {"enabled": true})", "bf16.enabled"},
       {R"("zero_optimization": {"offload_optimizer": {"device": "cpu"}})", "zero_optimization.offload_optimizer"},
       {R"("zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}})",
        "zero_optimization.offload_param"},
       {R"("zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true})",
        "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
-      {R"("scheduler": {"type": "WarmupLR"})", "scheduler"},
-      {R"("communication_data_type": "bf16")", "communication_data_type"},
+      {R"("scheduler": {"type": "OneCycle"})", "scheduler.type"},
+      {R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}, "communication_data_type": "fp32")",
+       "communication_data_type"},
+      {R"("amp": {"enabled": true})", "amp.enabled"},
       {R"("prescale_gradients": true)", "prescale_gradients"},
       {R"("gradient_predivide_factor": 2.0)", "gradient_predivide_factor"},
-      {R"("data_types": {"grad_accum_dtype": "bf16"})", "data_types.grad_accum_dtype"},
+      {R"("fp16": {"enabled": true, "fp16_master_weights_and_grads": true})", "fp16.fp16_master_weights_and_grads"},
   };
   for (const auto& [rest, key] : cases) {
     std::string m = parse_error(with_optimizer(rest), ZERO_ERR_UNSUPPORTED);
@@ -164,6 +164,67 @@ TEST(Config, KeysThatChangeResultsAreRefusedUntilSupported) {
   parse_config(with_optimizer(R"("fp16": {"enabled": false}, "bf16": {"enabled": false},
       "zero_optimization": {"offload_optimizer": {"device": "none"}}, "communication_data_type": "fp32")"),
                1);
+}
+
+TEST(Config, MixedPrecision) {
+  Config c = parse_config(with_optimizer(R"("bf16": {"enabled": true})"), 1);
+  EXPECT_EQ(c.compute_dtype, DType::kBF16);
+  EXPECT_EQ(c.comm_dtype, DType::kBF16);  // defaults to the compute dtype
+  EXPECT_EQ(c.grad_accum_dtype, DType::kF32);
+  c = parse_config(with_optimizer(R"("fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+      "loss_scale_window": 500, "hysteresis": 3, "consecutive_hysteresis": true, "min_loss_scale": 2},
+      "communication_data_type": "fp32")"),
+                   1);
+  EXPECT_EQ(c.compute_dtype, DType::kF16);
+  EXPECT_EQ(c.comm_dtype, DType::kF32);
+  EXPECT_EQ(c.loss_scale.initial_scale_power, 12);
+  EXPECT_EQ(c.loss_scale.window, 500);
+  EXPECT_EQ(c.loss_scale.hysteresis, 3);
+  EXPECT_TRUE(c.loss_scale.consecutive_hysteresis);
+  EXPECT_EQ(c.loss_scale.min_scale, 2.0);
+  c = parse_config(with_optimizer(R"("bf16": {"enabled": true, "stochastic_rounding": true,
+      "stochastic_rounding_seed": 7}, "data_types": {"grad_accum_dtype": "bf16"})"),
+                   1);
+  EXPECT_EQ(c.grad_accum_dtype, DType::kBF16);
+  EXPECT_TRUE(c.stochastic_rounding);
+  EXPECT_EQ(c.stochastic_rounding_seed, 7u);
+  std::string m =
+      parse_error(with_optimizer(R"("bf16": {"enabled": true}, "fp16": {"enabled": true})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("both"), std::string::npos) << m;
+  m = parse_error(with_optimizer(R"("communication_data_type": "int8")"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("'communication_data_type'"), std::string::npos) << m;
+  m = parse_error(with_optimizer(R"("bf16": {"stochastic_rounding": true})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("bf16.enabled"), std::string::npos) << m;
+}
+
+TEST(Config, OptimizersAndSchedulersWithDeepSpeedNames) {
+  Config c = parse_config(R"({"optimizer": {"type": "Adagrad", "params": {"lr": 0.1}}})", 1);
+  EXPECT_EQ(c.optimizer.kind, OptimizerKind::kAdagrad);
+  EXPECT_EQ(c.optimizer.eps, 1e-10);
+  c = parse_config(R"({"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.95, 0.98],
+      "weight_decay": 0.1}}})",
+                   1);
+  EXPECT_EQ(c.optimizer.kind, OptimizerKind::kLion);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.98);
+  c = parse_config(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9, "nesterov": true}}})", 1);
+  EXPECT_EQ(c.optimizer.kind, OptimizerKind::kSgd);
+  EXPECT_TRUE(c.optimizer.nesterov);
+  parse_error(R"({"optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})", ZERO_ERR_CONFIG);
+  parse_error(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "nesterov": true}}})", ZERO_ERR_CONFIG);
+  c = parse_config(with_optimizer(R"("scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100,
+      "warmup_min_lr": 0, "warmup_max_lr": 0.001, "warmup_num_steps": 10, "warmup_type": "linear"}})"),
+                   1);
+  EXPECT_EQ(c.scheduler.kind, SchedulerConfig::Kind::kWarmupDecayLR);
+  EXPECT_FALSE(c.scheduler.warmup_log);
+  c = parse_config(with_optimizer(R"("scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100,
+      "warmup_num_steps": 10, "cos_min_ratio": 0.1, "warmup_min_ratio": 0.01}})"),
+                   1);
+  EXPECT_EQ(c.scheduler.kind, SchedulerConfig::Kind::kWarmupCosineLR);
+  std::string m =
+      parse_error(with_optimizer(R"("scheduler": {"type": "WarmupCosineLR", "params": {}})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("total_num_steps"), std::string::npos) << m;
+  m = parse_error(with_optimizer(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_max": 1}})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("did you mean 'scheduler.params.warmup_max_lr'"), std::string::npos) << m;
 }
 
 TEST(Config, TuningKnobsAreAcceptedAndReported) {
@@ -183,16 +244,16 @@ TEST(Config, TuningKnobsAreAcceptedAndReported) {
 
 TEST(Config, OptimizerTypes) {
   Config c = parse_config(R"({"optimizer": {"type": "Adam"}})", 1);
-  EXPECT_EQ(c.optimizer.kind, OptimizerConfig::Kind::kAdamW);  // DeepSpeed's adam_w_mode defaults to true
+  EXPECT_EQ(c.optimizer.kind, OptimizerKind::kAdamW);  // DeepSpeed's adam_w_mode defaults to true
   EXPECT_EQ(c.optimizer.weight_decay, 0.0);
   c = parse_config(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false, "weight_decay": 0.1,
       "betas": [0.8, 0.9], "eps": 1e-6}}})",
                    1);
-  EXPECT_EQ(c.optimizer.kind, OptimizerConfig::Kind::kAdamL2);
+  EXPECT_EQ(c.optimizer.kind, OptimizerKind::kAdamL2);
   EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.9);
   EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
-  parse_error(R"({"optimizer": {"type": "Lion"}})", ZERO_ERR_UNSUPPORTED);
+  parse_error(R"({"optimizer": {"type": "Lamb"}})", ZERO_ERR_UNSUPPORTED);
   std::string m = parse_error(R"({"optimizer": {"type": "Adamm"}})", ZERO_ERR_CONFIG);
   EXPECT_NE(m.find("\"Adam\""), std::string::npos) << m;
   m = parse_error(R"({"zero_optimization": {"stage": 1}})", ZERO_ERR_CONFIG);

@@ -21,6 +21,8 @@ std::unique_ptr<Engine> make_engine(int stage, const std::string& extra = "", co
   return std::make_unique<Engine>(parse_config(json, 1), make_single_communicator());
 }
 
+ParamInit f32(const float* values) { return ParamInit{values, DType::kF32}; }
+
 template <typename F>
 void expect_status(zero_status_t want, const std::string& fragment, F&& f) {
   try {
@@ -34,7 +36,7 @@ void expect_status(zero_status_t want, const std::string& fragment, F&& f) {
 
 void micro_step(Engine& e, int n_params, float grad) {
   for (int p = 0; p < n_params; ++p) {
-    float* g = e.grad_data(p);
+    float* g = static_cast<float*>(e.grad_data(p));
     g[0] += grad;
     e.grad_ready(p);
   }
@@ -44,38 +46,42 @@ void micro_step(Engine& e, int n_params, float grad) {
 TEST(Engine, CallsInTheWrongOrder) {
   for (int stage = 0; stage <= 3; ++stage) {
     auto e = make_engine(stage, R"(, "gradient_accumulation_steps": 2)");
-    expect_status(ZERO_ERR_INVALID_STATE, "finalize first", [&] { e->param_data(0); });
+    expect_status(ZERO_ERR_INVALID_STATE, "finalize first", [&] { static_cast<float*>(e->param_data(0)); });
     expect_status(ZERO_ERR_INVALID_STATE, "finalize first", [&] { e->step(); });
     expect_status(ZERO_ERR_INVALID_STATE, "no params", [&] { e->finalize(); });
-    e->add_param(ParamShape{"w", {3}, 0, 0}, nullptr);
-    e->add_param(ParamShape{"b", {2}, 1, 0}, nullptr);
+    e->add_param(ParamShape{"w", {3}, 0, 0}, ParamInit{});
+    e->add_param(ParamShape{"b", {2}, 1, 0}, ParamInit{});
     expect_status(ZERO_ERR_INVALID_ARGUMENT, "already exists", [&] {
-      e->add_param(ParamShape{"w", {3}, 0, 0}, nullptr);
+      e->add_param(ParamShape{"w", {3}, 0, 0}, ParamInit{});
     });
     expect_status(ZERO_ERR_INVALID_ARGUMENT, "no param group 5", [&] {
-      e->add_param(ParamShape{"x", {3}, 0, 5}, nullptr);
+      e->add_param(ParamShape{"x", {3}, 0, 5}, ParamInit{});
     });
-    expect_status(ZERO_ERR_INVALID_ARGUMENT, "positive", [&] { e->add_param(ParamShape{"x", {3, 0}, 0, 0}, nullptr); });
+    expect_status(ZERO_ERR_INVALID_ARGUMENT, "positive", [&] {
+      e->add_param(ParamShape{"x", {3, 0}, 0, 0}, ParamInit{});
+    });
     e->finalize();
     expect_status(ZERO_ERR_INVALID_STATE, "before zero_engine_finalize", [&] { e->finalize(); });
     expect_status(ZERO_ERR_INVALID_STATE, "before zero_engine_finalize", [&] {
-      e->add_param(ParamShape{"late", {1}, 0, 0}, nullptr);
+      e->add_param(ParamShape{"late", {1}, 0, 0}, ParamInit{});
     });
     expect_status(ZERO_ERR_INVALID_ARGUMENT, "no param with id 9", [&] { e->grad_data(9); });
     expect_status(ZERO_ERR_INVALID_ARGUMENT, "no unit 2", [&] { e->gather(2); });
     expect_status(ZERO_ERR_INVALID_STATE, "is not gathered", [&] { e->release(0); });
     e->gather(0);
     expect_status(ZERO_ERR_INVALID_STATE, "already gathered", [&] { e->gather(0); });
-    if (stage == 3) expect_status(ZERO_ERR_INVALID_STATE, "not gathered", [&] { e->param_data(1); });
+    if (stage == 3)
+      expect_status(ZERO_ERR_INVALID_STATE, "not gathered", [&] { static_cast<float*>(e->param_data(1)); });
     e->release(0);
     e->grad_ready(0);
     expect_status(ZERO_ERR_INVALID_STATE, "already declared ready", [&] { e->grad_ready(0); });
-    if (stage >= 2) expect_status(ZERO_ERR_INVALID_STATE, "already declared ready", [&] { e->grad_data(0); });
+    if (stage >= 2)
+      expect_status(ZERO_ERR_INVALID_STATE, "already declared ready", [&] { static_cast<float*>(e->grad_data(0)); });
     e->backward_end();
     expect_status(ZERO_ERR_INVALID_STATE, "got 1", [&] { e->step(); });
     micro_step(*e, 2, 0.5f);
     expect_status(ZERO_ERR_INVALID_STATE, "call zero_step first", [&] { e->backward_end(); });
-    expect_status(ZERO_ERR_INVALID_STATE, "call zero_step first", [&] { e->grad_data(0); });
+    expect_status(ZERO_ERR_INVALID_STATE, "call zero_step first", [&] { static_cast<float*>(e->grad_data(0)); });
     e->gather(1);
     expect_status(ZERO_ERR_INVALID_STATE, "unit 1 is still gathered", [&] { e->step(); });
     e->release(1);
@@ -94,12 +100,12 @@ TEST(Engine, AdamMatchesADoublePrecisionReference) {
                              : R"({"type": "Adam", "params": {"lr": 0.1, "weight_decay": 0.5, "adam_w_mode": false}})");
     const float init[4] = {1.0f, -2.0f, 0.5f, 3.0f};
     const float grads[2][4] = {{0.25f, -1.0f, 2.0f, 0.0f}, {-0.5f, 0.75f, 1.0f, 4.0f}};
-    e->add_param(ParamShape{"w", {4}, 0, 0}, init);
+    e->add_param(ParamShape{"w", {4}, 0, 0}, f32(init));
     e->finalize();
     double w[4], m[4] = {0}, v[4] = {0};
     for (int i = 0; i < 4; ++i) w[i] = init[i];
     for (int t = 1; t <= 2; ++t) {
-      float* g = e->grad_data(0);
+      float* g = static_cast<float*>(e->grad_data(0));
       for (int i = 0; i < 4; ++i) g[i] += grads[t - 1][i];
       e->grad_ready(0);
       e->backward_end();
@@ -113,7 +119,7 @@ TEST(Engine, AdamMatchesADoublePrecisionReference) {
         w[i] -= 0.1 * mhat / (std::sqrt(vhat) + 1e-8);
       }
     }
-    const float* p = e->param_data(0);
+    const float* p = static_cast<float*>(e->param_data(0));
     for (int i = 0; i < 4; ++i) EXPECT_NEAR(p[i], w[i], 1e-5 * std::fabs(w[i]) + 1e-6) << "elem " << i;
   }
 }
@@ -121,9 +127,9 @@ TEST(Engine, AdamMatchesADoublePrecisionReference) {
 TEST(Engine, ClippingScalesTheAveragedGradient) {
   auto e = make_engine(2, R"(, "gradient_clipping": 1.0)",
                        R"({"type": "AdamW", "params": {"lr": 1.0, "weight_decay": 0.0, "betas": [0.0, 0.0]}})");
-  e->add_param(ParamShape{"w", {2}, 0, 0}, nullptr);
+  e->add_param(ParamShape{"w", {2}, 0, 0}, ParamInit{});
   e->finalize();
-  float* g = e->grad_data(0);
+  float* g = static_cast<float*>(e->grad_data(0));
   g[0] += 3.0f;
   g[1] += 4.0f;
   e->grad_ready(0);
@@ -131,7 +137,7 @@ TEST(Engine, ClippingScalesTheAveragedGradient) {
   StepResult r = e->step();
   EXPECT_DOUBLE_EQ(r.grad_norm, 5.0);  // reported before clipping
   // With beta1 = beta2 = 0 Adam's update is g / (|g| + eps) whatever the clip factor: -1 per element.
-  const float* p = e->param_data(0);
+  const float* p = static_cast<float*>(e->param_data(0));
   EXPECT_NEAR(p[0], -1.0f, 1e-6);
   EXPECT_NEAR(p[1], -1.0f, 1e-6);
 }
@@ -139,9 +145,9 @@ TEST(Engine, ClippingScalesTheAveragedGradient) {
 TEST(Engine, NonFiniteGradientsSkipTheStepAndKeepTheWeights) {
   auto e = make_engine(3);
   const float init[3] = {1.0f, 2.0f, 3.0f};
-  e->add_param(ParamShape{"w", {3}, 0, 0}, init);
+  e->add_param(ParamShape{"w", {3}, 0, 0}, f32(init));
   e->finalize();
-  float* g = e->grad_data(0);
+  float* g = static_cast<float*>(e->grad_data(0));
   g[1] += std::numeric_limits<float>::infinity();
   e->grad_ready(0);
   e->backward_end();
@@ -149,7 +155,7 @@ TEST(Engine, NonFiniteGradientsSkipTheStepAndKeepTheWeights) {
   EXPECT_TRUE(r.skipped);
   EXPECT_EQ(r.step, 0);
   e->gather(0);
-  const float* p = e->param_data(0);
+  const float* p = static_cast<float*>(e->param_data(0));
   for (int i = 0; i < 3; ++i) EXPECT_EQ(p[i], init[i]);
   e->release(0);
   // The gradient was cleared: the next step is a normal one.
@@ -161,16 +167,16 @@ TEST(Engine, NonFiniteGradientsSkipTheStepAndKeepTheWeights) {
 
 TEST(Engine, SetLrChangesTheUpdate) {
   auto e = make_engine(0, "", R"({"type": "AdamW", "params": {"lr": 0.1, "weight_decay": 0.0}})");
-  e->add_param(ParamShape{"w", {1}, 0, 0}, nullptr);
+  e->add_param(ParamShape{"w", {1}, 0, 0}, ParamInit{});
   e->finalize();
   e->set_lr(-1, 0.0);
   micro_step(*e, 1, 1.0f);
   e->step();
-  EXPECT_EQ(e->param_data(0)[0], 0.0f);
+  EXPECT_EQ(static_cast<float*>(e->param_data(0))[0], 0.0f);
   e->set_lr(0, 0.5);
   micro_step(*e, 1, 1.0f);
   e->step();
-  EXPECT_NEAR(e->param_data(0)[0], -0.5f, 1e-6);
+  EXPECT_NEAR(static_cast<float*>(e->param_data(0))[0], -0.5f, 1e-6);
   expect_status(ZERO_ERR_INVALID_ARGUMENT, "no param group 3", [&] { e->set_lr(3, 0.1); });
   expect_status(ZERO_ERR_INVALID_ARGUMENT, "finite", [&] { e->set_lr(0, -1.0); });
 }
@@ -181,18 +187,18 @@ TEST(Engine, ParamGroupsOverrideOnlyWhatTheySet) {
   EXPECT_EQ(g, 1);
   expect_status(ZERO_ERR_INVALID_ARGUMENT, "beta1", [&] { e->add_param_group("bad", -1.0, -1.0, 1.5, -1.0, -1.0); });
   const float one = 1.0f;
-  e->add_param(ParamShape{"decayed", {1}, 0, 0}, &one);
-  e->add_param(ParamShape{"plain", {1}, 0, 1}, &one);
+  e->add_param(ParamShape{"decayed", {1}, 0, 0}, f32(&one));
+  e->add_param(ParamShape{"plain", {1}, 0, 1}, f32(&one));
   e->finalize();
   e->set_lr(-1, 0.0);  // lr 0: neither the gradient nor the weight decay moves a weight
   micro_step(*e, 2, 0.0f);
   e->step();
-  EXPECT_EQ(e->param_data(0)[0], 1.0f);
+  EXPECT_EQ(static_cast<float*>(e->param_data(0))[0], 1.0f);
   e->set_lr(-1, 0.1);
   micro_step(*e, 2, 0.0f);
   e->step();
-  EXPECT_FLOAT_EQ(e->param_data(0)[0], 1.0f - 0.1f * 0.5f);  // decayed by lr x weight_decay
-  EXPECT_EQ(e->param_data(1)[0], 1.0f);                      // group 1 has weight_decay 0
+  EXPECT_FLOAT_EQ(static_cast<float*>(e->param_data(0))[0], 1.0f - 0.1f * 0.5f);  // decayed by lr x weight_decay
+  EXPECT_EQ(static_cast<float*>(e->param_data(1))[0], 1.0f);                      // group 1 has weight_decay 0
 }
 
 TEST(Engine, OneWarningNamesTheKnobsWithoutEffect) {

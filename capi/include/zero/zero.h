@@ -138,16 +138,19 @@ typedef struct zero_param_desc {
   const char* name;     /* unique, non-empty; copied */
   int32_t ndim;         /* 0 (scalar) .. 8 */
   const int64_t* shape; /* ndim positive extents; copied */
-  zero_dtype_t dtype;   /* must equal the engine's compute dtype (fp32 in this version) */
+  zero_dtype_t dtype;   /* must equal the engine's compute dtype (bf16.enabled / fp16.enabled, else fp32) */
   int32_t unit;         /* gather unit, >= 0; units are numbered 0..U-1 in forward order, none left empty */
   int32_t group;        /* 0 or an id from zero_engine_add_param_group */
-  /* Initial values (ndim-shaped, row-major, dtype elements), or NULL for zeros. Read during zero_engine_finalize
-   * on rank 0 only, so it must stay valid until then; other ranks may pass NULL. */
+  /* Initial values (ndim-shaped, row-major, elements of init_dtype), or NULL for zeros. Read during
+   * zero_engine_finalize on rank 0 only, so it must stay valid until then; other ranks may pass NULL. */
   const void* init_data;
+  /* Since 0.2: the zero_dtype_t of init_data, or -1 (the default) for `dtype`. Passing fp32 values while training
+   * in bf16/fp16 starts the fp32 master weights exact. */
+  int32_t init_dtype;
 } zero_param_desc_t;
 
 #define ZERO_PARAM_DESC_INIT \
-  { sizeof(zero_param_desc_t), NULL, 0, NULL, ZERO_DTYPE_FP32, 0, 0, NULL }
+  { sizeof(zero_param_desc_t), NULL, 0, NULL, ZERO_DTYPE_FP32, 0, 0, NULL, -1 }
 
 /* Registers a parameter; *out_param receives its id (0, 1, ... in call order). Before finalize only. Local. */
 ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* engine, const zero_param_desc_t* desc);
@@ -165,14 +168,17 @@ ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine);
  * zero_backward_end. After gradient_accumulation_steps micro-steps: zero_step.
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* The parameter's values in the compute dtype, contiguous, row-major. Stages 0-2: valid from finalize until
- * destroy. Stage 3: valid between zero_gather and zero_release of its unit (ZERO_ERR_INVALID_STATE otherwise).
- * Values change only in zero_step. Writes outside zero_step are not preserved at stage 3. Local. */
+/* The parameter's values in the compute dtype (zero_engine_info_t.param_dtype), contiguous, row-major. Stages 0-2:
+ * valid from finalize until destroy. Stage 3: valid between zero_gather and zero_release of its unit
+ * (ZERO_ERR_INVALID_STATE otherwise). Values change only in zero_step. Writes outside zero_step are not preserved at
+ * stage 3. Local. */
 ZERO_API zero_status_t zero_param_data(void** out_data, zero_engine_t* engine, int32_t param);
 
-/* Where the framework ADDS (+=) this rank's gradient of the param for the current micro-step. The buffer holds
- * zeros or the gradients accumulated so far in this accumulation window, so always add, never overwrite. Valid
- * until zero_grad_ready for this param (stages 2-3) or until the next zero_step (stages 0-1). Local. */
+/* Where the framework ADDS (+=) this rank's gradient of the param for the current micro-step, in the gradient
+ * accumulation dtype (zero_engine_info_t.grad_dtype: data_types.grad_accum_dtype, fp32 by default even when the
+ * params are bf16/fp16). The buffer holds zeros or the gradients accumulated so far in this accumulation window,
+ * so always add, never overwrite. With fp16 the gradient must be of the loss multiplied by zero_loss_scale().
+ * Valid until zero_grad_ready for this param (stages 2-3) or until the next zero_step (stages 0-1). Local. */
 ZERO_API zero_status_t zero_grad_data(void** out_data, zero_engine_t* engine, int32_t param);
 
 /* Makes a unit's full parameters available (stage 3: all-gathers them; a no-op otherwise). Collective at stage 3:
@@ -204,17 +210,48 @@ typedef struct zero_step_info {
   { sizeof(zero_step_info_t), 0, 0.0, 0.0, 0, 0.0 }
 
 /* Collective. After exactly gradient_accumulation_steps micro-steps: averages the gradients (sum over ranks and
- * micro-steps, then one multiply by 1 / (world size x accumulation steps) folded with the clip factor), clips to
- * gradient_clipping by global norm, runs the optimizer on this rank's shard and makes the new parameters visible
- * (stages 0-2) or leaves them sharded (stage 3). All units must be released. `out_info` may be NULL. */
+ * micro-steps, then one multiply by 1 / (world size x accumulation steps x loss scale) folded with the clip
+ * factor), clips to gradient_clipping by global norm, runs the optimizer on this rank's shard (fp32 master,
+ * writing the compute-dtype params) and makes the new parameters visible (stages 0-2) or leaves them sharded
+ * (stage 3). A non-finite gradient anywhere (fp16 overflow) skips the step on every rank without touching weights
+ * or optimizer state, lowers the loss scale and reports skipped = 1. All units must be released. `out_info` may
+ * be NULL. */
 ZERO_API zero_status_t zero_step(zero_engine_t* engine, zero_step_info_t* out_info);
 
-/* The factor to multiply the loss by before backward (1.0 unless fp16 loss scaling is on). Local. */
+/* The factor to multiply the loss by before backward: the current fp16 loss scale (2^initial_scale_power to
+ * start, default 2^16), or 1.0 for fp32 and bf16. It changes only in zero_step. Local. */
 ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* engine);
 
 /* Sets a group's learning rate for the following steps; group -1 sets every group. Local (call it with the same
- * value on every rank, as a scheduler would). */
+ * value on every rank, as a scheduler would). ZERO_ERR_INVALID_STATE when the config has a "scheduler". */
 ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Engine information (since 0.2).
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* The SIMD path the optimizer kernels run on (ZERO_SIMD=scalar|avx2|avx512 forces one). */
+typedef enum zero_simd { ZERO_SIMD_SCALAR = 0, ZERO_SIMD_AVX2 = 1, ZERO_SIMD_AVX512 = 2 } zero_simd_t;
+
+typedef struct zero_engine_info {
+  size_t struct_size;
+  int32_t rank;
+  int32_t world_size;
+  int32_t stage;
+  int32_t gradient_accumulation_steps;
+  zero_dtype_t param_dtype; /* what zero_param_data points to */
+  zero_dtype_t grad_dtype;  /* what zero_grad_data points to (the gradient accumulation dtype) */
+  zero_dtype_t comm_dtype;  /* what gradients are reduced in */
+  zero_simd_t simd;
+  int32_t num_params; /* registered so far */
+  int32_t num_units;  /* 0 before zero_engine_finalize */
+} zero_engine_info_t;
+
+#define ZERO_ENGINE_INFO_INIT \
+  { sizeof(zero_engine_info_t), 0, 0, 0, 0, ZERO_DTYPE_FP32, ZERO_DTYPE_FP32, ZERO_DTYPE_FP32, ZERO_SIMD_SCALAR, 0, 0 }
+
+/* Local. Valid any time after zero_engine_create. */
+ZERO_API zero_status_t zero_engine_info(const zero_engine_t* engine, zero_engine_info_t* out_info);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Statistics.

@@ -1,0 +1,20 @@
+// Element conversions between the gradient, communication and compute dtypes.
+#pragma once
+
+#include <cstddef>
+
+#include "dtype.hpp"
+
+namespace zero {
+
+// dst[i] = src[i] converted (round to nearest even when narrowing), for i in [0, n). The ranges may overlap as an
+// in-place conversion does (dst == src), or when dst lies entirely after src.
+void convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n);
+
+// acc[i] = acc[i] + src[i], computed in fp32 and rounded to acc's dtype.
+void accumulate(void* acc, DType acc_type, const void* src, DType src_type, size_t n);
+
+// dst[i] = the compute-dtype rounding of the fp32 src[i] (round to nearest even).
+void round_from_f32(void* dst, DType dst_type, const float* src, size_t n);
+
+}  // namespace zero

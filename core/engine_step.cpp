@@ -1,0 +1,106 @@
+// zero_step: finish the reduction, one fused norm/overflow pass and one all-reduce, the loss-scale decision, the
+// fused optimizer pass (which also writes the compute-dtype params), and publishing the new parameters.
+#include <cmath>
+#include <cstring>
+
+#include "engine.hpp"
+#include "error.hpp"
+#include "scheduler.hpp"
+
+namespace zero {
+
+StepResult Engine::step() {
+  require_state(State::kReady, "zero_step");
+  if (micro_steps_ != config_.gradient_accumulation_steps)
+    fail(ZERO_ERR_INVALID_STATE,
+         "zero_step: expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
+             ") calls of zero_backward_end since the last step, got " + std::to_string(micro_steps_));
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].gathered != nullptr)
+      fail(ZERO_ERR_INVALID_STATE,
+           "zero_step: unit " + std::to_string(u) + " is still gathered; release every unit first");
+  const int stage = config_.stage;
+  const KernelTable& table = kernels(isa_);
+  const int grad_index = static_cast<int>(config_.grad_accum_dtype);
+  StepResult result;
+  result.loss_scale = scaler_.scale();
+  try {
+    // 1. Stages 0-1 reduce now; stages 2-3 reduced bucket by bucket during backward.
+    if (stage <= 1)
+      for (size_t u = 0; u < units_.size(); ++u) reduce_full_grads(static_cast<int>(u));
+
+    // 2. One pass over this rank's gradients: the sum of squares, in fp64, which is also the overflow test (an
+    //    inf or nan anywhere makes it non-finite; finite fp32 squares cannot overflow fp64). Squares of small
+    //    multiples of 2^-10 and their sums are exact in fp64, so the norm does not depend on how shards split
+    //    the sum. One all-reduce carries it (stage 0 holds every gradient already).
+    double sum_sq = 0.0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const char* g = static_cast<const char*>(grads_of(static_cast<int>(u)));
+      for (const ShardSegment& s : units_[u].segments)
+        sum_sq +=
+            parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size(), grad_size(), s.numel);
+    }
+    if (stage != 0) comm_.all_reduce_inplace(&sum_sq, 1, ElemType::kF64, ReduceOp::kSum);
+
+    // 3. Average (sum over ranks and micro-steps, divided once), unscale and clip, folded into one factor.
+    const double samples = static_cast<double>(comm_.size()) * static_cast<double>(config_.gradient_accumulation_steps);
+    const double scale = scaler_.scale();
+    result.grad_norm = std::sqrt(sum_sq) / (samples * scale);
+    result.skipped = !std::isfinite(sum_sq);
+    scaler_.update(result.skipped);
+    if (!result.skipped) {
+      double clip = 1.0;
+      if (config_.gradient_clipping > 0.0 && result.grad_norm > config_.gradient_clipping)
+        clip = config_.gradient_clipping / (result.grad_norm + 1e-6);
+      const double factor = clip / (samples * scale);
+      steps_ += 1;
+
+      // 4. The fused optimizer pass over each run of one group's elements.
+      std::vector<StepScalars> scalars(groups_.size());
+      for (size_t g = 0; g < groups_.size(); ++g) {
+        OptimizerHyper h = groups_[g].hyper;
+        h.lr = scheduled_lr(config_.scheduler, groups_[g].base_lr, steps_);
+        scalars[g] = make_step_scalars(h, steps_, factor);
+        scalars[g].seed = mix32(config_.stochastic_rounding_seed ^ static_cast<uint32_t>(steps_ * 0x9e3779b9u));
+        if (g == 0) result.lr = h.lr;
+      }
+      const StepKernel kernel_for_mode =
+          table.step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())];
+      for (size_t u = 0; u < units_.size(); ++u) {
+        UnitState& us = units_[u];
+        float* master = master_of(static_cast<int>(u));
+        char* copy = static_cast<char*>(copy_of(static_cast<int>(u)));
+        const char* grads = static_cast<const char*>(grads_of(static_cast<int>(u)));
+        for (const ShardSegment& s : us.segments) {
+          KernelArgs a;
+          a.master = master + s.shard_offset;
+          a.grad = grads + s.shard_offset * grad_size();
+          a.grad_elem_size = grad_size();
+          a.state0 = us.state[0].empty() ? nullptr : us.state[0].f32() + s.shard_offset;
+          a.state1 = us.state[1].empty() ? nullptr : us.state[1].f32() + s.shard_offset;
+          a.copy = copy == nullptr ? nullptr : copy + s.shard_offset * compute_size();
+          a.n = s.numel;
+          a.first_index = us.global_offset + us.update_begin + s.shard_offset;
+          a.s = scalars[s.group];
+          parallel_step(kernel_for_mode, a);
+        }
+      }
+    }
+
+    // 5. Clear the gradients and publish the new parameters (stages 1-2 and resident stage-3 units).
+    for (size_t u = 0; u < units_.size(); ++u) {
+      UnitState& us = units_[u];
+      us.grads.zero();
+      if (stage >= 1 && us.full_params && !result.skipped)
+        comm_.all_gather_inplace(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype));
+    }
+  } catch (const Error& e) {
+    if (e.status() == ZERO_ERR_COMM) broken(e);
+    throw;
+  }
+  micro_steps_ = 0;
+  result.step = steps_;
+  return result;
+}
+
+}  // namespace zero

@@ -1,0 +1,33 @@
+#include "loss_scaler.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace zero {
+
+LossScaler::LossScaler(const LossScaleConfig& config, bool enabled) : config_(config) {
+  if (!enabled) return;
+  dynamic_ = config.static_scale == 0.0;
+  scale_ = dynamic_ ? std::ldexp(1.0, config.initial_scale_power) : config.static_scale;
+  hysteresis_left_ = config.hysteresis;
+}
+
+void LossScaler::update(bool overflow) {
+  if (!dynamic_) return;
+  if (overflow) {
+    if (hysteresis_left_ <= 1)
+      scale_ = std::max(scale_ / 2.0, config_.min_scale);
+    else
+      hysteresis_left_ -= 1;
+    last_overflow_iteration_ = iteration_;
+  } else {
+    if (config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
+    if ((iteration_ - last_overflow_iteration_) % config_.window == 0) {
+      if (!config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
+      scale_ *= 2.0;
+    }
+  }
+  iteration_ += 1;
+}
+
+}  // namespace zero
