@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "zero/zero.h"
 
@@ -64,8 +65,9 @@ static inline size_t test_unit_padded(int unit, int world) {
   return (end + multiple - 1) / multiple * multiple;
 }
 
-/* Registers kModel with the "no_decay" group as group 1. `init` may be NULL (zeros) or hold kNumParams arrays. */
-static inline void register_test_model(zero_engine_t* engine, float* const* init, int32_t* ids) {
+/* Registers kModel, in `dtype`, with the "no_decay" group as group 1. `init` may be NULL (zeros) or hold
+ * kNumParams arrays of fp32 initial values. */
+static inline void register_test_model(zero_engine_t* engine, zero_dtype_t dtype, float* const* init, int32_t* ids) {
   zero_param_group_desc_t g = ZERO_PARAM_GROUP_DESC_INIT;
   g.name = "no_decay";
   g.lr = 0.005;
@@ -85,9 +87,26 @@ static inline void register_test_model(zero_engine_t* engine, float* const* init
     d.shape = kModel[p].shape;
     d.unit = kModel[p].unit;
     d.group = kModel[p].group;
+    d.dtype = dtype;
     d.init_data = init ? init[p] : NULL;
+    d.init_dtype = ZERO_DTYPE_FP32;
     CHECK(zero_engine_add_param(&ids[p], engine, &d));
   }
+}
+
+/* "--dtype fp32|bf16|fp16" and the matching config block. */
+static inline zero_dtype_t parse_dtype_arg(const char* s) {
+  if (strcmp(s, "bf16") == 0) return ZERO_DTYPE_BF16;
+  if (strcmp(s, "fp16") == 0) return ZERO_DTYPE_FP16;
+  return ZERO_DTYPE_FP32;
+}
+static inline const char* dtype_config(zero_dtype_t t) {
+  return t == ZERO_DTYPE_BF16   ? ", \"bf16\": {\"enabled\": true}"
+         : t == ZERO_DTYPE_FP16 ? ", \"fp16\": {\"enabled\": true}"
+                                : "";
+}
+static inline const char* dtype_text(zero_dtype_t t) {
+  return t == ZERO_DTYPE_BF16 ? "bf16" : t == ZERO_DTYPE_FP16 ? "fp16" : "fp32";
 }
 
 #endif /* ZERO_TESTS_MPI_HARNESS_H_ */

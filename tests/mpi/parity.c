@@ -1,8 +1,13 @@
 /*
  * Parity: training through libzero at any stage and rank count ends with exactly (bit for bit) the weights of a
- * single-process reference AdamW applied to the averaged gradients.
+ * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
- *   mpirun -np N test_parity --stage S --gas G [--bucket ELEMS]
+ *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS]
+ *
+ * In bf16 and fp16 the engine keeps an fp32 master and writes the params as its round-to-nearest-even; the
+ * reference does the same, with its own rounding (the compiler's _Float16 conversion for fp16, nearest by exact
+ * distance for bf16). Gradients are reduced in the compute dtype (DeepSpeed's default), so the test keeps every
+ * partial sum within 8 significant bits (bf16) to stay exact; fp16 gradients carry the loss scale 2^16.
  *
  * Gradients are small multiples of 2^-10, so every sum over ranks and micro-steps is exact in any order. The
  * averaging is defined as: sum everything, then multiply once by a float factor = clip / (N x G) computed in
@@ -17,7 +22,8 @@
 #include "harness.h"
 
 enum { kSteps = 20 };
-static const double kClip = 0.25;
+static double g_clip = 0.25;
+static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
 
 typedef struct {
   double lr, weight_decay, beta1, beta2, eps;
@@ -42,8 +48,29 @@ static uint64_t mix(uint64_t h) {
 static float test_grad(int t, int k, int rank, int p, size_t i) {
   uint64_t common = mix((uint64_t)t * 1000003u ^ (uint64_t)p * 15485863u ^ (uint64_t)i * 2654435761u);
   uint64_t own = mix(common ^ ((uint64_t)k * 7919u + 1) * 104729u ^ (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15u);
-  int v = (int)(common % 17) - 8 + (int)(own % 9) - 4;
+  /* In 16-bit modes |sum over ranks and micro-steps| <= 16 x 4 x 3 = 192 < 2^8: exact in bf16's 8 bits. */
+  int v = g_dtype == ZERO_DTYPE_FP32 ? (int)(common % 17) - 8 + (int)(own % 9) - 4
+                                     : (int)(common % 7) - 3 + (int)(own % 3) - 1;
   return (float)ldexp(v * (t % 3 + 1), -10);
+}
+
+/* The reference rounding of an fp32 master to the compute dtype. */
+static uint16_t round_bf16(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint32_t down_bits = u & 0xffff0000u, up_bits = down_bits + 0x10000u;
+  float down, up;
+  memcpy(&down, &down_bits, 4);
+  memcpy(&up, &up_bits, 4);
+  double e_down = fabs((double)x - down), e_up = fabs((double)up - x);
+  if (e_down < e_up || (e_down == e_up && ((down_bits >> 16) & 1u) == 0)) return (uint16_t)(down_bits >> 16);
+  return (uint16_t)(up_bits >> 16);
+}
+static uint16_t round_fp16(float x) {
+  _Float16 h = (_Float16)x; /* IEEE round to nearest even */
+  uint16_t bits;
+  memcpy(&bits, &h, 2);
+  return bits;
 }
 
 static float init_value(int p, size_t i) { return (float)ldexp((double)((int)((p * 31 + i * 7) % 41) - 20), -6); }
@@ -56,14 +83,14 @@ typedef struct {
   float* g[kNumParams]; /* summed over ranks and micro-steps */
 } Reference;
 
-static double reference_step(Reference* ref, int t, int world, int gas) {
+static double reference_step(Reference* ref, int t, int world, int gas, double scale) {
   double sum_sq = 0.0;
   for (int p = 0; p < kNumParams; ++p)
     for (size_t i = 0; i < test_param_numel(p); ++i) sum_sq += (double)ref->g[p][i] * (double)ref->g[p][i];
   double samples = (double)world * (double)gas;
-  double norm = sqrt(sum_sq) / samples;
-  double clip = norm > kClip ? kClip / (norm + 1e-6) : 1.0;
-  float factor = (float)(clip / samples);
+  double norm = sqrt(sum_sq) / (samples * scale);
+  double clip = norm > g_clip ? g_clip / (norm + 1e-6) : 1.0;
+  float factor = (float)(clip / (samples * scale));
   for (int p = 0; p < kNumParams; ++p) {
     const Hyper* h = &kGroups[kModel[p].group];
     double bc1 = 1.0 - pow(h->beta1, t), bc2 = 1.0 - pow(h->beta2, t);
@@ -92,11 +119,20 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
                                  const char* when) {
   for (int p = 0; p < kNumParams; ++p) {
     if (kModel[p].unit != unit) continue;
-    float* data = NULL;
-    CHECK(zero_param_data((void**)&data, engine, ids[p]));
-    for (size_t i = 0; i < test_param_numel(p); ++i)
-      EXPECT(memcmp(&data[i], &ref->w[p][i], sizeof(float)) == 0, "%s: %s[%zu] is %.9g, reference %.9g", when,
-             kModel[p].name, i, data[i], ref->w[p][i]);
+    void* data = NULL;
+    CHECK(zero_param_data(&data, engine, ids[p]));
+    for (size_t i = 0; i < test_param_numel(p); ++i) {
+      if (g_dtype == ZERO_DTYPE_FP32) {
+        float got = ((const float*)data)[i];
+        EXPECT(memcmp(&got, &ref->w[p][i], sizeof(float)) == 0, "%s: %s[%zu] is %.9g, reference %.9g", when,
+               kModel[p].name, i, got, ref->w[p][i]);
+      } else {
+        uint16_t got = ((const uint16_t*)data)[i];
+        uint16_t want = g_dtype == ZERO_DTYPE_BF16 ? round_bf16(ref->w[p][i]) : round_fp16(ref->w[p][i]);
+        EXPECT(got == want, "%s: %s[%zu] is 0x%04x, reference 0x%04x (master %.9g)", when, kModel[p].name, i, got, want,
+               ref->w[p][i]);
+      }
+    }
   }
 }
 
@@ -110,7 +146,10 @@ int main(int argc, char** argv) {
       gas = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--bucket") == 0)
       bucket = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--dtype") == 0)
+      g_dtype = parse_dtype_arg(argv[i + 1]);
   }
+  if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   MPI_Init(&argc, &argv);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -124,9 +163,9 @@ int main(int argc, char** argv) {
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g, \"betas\": [%g, %g], \"eps\": %g,"
            " \"weight_decay\": %g}},"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
-           " \"stage3_param_persistence_threshold\": 0}}",
-           gas, kClip, kGroups[0].lr, kGroups[0].beta1, kGroups[0].beta2, kGroups[0].eps, kGroups[0].weight_decay,
-           stage, bucket);
+           " \"stage3_param_persistence_threshold\": 0}%s}",
+           gas, g_clip, kGroups[0].lr, kGroups[0].beta1, kGroups[0].beta2, kGroups[0].eps, kGroups[0].weight_decay,
+           stage, bucket, dtype_config(g_dtype));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
 
@@ -146,12 +185,15 @@ int main(int argc, char** argv) {
     }
   }
   int32_t ids[kNumParams];
-  register_test_model(engine, init, ids);
+  register_test_model(engine, g_dtype, init, ids);
   CHECK(zero_engine_finalize(engine));
   for (int p = 0; p < kNumParams; ++p) free(init[p]);
 
   int clipped = 0;
   for (int t = 1; t <= kSteps; ++t) {
+    double scale = 0.0; /* fp16: 2^16 throughout (no overflow, window 1000); else 1 */
+    CHECK(zero_loss_scale(&scale, engine));
+    EXPECT(scale == (g_dtype == ZERO_DTYPE_FP16 ? 65536.0 : 1.0), "loss scale %g", scale);
     for (int k = 0; k < gas; ++k) {
       for (int u = 0; u < kNumUnits; ++u) { /* forward */
         CHECK(zero_gather(engine, u));
@@ -163,12 +205,12 @@ int main(int argc, char** argv) {
         expect_weights_equal(engine, ids, &ref, u, "backward");
         for (int p = kNumParams - 1; p >= 0; --p) {
           if (kModel[p].unit != u) continue;
-          float* grad = NULL;
+          float* grad = NULL; /* the gradient accumulation dtype is fp32 by default in every mode */
           CHECK(zero_grad_data((void**)&grad, engine, ids[p]));
-          for (size_t i = 0; i < test_param_numel(p); ++i) grad[i] += test_grad(t, k, rank, p, i);
+          for (size_t i = 0; i < test_param_numel(p); ++i) grad[i] += test_grad(t, k, rank, p, i) * (float)scale;
           CHECK(zero_grad_ready(engine, ids[p]));
           for (int r = 0; r < world; ++r)
-            for (size_t i = 0; i < test_param_numel(p); ++i) ref.g[p][i] += test_grad(t, k, r, p, i);
+            for (size_t i = 0; i < test_param_numel(p); ++i) ref.g[p][i] += test_grad(t, k, r, p, i) * (float)scale;
         }
         CHECK(zero_release(engine, u));
       }
@@ -176,11 +218,12 @@ int main(int argc, char** argv) {
     }
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
     CHECK(zero_step(engine, &info));
-    double norm = reference_step(&ref, t, world, gas);
+    double norm = reference_step(&ref, t, world, gas, scale);
+    EXPECT(info.loss_scale == scale, "step %d: loss scale %g, expected %g", t, info.loss_scale, scale);
     EXPECT(info.step == t, "step %lld, expected %d", (long long)info.step, t);
     EXPECT(info.grad_norm == norm, "step %d: grad_norm %.17g, reference %.17g", t, info.grad_norm, norm);
     EXPECT(info.skipped == 0, "step %d skipped", t);
-    clipped += norm > kClip;
+    clipped += norm > g_clip;
   }
   /* Both paths of the clip (scaled and untouched) must have run, or the test would not cover clipping. */
   EXPECT(clipped > 0 && clipped < kSteps, "clipping engaged on %d of %d steps", clipped, kSteps);
@@ -191,9 +234,9 @@ int main(int argc, char** argv) {
   }
   if (rank == 0)
     printf(
-        "parity ok: stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped), bit-identical "
-        "weights\n",
-        stage, world, gas, kSteps, clipped);
+        "parity ok: %s, stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped), "
+        "bit-identical weights\n",
+        dtype_text(g_dtype), stage, world, gas, kSteps, clipped);
   for (int p = 0; p < kNumParams; ++p) free(ref.w[p]), free(ref.m[p]), free(ref.v[p]), free(ref.g[p]);
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
