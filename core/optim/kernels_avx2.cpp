@@ -21,11 +21,10 @@ struct Avx2V {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F sqrt(F a) { return _mm256_sqrt_ps(a); }
-  static F sign(F a) {
-    const F zero = _mm256_setzero_ps();
-    F pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.0f));
-    F neg = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), _mm256_set1_ps(1.0f));
-    return _mm256_sub_ps(pos, neg);
+  // m x sign(a) for m >= 0: +-m with a's sign where a is non-zero and not NaN, else +0 (as ScalarV::sign_times).
+  static F sign_times(F a, F m) {
+    F nonzero = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    return _mm256_and_ps(nonzero, _mm256_or_ps(_mm256_and_ps(a, _mm256_set1_ps(-0.0f)), m));
   }
   static F load_bf16(const uint16_t* p) {
     __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

@@ -4,6 +4,8 @@
 // float_to_bf16_rne, as on every other path. FMA is not used: results equal the scalar path bit for bit.
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "optim/kernel_body.hpp"
 
 namespace zero {
@@ -24,10 +26,12 @@ struct Avx512V {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F sqrt(F a) { return _mm512_sqrt_ps(a); }
-  static F sign(F a) {
-    const F zero = _mm512_setzero_ps();
-    __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ), neg = _mm512_cmp_ps_mask(a, zero, _CMP_LT_OQ);
-    return _mm512_mask_blend_ps(neg, _mm512_maskz_mov_ps(pos, _mm512_set1_ps(1.0f)), _mm512_set1_ps(-1.0f));
+  // m x sign(a) for m >= 0: +-m with a's sign where a is non-zero and not NaN, else +0 (as ScalarV::sign_times).
+  static F sign_times(F a, F m) {
+    __mmask16 nonzero = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    __m512i signed_m =
+        _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32(INT32_MIN)), _mm512_castps_si512(m));
+    return _mm512_maskz_mov_ps(nonzero, _mm512_castsi512_ps(signed_m));
   }
   static F load_bf16(const uint16_t* p) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

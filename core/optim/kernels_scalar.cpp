@@ -18,7 +18,8 @@ struct ScalarV {
   static F mul(F a, F b) { return a * b; }
   static F div(F a, F b) { return a / b; }
   static F sqrt(F a) { return std::sqrt(a); }
-  static F sign(F a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : 0.0f); }
+  // m x sign(a), exactly: m >= 0 is the learning rate, and sign(0) = sign(NaN) = 0 gives +0.
+  static F sign_times(F a, F m) { return a > 0.0f ? m : (a < 0.0f ? -m : 0.0f); }
   static F load_bf16(const uint16_t* p) { return bf16_to_float(*p); }
   static F load_fp16(const uint16_t* p) { return fp16_to_float(*p); }
   static void store_bf16_rne(uint16_t* p, F v) { *p = float_to_bf16_rne(v); }
