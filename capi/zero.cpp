@@ -1,6 +1,7 @@
 // The C API of zero.h: argument checks, struct translation and error translation around the engine. Nothing
 // here knows about ZeRO.
 #include <cstddef>
+#include <cstring>
 
 #include "comm/mpi_communicator.hpp"
 #include "comm/single_communicator.hpp"
@@ -137,13 +138,16 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
     const auto valid_dtype = [](int32_t t) {
       return t == ZERO_DTYPE_FP32 || t == ZERO_DTYPE_BF16 || t == ZERO_DTYPE_FP16;
     };
-    require_arg(valid_dtype(d.dtype), call, "desc->dtype is not a zero_dtype_t value");
+    // A C caller can put any integer in an enum field; read it as one before trusting it as a zero_dtype_t.
+    int32_t dtype = 0;
+    std::memcpy(&dtype, &d.dtype, sizeof dtype);
+    require_arg(valid_dtype(dtype), call, "desc->dtype is not a zero_dtype_t value");
     require_arg(d.init_dtype == -1 || valid_dtype(d.init_dtype), call,
                 "desc->init_dtype must be -1 (same as dtype) or a zero_dtype_t value");
     const zero::DType compute = e.config().compute_dtype;
-    if (static_cast<zero::DType>(d.dtype) != compute)
+    if (static_cast<zero::DType>(dtype) != compute)
       zero::fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": param '" + d.name + "' has dtype " +
-                                                zero::dtype_name(static_cast<zero::DType>(d.dtype)) +
+                                                zero::dtype_name(static_cast<zero::DType>(dtype)) +
                                                 " but the engine computes in " + zero::dtype_name(compute) +
                                                 " (set by the config's bf16/fp16 blocks)");
     zero::ParamShape shape;
@@ -153,7 +157,7 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
     shape.group = d.group;
     zero::ParamInit init;
     init.data = d.init_data;
-    init.dtype = static_cast<zero::DType>(d.init_dtype == -1 ? d.dtype : d.init_dtype);
+    init.dtype = static_cast<zero::DType>(d.init_dtype == -1 ? dtype : d.init_dtype);
     *out_param = e.add_param(std::move(shape), init);
   });
 }
