@@ -225,6 +225,25 @@ ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double 
   return guard("zero_set_lr", [&] { engine_of(engine, "zero_set_lr").set_lr(group, lr); });
 }
 
+ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* dir, const char* tag) {
+  const char* call = "zero_save_checkpoint";
+  return guard(call, [&] {
+    zero::Engine& e = engine_of(engine, call);
+    require_arg(dir != nullptr, call, "dir is NULL");
+    require_arg(tag != nullptr, call, "tag is NULL");
+    e.save_checkpoint(dir, tag);
+  });
+}
+
+ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* dir, const char* tag) {
+  const char* call = "zero_load_checkpoint";
+  return guard(call, [&] {
+    zero::Engine& e = engine_of(engine, call);
+    require_arg(dir != nullptr, call, "dir is NULL");
+    e.load_checkpoint(dir, tag != nullptr ? tag : "");
+  });
+}
+
 ZERO_API zero_status_t zero_engine_info(const zero_engine_t* engine, zero_engine_info_t* out_info) {
   const char* call = "zero_engine_info";
   return guard(call, [&] {

@@ -192,8 +192,9 @@ void parse_zero_optimization(const Section& z, Config& cfg) {
     std::string device = off.get_string("device", "none");
     if (device != "none") z.unsupported(k, "offload to '" + device + "' is not implemented in this version");
   }
-  for (const char* k : {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-                        "cpu_offload", "cpu_offload_params", "zero_quantized_weights", "zero_quantized_gradients",
+  cfg.gather_16bit_weights_on_save = z.get_bool("stage3_gather_16bit_weights_on_model_save", false) ||
+                                     z.get_bool("stage3_gather_fp16_weights_on_model_save", false);
+  for (const char* k : {"cpu_offload", "cpu_offload_params", "zero_quantized_weights", "zero_quantized_gradients",
                         "mics_hierarchical_params_gather"}) {
     if (z.get_bool(k, false)) z.unsupported(k, "this feature is not implemented in this version");
   }
@@ -459,6 +460,7 @@ Config parse_config(const std::string& json_text, int world_size) {
     fail(ZERO_ERR_CONFIG, std::string("the config is not valid JSON: ") + e.what());
   }
   Config cfg;
+  cfg.source_json = json_text;
   Section top(root, "", cfg);
   top.require_known({"train_batch_size",
                      "train_micro_batch_size_per_gpu",

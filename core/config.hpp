@@ -52,6 +52,8 @@ struct Config {
   uint32_t stochastic_rounding_seed = 0;
   LossScaleConfig loss_scale;  // used when compute_dtype is fp16
   SchedulerConfig scheduler;
+  bool gather_16bit_weights_on_save = false;  // stage3_gather_16bit_weights_on_model_save
+  std::string source_json;                    // the config as given, stored in checkpoints
   // Keys present in the config that are valid but change nothing yet (for the one warning on rank 0).
   std::vector<std::string> no_effect_keys;
 };

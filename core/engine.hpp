@@ -61,6 +61,9 @@ class Engine {
   void backward_end();
   StepResult step();
   void set_lr(int group, double lr);
+  // Collective. See core/checkpoint/checkpoint.cpp and docs/checkpoint-format.md.
+  void save_checkpoint(const std::string& dir, const std::string& tag);
+  void load_checkpoint(const std::string& dir, const std::string& tag);
   double loss_scale() const { return scaler_.scale(); }
 
   MemoryStats memory_stats() const;
@@ -137,6 +140,10 @@ class Engine {
   CopyMode copy_mode() const;
   const std::string& param_name(int p) const { return params_[p].name; }
   [[noreturn]] void broken(const std::exception& e);
+  void require_step_boundary(const char* call) const;
+  void write_shard_files(const std::string& dir, std::vector<int64_t>& record);
+  void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);
+  void publish_params_from_master();
 
   Config config_;
   CountedComm comm_;

@@ -22,6 +22,10 @@ const char* status_name(zero_status_t status) {
       return "ZERO_ERR_OUT_OF_MEMORY";
     case ZERO_ERR_INTERNAL:
       return "ZERO_ERR_INTERNAL";
+    case ZERO_ERR_CHECKPOINT_CORRUPT:
+      return "ZERO_ERR_CHECKPOINT_CORRUPT";
+    case ZERO_ERR_IO:
+      return "ZERO_ERR_IO";
   }
   return "unknown";
 }

@@ -23,8 +23,17 @@ class LossScaler {
   // Records the outcome of one step (call once per zero_step, overflowed or not).
   void update(bool overflow);
 
-  // State, for checkpoints and tests.
-  int hysteresis_left() const { return hysteresis_left_; }
+  // State, for checkpoints.
+  struct State {
+    double scale = 1.0;
+    int hysteresis_left = 1;
+    int64_t iteration = 0, last_overflow_iteration = -1;
+  };
+  State state() const { return State{scale_, hysteresis_left_, iteration_, last_overflow_iteration_}; }
+  void restore(const State& s) {
+    scale_ = s.scale, hysteresis_left_ = s.hysteresis_left, iteration_ = s.iteration;
+    last_overflow_iteration_ = s.last_overflow_iteration;
+  }
 
  private:
   LossScaleConfig config_;

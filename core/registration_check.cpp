@@ -39,14 +39,6 @@ std::string describe(const Config& c) {
   return os.str();
 }
 
-std::string broadcast_string(CountedComm& comm, const std::string& text, int root) {
-  int64_t length = static_cast<int64_t>(text.size());
-  comm.broadcast(&length, sizeof(length), root);
-  std::string out = comm.rank() == root ? text : std::string(static_cast<size_t>(length), '\0');
-  if (length > 0) comm.broadcast(&out[0], static_cast<size_t>(length), root);
-  return out;
-}
-
 struct Difference {
   int64_t index = -1;  // -1: none
   int rank = 0;        // the lowest rank that differs from rank 0 at `index`
@@ -81,8 +73,8 @@ Difference first_difference(CountedComm& comm, const std::vector<std::string>& d
   auto local = [&](int64_t i) {
     return i < mine ? descriptions[i] : "nothing (it registered only " + std::to_string(mine) + " entries)";
   };
-  d.on_root = broadcast_string(comm, local(d.index), 0);
-  d.on_rank = broadcast_string(comm, local(d.index), d.rank);
+  d.on_root = comm.broadcast_text(local(d.index), 0);
+  d.on_rank = comm.broadcast_text(local(d.index), d.rank);
   return d;
 }
 

@@ -7,7 +7,7 @@ set -euo pipefail
 # where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
 # clang-format: the formatting check. abigail-tools, pkg-config: the ABI and install checks. debhelper, dpkg-dev,
 # lintian: the Debian packages. python3-yaml: parsing the conda recipe.
-packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libgtest-dev libcmocka-dev clang-format
+packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
           abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml)
 
 missing=()

@@ -52,4 +52,12 @@ void CountedComm::broadcast(void* buf, size_t n_bytes, int root) {
   comm_->broadcast(buf, n_bytes, root);
 }
 
+std::string CountedComm::broadcast_text(const std::string& text, int root) {
+  int64_t length = static_cast<int64_t>(text.size());
+  broadcast(&length, sizeof(length), root);
+  std::string out = rank() == root ? text : std::string(static_cast<size_t>(length), '\0');
+  if (length > 0) broadcast(&out[0], static_cast<size_t>(length), root);
+  return out;
+}
+
 }  // namespace zero

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "comm/communicator.hpp"
 
@@ -30,6 +31,9 @@ class CountedComm {
   void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type);
   void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op);
   void broadcast(void* buf, size_t n_bytes, int root);
+
+  // Rank `root`'s text on every rank (two broadcasts: the length, then the bytes).
+  std::string broadcast_text(const std::string& text, int root);
 
   const CommStats& stats() const { return stats_; }
 

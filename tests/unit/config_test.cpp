@@ -145,8 +145,6 @@ TEST(Config, KeysThatChangeResultsAreRefusedUntilSupported) {
       {R"("zero_optimization": {"offload_optimizer": {"device": "cpu"}})", "zero_optimization.offload_optimizer"},
       {R"("zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}})",
        "zero_optimization.offload_param"},
-      {R"("zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true})",
-       "zero_optimization.stage3_gather_16bit_weights_on_model_save"},
       {R"("scheduler": {"type": "OneCycle"})", "scheduler.type"},
       {R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}, "communication_data_type": "fp32")",
        "communication_data_type"},

@@ -47,7 +47,9 @@ typedef enum zero_status {
   ZERO_ERR_MISMATCH = 5,         /* ranks disagree (parameter registration, config) */
   ZERO_ERR_COMM = 6,             /* the communication backend failed */
   ZERO_ERR_OUT_OF_MEMORY = 7,
-  ZERO_ERR_INTERNAL = 8 /* a bug in libzero; please report it with zero_last_error()'s text */
+  ZERO_ERR_INTERNAL = 8, /* a bug in libzero; please report it with zero_last_error()'s text */
+  ZERO_ERR_CHECKPOINT_CORRUPT = 9, /* since 0.2: a checkpoint file is missing, truncated or fails its checksum */
+  ZERO_ERR_IO = 10                 /* since 0.2: the file system refused (no space, permissions, ...) */
 } zero_status_t;
 
 /* A static, human-readable name for a status ("ZERO_ERR_CONFIG"). Never NULL; unknown values give "unknown". */
@@ -225,6 +227,26 @@ ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* e
 /* Sets a group's learning rate for the following steps; group -1 sets every group. Local (call it with the same
  * value on every rank, as a scheduler would). ZERO_ERR_INVALID_STATE when the config has a "scheduler". */
 ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Checkpoints (since 0.2). The format is specified in docs/checkpoint-format.md: safetensors shards plus a JSON
+ * manifest with checksums; any rank count and stage can load what any other saved.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* Collective, between steps (after zero_step, no unit gathered). Every rank writes its shard of the fp32 master
+ * weights and of the optimizer state into `dir`/.tmp.`tag`, then rank 0 writes the manifest, renames the
+ * directory to `dir`/`tag` and atomically points `dir`/latest at it. `dir` must be visible to every rank (a
+ * shared file system for several nodes). An existing `tag` is never overwritten (ZERO_ERR_INVALID_ARGUMENT). On
+ * any failure (ZERO_ERR_IO: no space, permissions) every rank returns the error and the previous checkpoint and
+ * `latest` are untouched. */
+ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* dir, const char* tag);
+
+/* Collective, between steps. Loads `dir`/`tag` (or the tag in `dir`/latest when `tag` is NULL), whatever rank
+ * count and stage saved it: each rank reads only the element ranges it now owns. Files are checked against the
+ * manifest's sizes and checksums first; a missing, truncated or corrupted file gives ZERO_ERR_CHECKPOINT_CORRUPT
+ * naming it, and params that differ from the registration give ZERO_ERR_MISMATCH — on every rank, with the
+ * engine's state untouched. Restores weights, optimizer state, step count, loss scaler and group learning rates. */
+ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* dir, const char* tag);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Engine information (since 0.2).

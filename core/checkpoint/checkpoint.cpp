@@ -1,0 +1,425 @@
+// Sharded checkpoints (docs/checkpoint-format.md).
+//
+// Save: every rank writes its shard of every unit (the fp32 master, and the optimizer state by name) into a
+// temporary directory, fsyncs, and reports sizes and XXH64 checksums; rank 0 then writes the manifest, renames the
+// directory into place and atomically updates `latest`. A failure anywhere (or a killed rank) leaves the previous
+// checkpoint and `latest` untouched.
+//
+// Load: every rank reads the manifest, checks it matches the registered params, verifies a 1/N share of the files'
+// sizes and checksums, reads exactly the element ranges it now owns (whatever the saved rank count and stage) into
+// staging buffers, and only when every rank succeeded commits them. The shards in the files are always the saved
+// world's equal partition of each unit, so the format does not depend on the stage.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/file_io.hpp"
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/safetensors.hpp"
+#include "convert.hpp"
+#include "engine.hpp"
+#include "error.hpp"
+#include "zero/zero_version.h"
+
+namespace zero {
+
+using ckpt::Manifest;
+
+namespace {
+
+const char* optimizer_name(const OptimizerHyper& h) {
+  switch (h.kind) {
+    case OptimizerKind::kAdamW:
+      return "AdamW";
+    case OptimizerKind::kAdamL2:
+      return "Adam";
+    case OptimizerKind::kAdagrad:
+      return "Adagrad";
+    case OptimizerKind::kLion:
+      return "Lion";
+    case OptimizerKind::kSgd:
+      return "SGD";
+  }
+  return "?";
+}
+
+void check_tag(const std::string& tag, const char* call) {
+  if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos)
+    fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": tag '" + tag +
+                                        "' is not usable as a directory name (empty, 'latest', starting with '.' "
+                                        "or containing '/')");
+}
+
+// Every rank learns whether some rank failed a local phase; if one did, every rank throws that rank's error (its
+// status code and message). Keeps ranks from diverging into different collectives.
+void agree(CountedComm& comm, const Error* local_error) {
+  int64_t first_failed = local_error ? comm.rank() : INT64_MAX;
+  comm.all_reduce_inplace(&first_failed, 1, ElemType::kI64, ReduceOp::kMin);
+  if (first_failed == INT64_MAX) return;
+  const int root = static_cast<int>(first_failed);
+  int64_t status = local_error ? local_error->status() : 0;
+  comm.broadcast(&status, sizeof status, root);
+  std::string message = comm.broadcast_text(local_error ? local_error->what() : "", root);
+  if (comm.rank() != root) message = "rank " + std::to_string(root) + ": " + message;
+  fail(static_cast<zero_status_t>(status), message);
+}
+
+// Runs `body` and converts a zero::Error into a stored one for agree().
+template <typename Body>
+std::unique_ptr<Error> capture(Body&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return std::make_unique<Error>(e);
+  } catch (const std::bad_alloc&) {
+    return std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY, "out of memory");
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void Engine::require_step_boundary(const char* call) const {
+  require_state(State::kReady, call);
+  if (micro_steps_ != 0)
+    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + std::to_string(micro_steps_) +
+                                     " micro-steps have run since the last zero_step; save and load between steps");
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].gathered != nullptr)
+      fail(ZERO_ERR_INVALID_STATE,
+           std::string(call) + ": unit " + std::to_string(u) + " is gathered; release every unit first");
+}
+
+// This rank's files: shard `rank` of every unit. Fills record = [master bytes, master xxh64, optimizer bytes,
+// optimizer xxh64, params bytes, params xxh64] (params only with stochastic rounding, whose bf16 copy is not a
+// function of the master).
+void Engine::write_shard_files(const std::string& dir, std::vector<int64_t>& record) {
+  const int rank = comm_.rank(), world = comm_.size();
+  const ckpt::SaveFault fault = ckpt::save_fault_for_rank(rank);
+  const int n_states = state_count(config_.optimizer);
+  auto shard_ptr = [&](int u, const float* base) {
+    return base + (rank * layout_.units[u].shard_elems - units_[u].update_begin);
+  };
+  auto write_file = [&](const std::string& kind, std::vector<ckpt::TensorInfo> tensors, auto&& write_data, int slot) {
+    ckpt::SafetensorsWriter w(dir + "/" + ckpt::shard_file_name(kind, rank, world), std::move(tensors),
+                              {{"format", ckpt::kFormatName}, {"kind", kind}});
+    if (fault == ckpt::SaveFault::kEnospc)
+      fail(ZERO_ERR_IO, "cannot write '" + w.file().path() + "': " + std::strerror(ENOSPC) + " (test hook)");
+    write_data(w);
+    w.finish();
+    record[2 * slot] = static_cast<int64_t>(w.file().bytes_written());
+    record[2 * slot + 1] = static_cast<int64_t>(w.file().xxh64());
+  };
+  std::vector<ckpt::TensorInfo> master_tensors, state_tensors, param_tensors;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const uint64_t shard = layout_.units[u].shard_elems;
+    const std::string base = "unit." + std::to_string(u);
+    master_tensors.push_back({base, "F32", {static_cast<int64_t>(shard)}, 0, shard * 4});
+    for (int s = 0; s < n_states; ++s)
+      state_tensors.push_back(
+          {base + "." + state_name(config_.optimizer, s), "F32", {static_cast<int64_t>(shard)}, 0, shard * 4});
+    param_tensors.push_back({base,
+                             ckpt::safetensors_dtype(config_.compute_dtype),
+                             {static_cast<int64_t>(shard)},
+                             0,
+                             shard * compute_size()});
+  }
+  write_file(
+      "master", master_tensors,
+      [&](ckpt::SafetensorsWriter& w) {
+        for (size_t u = 0; u < units_.size(); ++u)
+          w.write(shard_ptr(static_cast<int>(u), master_of(static_cast<int>(u))), layout_.units[u].shard_elems * 4);
+      },
+      0);
+  write_file(
+      "optimizer", state_tensors,
+      [&](ckpt::SafetensorsWriter& w) {
+        for (size_t u = 0; u < units_.size(); ++u)
+          for (int s = 0; s < n_states; ++s)
+            w.write(shard_ptr(static_cast<int>(u), units_[u].state[s].f32()), layout_.units[u].shard_elems * 4);
+      },
+      1);
+  if (config_.stochastic_rounding) {
+    write_file(
+        "params", param_tensors,
+        [&](ckpt::SafetensorsWriter& w) {
+          for (size_t u = 0; u < units_.size(); ++u) {
+            UnitState& us = units_[u];
+            const size_t shard = layout_.units[u].shard_elems;
+            w.write(us.full_params ? us.params.at(rank * shard) : us.params.data(), shard * compute_size());
+          }
+        },
+        2);
+  }
+  if (fault == ckpt::SaveFault::kKill) ::_exit(9);  // test hook: die after writing, before the save completes
+}
+
+// The whole model in the compute dtype, one tensor per param, streamed one unit at a time (stage 3 gathers each
+// unit; rank 0 writes). Collective.
+void Engine::write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64) {
+  std::unique_ptr<ckpt::SafetensorsWriter> w;
+  std::unique_ptr<Error> error;
+  if (comm_.rank() == 0) {
+    error = capture([&] {
+      std::vector<ckpt::TensorInfo> tensors;
+      for (size_t u = 0; u < units_.size(); ++u)
+        for (int p : layout_.units[u].params)
+          tensors.push_back({params_[p].name, ckpt::safetensors_dtype(config_.compute_dtype), params_[p].dims, 0,
+                             layout_.params[p].numel * compute_size()});
+      w = std::make_unique<ckpt::SafetensorsWriter>(
+          path, tensors, std::map<std::string, std::string>{{"format", "pt"}, {"producer", "libzero"}});
+    });
+  }
+  agree(comm_, error.get());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    gather(static_cast<int>(u));
+    if (comm_.rank() == 0 && !error)
+      error = capture([&] {
+        for (int p : layout_.units[u].params)
+          w->write(static_cast<char*>(units_[u].gathered) + layout_.params[p].offset * compute_size(),
+                   layout_.params[p].numel * compute_size());
+      });
+    release(static_cast<int>(u));
+  }
+  if (comm_.rank() == 0 && !error) error = capture([&] { w->finish(); });
+  agree(comm_, error.get());
+  if (comm_.rank() == 0) bytes = w->file().bytes_written(), xxh64 = w->file().xxh64();
+}
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  const char* call = "zero_save_checkpoint";
+  require_step_boundary(call);
+  check_tag(tag, call);
+  const int rank = comm_.rank(), world = comm_.size();
+  const std::string final_dir = dir + "/" + tag, tmp_dir = dir + "/.tmp." + tag;
+  try {
+    // 1. Rank 0 prepares a fresh temporary directory next to the final one.
+    std::unique_ptr<Error> error;
+    if (rank == 0)
+      error = capture([&] {
+        ckpt::make_directories(dir);
+        if (ckpt::path_exists(final_dir))
+          fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": checkpoint '" + final_dir +
+                                              "' already exists; choose a new tag (checkpoints are never overwritten)");
+        ckpt::remove_tree(tmp_dir);
+        ckpt::make_directories(tmp_dir);
+      });
+    agree(comm_, error.get());
+
+    // 2. Every rank writes and syncs its shard files; the sizes and checksums go to every rank.
+    std::vector<int64_t> record(6, 0);
+    error = capture([&] { write_shard_files(tmp_dir, record); });
+    std::unique_ptr<Error> shard_error = std::move(error);
+    try {
+      agree(comm_, shard_error.get());
+    } catch (const Error&) {
+      if (rank == 0) ckpt::remove_tree(tmp_dir);
+      throw;
+    }
+    std::vector<int64_t> records(6 * static_cast<size_t>(world), 0);
+    std::memcpy(records.data() + 6 * rank, record.data(), 6 * sizeof(int64_t));
+    comm_.all_gather_inplace(records.data(), 6, ElemType::kI64);
+
+    // 3. Optionally the consolidated weights, unit by unit.
+    uint64_t consolidated_bytes = 0, consolidated_xxh = 0;
+    if (config_.gather_16bit_weights_on_save)
+      write_consolidated(tmp_dir + "/model.safetensors", consolidated_bytes, consolidated_xxh);
+
+    // 4. Rank 0: the manifest, then the directory and `latest` move into place atomically.
+    if (rank == 0)
+      error = capture([&] {
+        Manifest m;
+        m.library_version = ZERO_VERSION_STRING;
+        m.tag = tag;
+        m.world_size = world;
+        m.stage = config_.stage;
+        m.step = steps_;
+        m.param_dtype = dtype_name(config_.compute_dtype);
+        m.optimizer = optimizer_name(config_.optimizer);
+        for (int s = 0; s < state_count(config_.optimizer); ++s)
+          m.state_names.push_back(state_name(config_.optimizer, s));
+        const LossScaler::State ls = scaler_.state();
+        m.loss_scale = ls.scale;
+        m.hysteresis_left = ls.hysteresis_left;
+        m.scaler_iteration = ls.iteration;
+        m.scaler_last_overflow = ls.last_overflow_iteration;
+        for (const GroupSpec& g : groups_)
+          m.groups.push_back({g.name, g.base_lr, g.hyper.weight_decay, g.hyper.beta1, g.hyper.beta2, g.hyper.eps});
+        for (size_t u = 0; u < units_.size(); ++u)
+          m.units.push_back({static_cast<int>(u), layout_.units[u].padded_elems, layout_.units[u].shard_elems,
+                             units_[u].global_offset});
+        for (size_t p = 0; p < params_.size(); ++p) {
+          const ParamPlacement& pl = layout_.params[p];
+          m.params.push_back({params_[p].name, params_[p].dims, pl.unit, params_[p].group, pl.offset, pl.numel,
+                              units_[pl.unit].global_offset + pl.offset});
+        }
+        const char* kinds[3] = {"master", "optimizer", "params"};
+        for (int r = 0; r < world; ++r)
+          for (int k = 0; k < (config_.stochastic_rounding ? 3 : 2); ++k)
+            m.files.push_back({ckpt::shard_file_name(kinds[k], r, world), kinds[k], r,
+                               static_cast<uint64_t>(records[6 * r + 2 * k]),
+                               static_cast<uint64_t>(records[6 * r + 2 * k + 1])});
+        if (config_.gather_16bit_weights_on_save)
+          m.files.push_back({"model.safetensors", "consolidated", -1, consolidated_bytes, consolidated_xxh});
+        m.config_json = config_.source_json;
+        ckpt::write_text_file_atomically(tmp_dir + "/manifest.json", m.to_json());
+        ckpt::fsync_directory(tmp_dir);
+        ckpt::rename_path(tmp_dir, final_dir);
+        ckpt::fsync_directory(dir);
+        ckpt::write_text_file_atomically(dir + "/latest", tag + "\n");
+      });
+    agree(comm_, error.get());
+  } catch (const Error& e) {
+    if (e.status() == ZERO_ERR_COMM) broken(e);
+    throw;
+  }
+}
+
+void Engine::publish_params_from_master() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitState& us = units_[u];
+    if (separate_master())
+      round_from_f32(copy_of(static_cast<int>(u)), config_.compute_dtype, us.master.f32(), us.update_elems);
+    if (config_.stage >= 1 && us.full_params)
+      comm_.all_gather_inplace(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype));
+  }
+}
+
+void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
+  const char* call = "zero_load_checkpoint";
+  require_step_boundary(call);
+  const int rank = comm_.rank(), world = comm_.size();
+  try {
+    // 1. The manifest, and whether it fits what this engine registered.
+    Manifest m;
+    std::string path;
+    std::unique_ptr<Error> error = capture([&] {
+      std::string tag = tag_in;
+      if (tag.empty()) {
+        const std::string latest = dir + "/latest";
+        if (!ckpt::path_exists(latest))
+          fail(ZERO_ERR_CHECKPOINT_CORRUPT,
+               std::string(call) + ": '" + latest + "' does not exist (no checkpoint saved in '" + dir + "'?)");
+        tag = ckpt::read_text_file(latest);
+        while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+      }
+      check_tag(tag, call);
+      path = dir + "/" + tag;
+      const std::string manifest_path = path + "/manifest.json";
+      if (!ckpt::path_exists(manifest_path))
+        fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": '" + manifest_path + "' does not exist");
+      m = Manifest::parse(ckpt::read_text_file(manifest_path), manifest_path);
+      if (m.params.size() != params_.size())
+        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.params.size()) +
+                                    " params, this engine registered " + std::to_string(params_.size()));
+      for (size_t p = 0; p < params_.size(); ++p) {
+        const ckpt::ManifestParam& mp = m.params[p];
+        if (mp.name != params_[p].name || mp.shape != params_[p].dims || mp.unit != params_[p].unit ||
+            mp.offset_in_unit != layout_.params[p].offset)
+          fail(ZERO_ERR_MISMATCH, std::string(call) + ": param #" + std::to_string(p) + " is '" + mp.name + "' (unit " +
+                                      std::to_string(mp.unit) + ") in the checkpoint but '" + params_[p].name +
+                                      "' (unit " + std::to_string(params_[p].unit) +
+                                      ") in this engine; register the same params in the same order");
+      }
+      if (m.optimizer != optimizer_name(config_.optimizer))
+        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint holds " + m.optimizer +
+                                    " state, this engine runs " + optimizer_name(config_.optimizer));
+      if (m.groups.size() != groups_.size())
+        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.groups.size()) +
+                                    " param groups, this engine " + std::to_string(groups_.size()));
+      if (m.units.size() != units_.size())
+        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.units.size()) +
+                                    " units, this engine " + std::to_string(units_.size()));
+      for (int r = 0; r < m.world_size; ++r)
+        for (const char* kind : {"master", "optimizer"})
+          if (m.file(kind, r) == nullptr)
+            fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": the manifest of '" + path + "' lists no " + kind +
+                                                  " file for rank " + std::to_string(r));
+    });
+    agree(comm_, error.get());
+
+    // 2. Sizes and checksums, each rank verifying every world-th file, before anything is read.
+    error = capture([&] {
+      for (size_t i = static_cast<size_t>(rank); i < m.files.size(); i += static_cast<size_t>(world)) {
+        const ckpt::ManifestFile& f = m.files[i];
+        const std::string file_path = path + "/" + f.name;
+        if (!ckpt::path_exists(file_path))
+          fail(ZERO_ERR_CHECKPOINT_CORRUPT, "checkpoint file '" + file_path + "' is missing");
+        const ckpt::FileDigest d = ckpt::digest_file(file_path);
+        if (d.bytes != f.bytes)
+          fail(ZERO_ERR_CHECKPOINT_CORRUPT, "checkpoint file '" + file_path + "' has " + std::to_string(d.bytes) +
+                                                " bytes, the manifest says " + std::to_string(f.bytes) +
+                                                " (truncated?)");
+        if (d.xxh64 != f.xxh64)
+          fail(ZERO_ERR_CHECKPOINT_CORRUPT, "checkpoint file '" + file_path + "' fails its checksum (xxh64 " +
+                                                ckpt::hex64(d.xxh64) + ", manifest " + ckpt::hex64(f.xxh64) + ")");
+      }
+    });
+    agree(comm_, error.get());
+
+    // 3. This rank's element ranges, from whichever saved shards hold them, into staging buffers.
+    const int n_states = state_count(config_.optimizer);
+    const bool load_params = config_.stochastic_rounding && m.file("params", 0) != nullptr &&
+                             m.param_dtype == dtype_name(config_.compute_dtype);
+    std::vector<std::vector<float>> master(units_.size());
+    std::vector<std::vector<std::vector<float>>> states(units_.size());
+    std::vector<std::vector<uint16_t>> params16(units_.size());
+    error = capture([&] {
+      std::vector<std::unique_ptr<ckpt::SafetensorsReader>> readers(3 * static_cast<size_t>(m.world_size));
+      auto reader = [&](int kind, int r) -> ckpt::SafetensorsReader& {
+        auto& slot = readers[static_cast<size_t>(3 * r + kind)];
+        const char* kinds[3] = {"master", "optimizer", "params"};
+        if (!slot) slot = std::make_unique<ckpt::SafetensorsReader>(path + "/" + m.file(kinds[kind], r)->name);
+        return *slot;
+      };
+      for (size_t u = 0; u < units_.size(); ++u) {
+        const UnitState& us = units_[u];
+        const uint64_t begin = us.update_begin, end = us.update_begin + us.update_elems;
+        const uint64_t old_shard = m.units[u].shard_elems;
+        master[u].assign(us.update_elems, 0.0f);
+        states[u].assign(static_cast<size_t>(n_states), std::vector<float>(us.update_elems, 0.0f));
+        if (load_params) params16[u].assign(us.update_elems, 0);
+        const std::string base = "unit." + std::to_string(u);
+        for (int k = 0; k < m.world_size; ++k) {
+          const uint64_t lo = std::max(begin, k * old_shard), hi = std::min(end, (k + 1) * old_shard);
+          if (lo >= hi) continue;
+          const uint64_t offset = (lo - k * old_shard) * 4, n = hi - lo;
+          reader(0, k).read(base, offset, master[u].data() + (lo - begin), n * 4);
+          for (int s = 0; s < n_states; ++s)
+            reader(1, k).read(base + "." + state_name(config_.optimizer, s), offset, states[u][s].data() + (lo - begin),
+                              n * 4);
+          if (load_params) reader(2, k).read(base, offset / 2, params16[u].data() + (lo - begin), n * 2);
+        }
+      }
+    });
+    agree(comm_, error.get());
+
+    // 4. Every rank has what it needs: commit.
+    for (size_t u = 0; u < units_.size(); ++u) {
+      UnitState& us = units_[u];
+      std::memcpy(master_of(static_cast<int>(u)), master[u].data(), us.update_elems * sizeof(float));
+      for (int s = 0; s < n_states; ++s)
+        std::memcpy(us.state[s].f32(), states[u][s].data(), us.update_elems * sizeof(float));
+      us.grads.zero();
+    }
+    publish_params_from_master();
+    if (load_params)
+      for (size_t u = 0; u < units_.size(); ++u) {
+        UnitState& us = units_[u];
+        std::memcpy(copy_of(static_cast<int>(u)), params16[u].data(), us.update_elems * 2);
+        if (config_.stage >= 1 && us.full_params)
+          comm_.all_gather_inplace(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype));
+      }
+    steps_ = m.step;
+    scaler_.restore(LossScaler::State{m.loss_scale, m.hysteresis_left, m.scaler_iteration, m.scaler_last_overflow});
+    for (size_t g = 0; g < groups_.size(); ++g) groups_[g].base_lr = m.groups[g].lr;
+  } catch (const Error& e) {
+    if (e.status() == ZERO_ERR_COMM) broken(e);
+    throw;
+  }
+}
+
+}  // namespace zero

@@ -1,0 +1,65 @@
+// The checkpoint manifest (manifest.json): everything needed to read a checkpoint without libzero's code.
+// docs/checkpoint-format.md is the specification; this is its one reader and writer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero {
+namespace ckpt {
+
+constexpr const char* kFormatName = "libzero-checkpoint";
+constexpr int kFormatVersion = 1;
+
+struct ManifestUnit {
+  int index = 0;
+  uint64_t padded_elems = 0, shard_elems = 0, global_offset = 0;
+};
+
+struct ManifestParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int unit = 0, group = 0;
+  uint64_t offset_in_unit = 0, numel = 0, global_offset = 0;
+};
+
+struct ManifestFile {
+  std::string name;  // relative to the checkpoint directory
+  std::string kind;  // "master", "optimizer", "params" or "consolidated"
+  int rank = -1;     // -1 for files that are not one rank's shard
+  uint64_t bytes = 0;
+  uint64_t xxh64 = 0;
+};
+
+struct ManifestGroup {
+  std::string name;
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+};
+
+struct Manifest {
+  std::string library_version, tag, config_json;
+  int world_size = 1, stage = 0;
+  int64_t step = 0;
+  std::string param_dtype;               // compute dtype of the params: "fp32", "bf16", "fp16"
+  std::string optimizer;                 // "AdamW", "Adam", "Adagrad", "Lion", "SGD"
+  std::vector<std::string> state_names;  // optimizer state tensors per element
+  double loss_scale = 1.0;
+  int hysteresis_left = 0;
+  int64_t scaler_iteration = 0, scaler_last_overflow = -1;
+  std::vector<ManifestGroup> groups;
+  std::vector<ManifestUnit> units;
+  std::vector<ManifestParam> params;
+  std::vector<ManifestFile> files;
+
+  std::string to_json() const;
+  // Throws ZERO_ERR_CHECKPOINT_CORRUPT naming `path` if the text is not a valid manifest.
+  static Manifest parse(const std::string& text, const std::string& path);
+  const ManifestFile* file(const std::string& kind, int rank) const;
+};
+
+// File names inside a checkpoint directory.
+std::string shard_file_name(const std::string& kind, int rank, int world_size);
+
+}  // namespace ckpt
+}  // namespace zero
