@@ -47,7 +47,7 @@ typedef enum zero_status {
   ZERO_ERR_MISMATCH = 5,         /* ranks disagree (parameter registration, config) */
   ZERO_ERR_COMM = 6,             /* the communication backend failed */
   ZERO_ERR_OUT_OF_MEMORY = 7,
-  ZERO_ERR_INTERNAL = 8, /* a bug in libzero; please report it with zero_last_error()'s text */
+  ZERO_ERR_INTERNAL = 8,           /* a bug in libzero; please report it with zero_last_error()'s text */
   ZERO_ERR_CHECKPOINT_CORRUPT = 9, /* since 0.2: a checkpoint file is missing, truncated or fails its checksum */
   ZERO_ERR_IO = 10                 /* since 0.2: the file system refused (no space, permissions, ...) */
 } zero_status_t;
