@@ -6,9 +6,11 @@ set -euo pipefail
 # cmake, g++, make: the toolchain (usually present already). Open MPI: it yields when ranks outnumber cores,
 # where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
 # clang-format: the formatting check. abigail-tools, pkg-config: the ABI and install checks. debhelper, dpkg-dev,
-# lintian: the Debian packages. python3-yaml: parsing the conda recipe.
+# lintian: the Debian packages. python3-yaml: parsing the conda recipe. python3-numpy, python3-venv: the checkpoint
+# interoperability test (scripts/test.sh adds the safetensors package from PyPI in build/pyenv). libxxhash-dev:
+# checkpoint checksums.
 packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
-          abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml)
+          abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -9,6 +9,13 @@ jobs=$(nproc)
 
 bash scripts/install-deps.sh
 
+# Python with the safetensors package (PyPI) for the checkpoint interoperability test; numpy comes from Debian.
+if ! build/pyenv/bin/python3 -c "import safetensors, numpy" 2>/dev/null; then
+  rm -rf build/pyenv
+  /usr/bin/python3 -m venv --system-site-packages build/pyenv
+  build/pyenv/bin/pip install --quiet --disable-pip-version-check safetensors
+fi
+
 echo "== release build and full test suite"
 cmake --preset release
 cmake --build --preset release -j "$jobs"

@@ -15,6 +15,10 @@
  *   test_checkpoint --mode faults  --stage S --dir DIR
  *       a truncated shard, a flipped byte, a deleted file and a full disk (injected ENOSPC) are each detected on
  *       every rank with a clear error, the engine is untouched, and the previous checkpoint still loads exactly.
+ *   test_checkpoint --mode export  --stage S --dir DIR
+ *       train 10 steps with stage3_gather_16bit_weights_on_model_save and save as "export"; rank 0 writes the
+ *       gathered weights (fp32, params in registration order) to DIR/export-weights.bin for the zero-ckpt and
+ *       Python safetensors checks (tests/tools/).
  *   test_checkpoint --mode kill    --stage S --dir DIR     (run under a wrapper: rank 1 dies mid-save)
  *   test_checkpoint --mode after-kill --stage S --dir DIR (the checkpoint before the kill loads exactly)
  */
@@ -32,6 +36,7 @@ enum { kHalf = 10 };
 static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
 static int g_stage = 0, g_rank = 0, g_world = 1;
 static const char* g_dir = "ckpt";
+static const char* g_extra = ""; /* more zero_optimization keys */
 
 static float grad_value(int t, int p, size_t i) { /* the same on every rank */
   return (float)ldexp((double)((int)((t * 7 + p * 13 + (int)i * 5) % 9) - 4), -10);
@@ -42,8 +47,8 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int32_t* ids) {
   snprintf(config, sizeof config,
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.02}},"
            " \"zero_optimization\": {\"stage\": %d, \"stage3_param_persistence_threshold\": 0,"
-           " \"reduce_bucket_size\": 300}%s}",
-           g_stage, dtype_config(g_dtype));
+           " \"reduce_bucket_size\": 300%s}%s}",
+           g_stage, g_extra, dtype_config(g_dtype));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
   float* init[kNumParams];
@@ -276,6 +281,36 @@ static void mode_faults(zero_comm_t* comm) {
     printf("faults ok: stage %d on %d ranks; the previous checkpoint loads bit-exactly\n", g_stage, g_world);
 }
 
+static void mode_export(zero_comm_t* comm) {
+  g_extra = ", \"stage3_gather_16bit_weights_on_model_save\": true";
+  int32_t ids[kNumParams];
+  zero_engine_t* e = make_engine(comm, ids);
+  train(e, ids, 1, kHalf);
+  save(e, "export");
+  float* weights = snapshot(e, ids); /* in unit order; written below in registration order */
+  if (g_rank == 0) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/export-weights.bin", g_dir);
+    FILE* f = fopen(path, "wb");
+    EXPECT(f != NULL, "cannot create %s", path);
+    for (int p = 0; p < kNumParams; ++p) {
+      size_t at = 0; /* position of param p in the snapshot */
+      for (int u = 0; u < kNumUnits; ++u)
+        for (int q = 0; q < kNumParams; ++q) {
+          if (kModel[q].unit != u) continue;
+          if (q == p) goto found;
+          at += test_param_numel(q);
+        }
+    found:
+      fwrite(weights + at, sizeof(float), test_param_numel(p), f);
+    }
+    fclose(f);
+    printf("exported: checkpoint 'export' and the gathered weights of %d params\n", kNumParams);
+  }
+  free(weights);
+  zero_engine_destroy(e);
+}
+
 static void mode_kill(zero_comm_t* comm) {
   int32_t ids[kNumParams];
   zero_engine_t* e = make_engine(comm, ids);
@@ -331,6 +366,8 @@ int main(int argc, char** argv) {
     mode_reshard(comm, tag);
   else if (strcmp(mode, "faults") == 0)
     mode_faults(comm);
+  else if (strcmp(mode, "export") == 0)
+    mode_export(comm);
   else if (strcmp(mode, "kill") == 0)
     mode_kill(comm);
   else if (strcmp(mode, "after-kill") == 0)
