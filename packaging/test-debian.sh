@@ -25,4 +25,5 @@ dpkg -i "$work"/libzero0_*.deb "$work"/libzero-dev_*.deb "$work"/zero-tools_*.de
 trap 'dpkg -r zero-tools libzero-dev libzero0 >/dev/null || true; rm -rf "$work"' EXIT
 bash "$root/tests/consumer/build_and_run.sh" /usr "$work/consumer"
 zero-config check "$root/examples/configs/zero2_fp32.json" --world-size 4 >/dev/null
+zero-ckpt --help >/dev/null
 echo "debian packages ok: built, lintian clean of errors, installed, consumed with find_package and pkg-config"
