@@ -1,0 +1,528 @@
+// Trains a small GPT across MPI ranks through libzero's public C API only (zero/zero.h): one unit per transformer
+// block plus one for the embeddings and final norm, so stage 3 gathers and releases block by block.
+//
+//   mpirun -np 4 train_gpt [--stage 3] [--steps 300] [--compare-stages] [--help]
+#include <mpi.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data.hpp"
+#include "model.hpp"
+#include "zero/zero.h"
+
+namespace {
+
+using gpt::Block;
+using gpt::Embedding;
+
+#define ZCHECK(call)                                                                                    \
+  do {                                                                                                  \
+    zero_status_t s_ = (call);                                                                          \
+    if (s_ != ZERO_OK) {                                                                                \
+      std::fprintf(stderr, "train_gpt: %s failed: %s: %s\n", #call, zero_status_string(s_), zero_last_error()); \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                                     \
+    }                                                                                                   \
+  } while (0)
+
+struct Options {
+  gpt::ModelConfig model;
+  int steps = 300, micro_batch = 8, grad_accum = 1, stage = 3, print_every = 10, eval_every = 0;
+  int compare_steps = 10;
+  double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
+  bool checkpointing = false, bf16 = false, compare = false;
+  uint64_t seed = 1234;
+  std::string config_file, data_file, csv_file;
+};
+
+const char* kHelp = R"(train_gpt: a GPT-2-style decoder trained across MPI ranks with libzero.
+
+usage: mpirun -np N train_gpt [options]
+
+model
+  --layers L              transformer blocks (default 4)
+  --channels C            width (default 128); --heads H attention heads (default 4)
+  --seq-len T             context length in bytes (default 64)
+training
+  --steps S               optimizer steps (default 300)
+  --micro-batch B         sequences per rank per micro-step (default 8)
+  --grad-accum G          micro-steps per step (default 1)
+  --stage 0|1|2|3         ZeRO stage (default 3)
+  --lr X                  AdamW learning rate (default 3e-3), --weight-decay X (default 0.1), --clip X (default 1)
+  --bf16                  bf16 params with fp32 master weights (default fp32)
+  --activation-checkpointing
+                          keep only each block's input; recompute the block's forward during backward
+  --config FILE           a DeepSpeed ds_config.json instead of the flags above for the engine (stage, optimizer,
+                          batch sizes, bf16, scheduler, ...); its "activation_checkpointing" block turns
+                          checkpointing on
+  --seed N                data and initialisation seed (default 1234)
+data
+  --data FILE             train on any text file (the last tenth is held out); default: generated two-digit
+                          additions ("37+48=85"), whose held-out answers the trainer scores
+output
+  --print-every N         progress every N steps when not on a terminal (default 10)
+  --eval-every N          held-out evaluation every N steps (default: at the end)
+  --csv FILE              step, loss, tokens/s, ms/step, lr, grad norm per step (rank 0)
+  --compare-stages        train --compare-steps steps (default 10) at stages 0-3 and print per-rank memory next
+                          to the ZeRO formula, and tokens/s per stage
+)";
+
+Options parse(int argc, char** argv, int rank) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        if (rank == 0) std::fprintf(stderr, "train_gpt: %s needs a value (see --help)\n", a.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      if (rank == 0) std::fputs(kHelp, stdout);
+      MPI_Finalize();
+      std::exit(0);
+    } else if (a == "--layers") o.model.layers = std::stoi(next());
+    else if (a == "--channels") o.model.channels = std::stoi(next());
+    else if (a == "--heads") o.model.heads = std::stoi(next());
+    else if (a == "--seq-len") o.model.seq_len = std::stoi(next());
+    else if (a == "--steps") o.steps = std::stoi(next());
+    else if (a == "--micro-batch") o.micro_batch = std::stoi(next());
+    else if (a == "--grad-accum") o.grad_accum = std::stoi(next());
+    else if (a == "--stage") o.stage = std::stoi(next());
+    else if (a == "--lr") o.lr = std::stod(next());
+    else if (a == "--weight-decay") o.weight_decay = std::stod(next());
+    else if (a == "--clip") o.clip = std::stod(next());
+    else if (a == "--bf16") o.bf16 = true;
+    else if (a == "--activation-checkpointing") o.checkpointing = true;
+    else if (a == "--config") o.config_file = next();
+    else if (a == "--seed") o.seed = std::stoull(next());
+    else if (a == "--data") o.data_file = next();
+    else if (a == "--print-every") o.print_every = std::stoi(next());
+    else if (a == "--eval-every") o.eval_every = std::stoi(next());
+    else if (a == "--csv") o.csv_file = next();
+    else if (a == "--compare-stages") o.compare = true;
+    else if (a == "--compare-steps") o.compare_steps = std::stoi(next());
+    else {
+      if (rank == 0) std::fprintf(stderr, "train_gpt: unknown option %s (see --help)\n", a.c_str());
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  if (o.model.channels % o.model.heads != 0 || o.stage < 0 || o.stage > 3 || o.steps < 1 || o.micro_batch < 1) {
+    if (rank == 0) std::fprintf(stderr, "train_gpt: invalid options (channels must divide by heads, stage 0-3)\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  return o;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The DeepSpeed config: from --config, or built from the flags. Also reads activation_checkpointing.
+std::string engine_config(Options& o, int stage) {
+  if (!o.config_file.empty()) {
+    std::string text = read_file(o.config_file);
+    auto j = nlohmann::json::parse(text);
+    if (j.contains("activation_checkpointing")) o.checkpointing = true;
+    if (j.contains("gradient_accumulation_steps")) o.grad_accum = j["gradient_accumulation_steps"].get<int>();
+    if (j.contains("train_micro_batch_size_per_gpu")) o.micro_batch = j["train_micro_batch_size_per_gpu"].get<int>();
+    if (j.contains("zero_optimization") && j["zero_optimization"].contains("stage") && !o.compare)
+      o.stage = j["zero_optimization"]["stage"].get<int>();
+    else
+      j["zero_optimization"]["stage"] = stage;
+    return j.dump();
+  }
+  char buffer[1024];
+  std::snprintf(buffer, sizeof buffer,
+                "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
+                " \"gradient_clipping\": %g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g,"
+                " \"betas\": [0.9, 0.95], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
+                " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000}%s}",
+                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage,
+                o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
+  return buffer;
+}
+
+// libzero as the model's parameter source. Units: 0 = embeddings and final norm, 1 + l = block l.
+class ZeroSource : public gpt::ParamSource<float> {
+ public:
+  ZeroSource(zero_engine_t* e, const gpt::ModelConfig& c, bool bf16) : e_(e), c_(c), bf16_(bf16) {
+    ids_.resize(static_cast<size_t>(c.layers) + 1);
+    scratch_.resize(ids_.size());
+  }
+  std::vector<std::vector<int32_t>>& ids() { return ids_; }
+
+  Embedding<const float*> gather_embedding() override {
+    auto p = gather(0);
+    return {p[0], p[1], p[2], p[3]};
+  }
+  void release_embedding() override { ZCHECK(zero_release(e_, 0)); }
+  Block<const float*> gather_block(int l) override {
+    auto p = gather(l + 1);
+    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+  }
+  void release_block(int l) override { ZCHECK(zero_release(e_, l + 1)); }
+  // Asked for after the head and again for the encoder: the pointers stay valid until their grads are ready, and
+  // asking the engine again for lnf's (already declared ready) would rightly be refused.
+  Embedding<float*> embedding_grads() override {
+    if (embedding_grads_.empty()) embedding_grads_ = grads(0);
+    auto& g = embedding_grads_;
+    return {g[0], g[1], g[2], g[3]};
+  }
+  Block<float*> block_grads(int l) override {
+    auto g = grads(l + 1);
+    return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11]};
+  }
+  void block_grads_ready(int l) override {
+    for (int32_t id : ids_[static_cast<size_t>(l) + 1]) ZCHECK(zero_grad_ready(e_, id));
+  }
+  void final_norm_grads_ready() override {
+    ZCHECK(zero_grad_ready(e_, ids_[0][2]));
+    ZCHECK(zero_grad_ready(e_, ids_[0][3]));
+  }
+  void embedding_grads_ready() override {
+    ZCHECK(zero_grad_ready(e_, ids_[0][0]));
+    ZCHECK(zero_grad_ready(e_, ids_[0][1]));
+    embedding_grads_.clear();
+  }
+
+ private:
+  // Gathers a unit; in bf16 the values are widened into a float copy for the float math.
+  std::vector<const float*> gather(int unit) {
+    ZCHECK(zero_gather(e_, unit));
+    std::vector<const float*> out;
+    auto& scratch = scratch_[static_cast<size_t>(unit)];
+    size_t total = 0;
+    std::vector<std::pair<const uint16_t*, size_t>> sources;
+    for (int32_t id : ids_[static_cast<size_t>(unit)]) {
+      void* data = nullptr;
+      ZCHECK(zero_param_data(&data, e_, id));
+      const size_t n = numel(unit, out.size() + sources.size());
+      if (!bf16_) out.push_back(static_cast<const float*>(data));
+      else sources.push_back({static_cast<const uint16_t*>(data), n}), total += n;
+    }
+    if (bf16_) {
+      scratch.resize(total);
+      size_t at = 0;
+      for (auto& [src, n] : sources) {
+        for (size_t i = 0; i < n; ++i) {
+          uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+          std::memcpy(&scratch[at + i], &bits, 4);
+        }
+        out.push_back(scratch.data() + at);
+        at += n;
+      }
+    }
+    return out;
+  }
+  std::vector<float*> grads(int unit) {
+    std::vector<float*> out;
+    for (int32_t id : ids_[static_cast<size_t>(unit)]) {
+      void* g = nullptr;
+      ZCHECK(zero_grad_data(&g, e_, id));
+      out.push_back(static_cast<float*>(g));  // fp32 gradient accumulation (the default) in every mode
+    }
+    return out;
+  }
+  size_t numel(int unit, size_t index) const {
+    const auto shapes = unit == 0 ? gpt::embedding_shapes(c_) : gpt::block_shapes(c_);
+    size_t n = 1;
+    for (int d : shapes[index]) n *= static_cast<size_t>(d);
+    return n;
+  }
+  zero_engine_t* e_;
+  gpt::ModelConfig c_;
+  bool bf16_;
+  std::vector<std::vector<int32_t>> ids_;
+  std::vector<std::vector<float>> scratch_;
+  std::vector<float*> embedding_grads_;  // this micro-step's, between the head and the encoder
+};
+
+// GPT-2 initialisation on rank 0 (libzero broadcasts it): N(0, 0.02), residual projections scaled by
+// 1/sqrt(2 L), biases 0, norms 1. The values must stay alive until zero_engine_finalize: `init` holds them.
+void register_model(zero_engine_t* e, ZeroSource& src, const gpt::ModelConfig& c, uint64_t seed, bool bf16,
+                    std::vector<std::vector<float>>& init_values) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  auto add = [&](int unit, const std::string& name, const std::vector<int>& shape, int kind) {
+    size_t n = 1;
+    std::vector<int64_t> dims;
+    for (int d : shape) n *= static_cast<size_t>(d), dims.push_back(d);
+    init_values.emplace_back(n);
+    std::vector<float>& init = init_values.back();
+    const float scale = kind == 2 ? 1.0f / std::sqrt(2.0f * static_cast<float>(c.layers)) : 1.0f;
+    for (auto& v : init) v = kind == 0 ? 0.0f : kind == 3 ? 1.0f : normal(rng) * scale;
+    zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+    d.name = name.c_str();
+    d.ndim = static_cast<int32_t>(dims.size());
+    d.shape = dims.data();
+    d.dtype = bf16 ? ZERO_DTYPE_BF16 : ZERO_DTYPE_FP32;
+    d.unit = unit;
+    d.group = kind == 1 || kind == 2 ? 0 : 1;  // no weight decay on biases, norms (and embeddings' positions)
+    d.init_data = init.data();
+    d.init_dtype = ZERO_DTYPE_FP32;
+    int32_t id = 0;
+    ZCHECK(zero_engine_add_param(&id, e, &d));
+    src.ids()[static_cast<size_t>(unit)].push_back(id);
+  };
+  zero_param_group_desc_t no_decay = ZERO_PARAM_GROUP_DESC_INIT;
+  no_decay.name = "no_decay";
+  no_decay.weight_decay = 0.0;
+  int32_t group = 0;
+  ZCHECK(zero_engine_add_param_group(&group, e, &no_decay));
+  const auto es = gpt::embedding_shapes(c);
+  add(0, "wte", es[0], 1);
+  add(0, "wpe", es[1], 1);
+  add(0, "lnf.weight", es[2], 3);
+  add(0, "lnf.bias", es[3], 0);
+  const auto bs = gpt::block_shapes(c);
+  const int kinds[gpt::kBlockTensors] = {3, 0, 1, 0, 2, 0, 3, 0, 1, 0, 2, 0};
+  for (int l = 0; l < c.layers; ++l)
+    for (int i = 0; i < gpt::kBlockTensors; ++i)
+      add(l + 1, "h." + std::to_string(l) + "." + gpt::block_tensor_name(i), bs[static_cast<size_t>(i)], kinds[i]);
+}
+
+struct Eval {
+  double loss = 0, char_accuracy = 0, exact = 0;
+};
+
+// Held-out loss; on the generated corpus also the answers: after each '=', the share of answer characters
+// predicted right (argmax, teacher-forced) and of answers right in full.
+Eval evaluate(gpt::Runner<float>& runner, ZeroSource& src, const gpt::Corpus& corpus, const Options& o) {
+  std::vector<int> tokens, targets;
+  corpus.heldout_batch(o.micro_batch, o.model.seq_len, tokens, targets);
+  Eval ev;
+  ev.loss = runner.step(src, tokens.data(), targets.data(), false);
+  if (!corpus.arithmetic) return ev;
+  const auto& logits = runner.logits();
+  int chars = 0, right = 0, answers = 0, exact = 0;
+  for (int b = 0; b < o.micro_batch; ++b) {
+    // Score the predictions made from '=' up to the newline that ends the answer, for problems whose whole line
+    // is inside the window (a newline before the '=').
+    bool in_answer = false, scored = false, all_right = true, line_started = false;
+    for (int t = 0; t < o.model.seq_len; ++t) {
+      const size_t row = static_cast<size_t>(b) * o.model.seq_len + t;
+      if (tokens[row] == '=') in_answer = true, scored = line_started, all_right = true;
+      if (in_answer && scored) {
+        const float* l = logits.data() + row * o.model.vocab;
+        int best = 0;
+        for (int v = 1; v < o.model.vocab; ++v) best = l[v] > l[best] ? v : best;
+        ++chars;
+        right += best == targets[row];
+        all_right = all_right && best == targets[row];
+        if (targets[row] == '\n') ++answers, exact += all_right;
+      }
+      if (targets[row] == '\n') in_answer = false;
+      if (tokens[row] == '\n') line_started = true;
+    }
+  }
+  ev.char_accuracy = chars ? 100.0 * right / chars : 0;
+  ev.exact = answers ? 100.0 * exact / answers : 0;
+  return ev;
+}
+
+struct RunResult {
+  zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
+  size_t activation_bytes = 0;
+  double tokens_per_s = 0, ms_per_step = 0, final_loss = 0;
+  uint64_t padded_params = 0;
+};
+
+RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpus& corpus, int rank, int world) {
+  zero_comm_t* comm = nullptr;
+  ZCHECK(zero_comm_create_mpi(&comm, static_cast<int64_t>(MPI_Comm_c2f(MPI_COMM_WORLD))));
+  const std::string config = engine_config(o, stage);
+  zero_engine_t* e = nullptr;
+  ZCHECK(zero_engine_create(&e, config.c_str(), comm));
+  zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
+  ZCHECK(zero_engine_info(e, &info));
+  if (info.grad_dtype != ZERO_DTYPE_FP32) {
+    if (rank == 0) std::fprintf(stderr, "train_gpt: this example accumulates gradients in fp32 only\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const bool bf16 = info.param_dtype == ZERO_DTYPE_BF16;
+  if (info.param_dtype == ZERO_DTYPE_FP16) {
+    if (rank == 0) std::fprintf(stderr, "train_gpt: use fp32 or bf16 (fp16 needs loss scaling in the model code)\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  o.grad_accum = info.gradient_accumulation_steps;
+  ZeroSource src(e, o.model, bf16);
+  std::vector<std::vector<float>> init_values;
+  register_model(e, src, o.model, o.seed, bf16, init_values);
+  ZCHECK(zero_engine_finalize(e));
+  init_values.clear();
+  gpt::Runner<float> runner(o.model, o.micro_batch, o.checkpointing);
+
+  FILE* csv = nullptr;
+  if (verbose && rank == 0 && !o.csv_file.empty()) {
+    csv = std::fopen(o.csv_file.c_str(), "w");
+    if (csv) std::fprintf(csv, "step,loss,loss_hex,tokens_per_s,ms_per_step,lr,grad_norm\n");
+  }
+  const bool tty = isatty(1);
+  const double tokens_per_step = static_cast<double>(o.micro_batch) * o.model.seq_len * o.grad_accum * world;
+  std::vector<int> tokens, targets;
+  RunResult result;
+  auto t_start = std::chrono::steady_clock::now();
+  double total_ms = 0;
+  for (int step = 1; step <= steps; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (int m = 0; m < o.grad_accum; ++m) {
+      corpus.batch(o.seed, step, m, rank, o.micro_batch, o.model.seq_len, tokens, targets);
+      loss += runner.step(src, tokens.data(), targets.data(), true);
+      ZCHECK(zero_backward_end(e));
+    }
+    zero_step_info_t si = ZERO_STEP_INFO_INIT;
+    ZCHECK(zero_step(e, &si));
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    total_ms += ms;
+    double mean_loss = 0;
+    loss /= o.grad_accum;
+    MPI_Allreduce(&loss, &mean_loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    mean_loss /= world;
+    result.final_loss = mean_loss;
+    const double tok_s = tokens_per_step / (ms / 1e3);
+    if (csv) std::fprintf(csv, "%d,%.6f,%a,%.0f,%.2f,%g,%.6f\n", step, mean_loss, mean_loss, tok_s, ms, si.lr, si.grad_norm);
+    if (verbose && rank == 0) {
+      if (tty)
+        std::printf("\rstep %5d/%d | loss %.4f | %8.0f tok/s | %7.1f ms/step", step, steps, mean_loss, tok_s, ms);
+      else if (step == 1 || step % o.print_every == 0 || step == steps)
+        std::printf("step %5d/%d | loss %.4f | %8.0f tok/s | %7.1f ms/step\n", step, steps, mean_loss, tok_s, ms);
+      std::fflush(stdout);
+    }
+    if (verbose && o.eval_every > 0 && step % o.eval_every == 0 && step != steps) {
+      Eval ev = evaluate(runner, src, corpus, o);
+      if (rank == 0)
+        std::printf("%seval at step %d: held-out loss %.4f%s\n", tty ? "\n" : "", step, ev.loss,
+                    corpus.arithmetic ? (", answer characters " + std::to_string(ev.char_accuracy).substr(0, 5) +
+                                         " % right, whole answers " + std::to_string(ev.exact).substr(0, 5) + " %")
+                                            .c_str()
+                                      : "");
+    }
+  }
+  if (verbose && rank == 0 && tty) std::printf("\n");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  result.tokens_per_s = tokens_per_step * steps / seconds;
+  result.ms_per_step = total_ms / steps;
+  if (verbose) {
+    Eval ev = evaluate(runner, src, corpus, o);
+    if (rank == 0) {
+      std::printf("held-out loss %.4f", ev.loss);
+      if (corpus.arithmetic)
+        std::printf(" | answer characters right %.1f %% | whole answers right %.1f %%", ev.char_accuracy, ev.exact);
+      std::printf("\n");
+    }
+  }
+  ZCHECK(zero_memory_stats(e, &result.mem));
+  result.activation_bytes = runner.activation_bytes();
+  result.padded_params = result.mem.param_bytes / (bf16 ? 2 : 4) * (stage == 3 ? world : 1);
+  if (csv) std::fclose(csv);
+  zero_engine_destroy(e);
+  zero_comm_destroy(comm);
+  return result;
+}
+
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+void print_memory_table(const RunResult& r, int rank, int world) {
+  double mine[7] = {mib(r.mem.param_bytes),  mib(r.mem.grad_bytes), mib(r.mem.master_param_bytes),
+                    mib(r.mem.optimizer_state_bytes), mib(r.mem.bucket_bytes + r.mem.gathered_bytes),
+                    mib(r.activation_bytes), mib(r.mem.total_bytes + r.activation_bytes)};
+  std::vector<double> all(7 * static_cast<size_t>(world));
+  MPI_Gather(mine, 7, MPI_DOUBLE, all.data(), 7, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  if (rank != 0) return;
+  std::printf("\nper-rank memory (MiB)\n%-5s %9s %9s %9s %9s %9s %11s %9s\n", "rank", "params", "grads", "master",
+              "optim", "buffers", "activations", "total");
+  for (int q = 0; q < world; ++q) {
+    const double* v = all.data() + 7 * q;
+    std::printf("%-5d %9.2f %9.2f %9.2f %9.2f %9.2f %11.2f %9.2f\n", q, v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+  }
+}
+
+// The ZeRO paper's model-state bytes per rank for this run's dtypes (Adam: 8 bytes of state per param).
+double formula_bytes(int stage, double psi, int world, bool bf16) {
+  const double p = bf16 ? 2 : 4, g = 4, m = bf16 ? 4 : 0, k = 8, n = world;
+  switch (stage) {
+    case 0:
+      return (p + g + m + k) * psi;
+    case 1:
+      return (p + g) * psi + (m + k) * psi / n;
+    case 2:
+      return p * psi + (g + m + k) * psi / n;
+    default:
+      return (p + g + m + k) * psi / n;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  openblas_set_num_threads(1);  // one BLAS thread per rank: ranks share the cores, and results stay deterministic
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  Options o = parse(argc, argv, rank);
+  gpt::Corpus corpus;
+  try {
+    corpus = o.data_file.empty() ? gpt::Corpus::generated(o.seed) : gpt::Corpus::from_file(o.data_file);
+  } catch (const std::exception& ex) {
+    if (rank == 0) std::fprintf(stderr, "train_gpt: %s\n", ex.what());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  const gpt::ModelConfig& c = o.model;
+  const double params = static_cast<double>(c.vocab + c.seq_len + 2) * c.channels +
+                        static_cast<double>(c.layers) * (12.0 * c.channels * c.channels + 13.0 * c.channels);
+  if (!o.compare) {
+    engine_config(o, o.stage);  // resolves --config into the options before printing them
+    if (rank == 0)
+      std::printf("GPT: %d layers, %d channels, %d heads, context %d, %.2f M params | %d ranks, ZeRO stage %d, %s%s\n"
+                  "data: %s | %d x %d tokens per rank per micro-step, %d micro-step(s) per step\n",
+                  c.layers, c.channels, c.heads, c.seq_len, params / 1e6, world, o.stage, o.bf16 ? "bf16" : "fp32",
+                  o.checkpointing ? ", activation checkpointing" : "",
+                  o.data_file.empty() ? "generated two-digit additions" : o.data_file.c_str(), o.micro_batch,
+                  c.seq_len, o.grad_accum);
+    RunResult r = train(o, o.stage, o.steps, true, corpus, rank, world);
+    print_memory_table(r, rank, world);
+  } else {
+    if (rank == 0)
+      std::printf("comparing ZeRO stages on %d ranks: %.2f M params, %d steps each, %s\n", world, params / 1e6,
+                  o.compare_steps, o.bf16 ? "bf16" : "fp32");
+    std::vector<RunResult> results;
+    for (int stage = 0; stage <= 3; ++stage) results.push_back(train(o, stage, o.compare_steps, false, corpus, rank, world));
+    if (rank == 0) {
+      std::printf("\nper-rank memory of rank 0 (MiB); model states = params + grads + master + optimizer state\n");
+      std::printf("%-6s %8s %8s %8s %8s %9s %12s %13s %13s %10s %10s\n", "stage", "params", "grads", "master", "optim",
+                  "buffers", "activations", "model states", "ZeRO formula", "vs stage 0", "tokens/s");
+      const double stage0 = static_cast<double>(results[0].mem.param_bytes + results[0].mem.grad_bytes +
+                                                results[0].mem.master_param_bytes + results[0].mem.optimizer_state_bytes);
+      for (int s = 0; s < 4; ++s) {
+        const RunResult& r = results[static_cast<size_t>(s)];
+        const double states = static_cast<double>(r.mem.param_bytes + r.mem.grad_bytes + r.mem.master_param_bytes +
+                                                  r.mem.optimizer_state_bytes);
+        std::printf("%-6d %8.2f %8.2f %8.2f %8.2f %9.2f %12.2f %13.2f %13.2f %9.2fx %10.0f\n", s, mib(r.mem.param_bytes),
+                    mib(r.mem.grad_bytes), mib(r.mem.master_param_bytes), mib(r.mem.optimizer_state_bytes),
+                    mib(r.mem.bucket_bytes + r.mem.gathered_bytes), mib(r.activation_bytes), states / (1 << 20),
+                    formula_bytes(s, static_cast<double>(results[0].padded_params), world, o.bf16) / (1 << 20),
+                    stage0 / states, r.tokens_per_s);
+      }
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
