@@ -8,9 +8,10 @@ set -euo pipefail
 # clang-format: the formatting check. abigail-tools, pkg-config: the ABI and install checks. debhelper, dpkg-dev,
 # lintian: the Debian packages. python3-yaml: parsing the conda recipe. python3-numpy, python3-venv: the checkpoint
 # interoperability test (scripts/test.sh adds the safetensors package from PyPI in build/pyenv). libxxhash-dev:
-# checkpoint checksums.
+# checkpoint checksums. libopenblas-dev: the GPT example's matmuls.
 packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
-          abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv)
+          abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv
+          libopenblas-dev)
 
 missing=()
 for p in "${packages[@]}"; do

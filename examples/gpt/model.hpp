@@ -28,8 +28,8 @@ inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, co
                  int ldb, float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
-inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const double* a, int lda,
-                 const double* b, int ldb, double beta, double* c, int ldc) {
+inline void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, const double* a, int lda, const double* b,
+                 int ldb, double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -78,8 +78,8 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const
 }
 
 template <class T>
-void layernorm_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, const T* mean,
-                        const T* rstd, int N, int C) {
+void layernorm_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, const T* mean, const T* rstd,
+                        int N, int C) {
   for (int n = 0; n < N; ++n) {
     const T* d = dout + static_cast<size_t>(n) * C;
     const T* x = inp + static_cast<size_t>(n) * C;
@@ -235,9 +235,9 @@ inline std::vector<std::vector<int>> block_shapes(const ModelConfig& c) {
   return {{C}, {C}, {3 * C, C}, {3 * C}, {C, C}, {C}, {C}, {C}, {4 * C, C}, {4 * C}, {C, 4 * C}, {C}};
 }
 inline const char* block_tensor_name(int i) {
-  static const char* names[kBlockTensors] = {"ln1.weight",  "ln1.bias", "attn.qkv.weight", "attn.qkv.bias",
-                                             "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
-                                             "mlp.fc.weight",   "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
+  static const char* names[kBlockTensors] = {"ln1.weight",       "ln1.bias",       "attn.qkv.weight", "attn.qkv.bias",
+                                             "attn.proj.weight", "attn.proj.bias", "ln2.weight",      "ln2.bias",
+                                             "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight", "mlp.proj.bias"};
   return names[i];
 }
 
@@ -375,8 +375,8 @@ class Runner {
       src.release_block(l);
     }
     e = src.gather_embedding();
-    layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual_[c_.layers].data(), e.lnf_w, e.lnf_b,
-                      N, C);
+    layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual_[c_.layers].data(), e.lnf_w, e.lnf_b, N,
+                      C);
     gemm(CblasNoTrans, CblasTrans, N, V, C, lnf_.data(), C, e.wte, C, T(0), logits_.data(), V);
     const T loss = crossentropy_forward_backward(dlogits_.data(), logits_.data(), targets, N, V);
     if (!backward) {

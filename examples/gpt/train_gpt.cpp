@@ -3,7 +3,6 @@
 //
 //   mpirun -np 4 train_gpt [--stage 3] [--steps 300] [--compare-stages] [--help]
 #include <mpi.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -26,20 +25,21 @@ namespace {
 using gpt::Block;
 using gpt::Embedding;
 
-#define ZCHECK(call)                                                                                    \
-  do {                                                                                                  \
-    zero_status_t s_ = (call);                                                                          \
-    if (s_ != ZERO_OK) {                                                                                \
+#define ZCHECK(call)                                                                                            \
+  do {                                                                                                          \
+    zero_status_t s_ = (call);                                                                                  \
+    if (s_ != ZERO_OK) {                                                                                        \
       std::fprintf(stderr, "train_gpt: %s failed: %s: %s\n", #call, zero_status_string(s_), zero_last_error()); \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                     \
-    }                                                                                                   \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                                             \
+    }                                                                                                           \
   } while (0)
 
 struct Options {
   gpt::ModelConfig model;
   int steps = 300, micro_batch = 8, grad_accum = 1, stage = 3, print_every = 10, eval_every = 0;
-  int compare_steps = 10;
-  double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
+  int compare_steps = 10, warmup = 30;
+  bool redraw = false;
+  double lr = 2e-3, weight_decay = 0.1, clip = 1.0;
   bool checkpointing = false, bf16 = false, compare = false;
   uint64_t seed = 1234;
   std::string config_file, data_file, csv_file;
@@ -58,7 +58,8 @@ training
   --micro-batch B         sequences per rank per micro-step (default 8)
   --grad-accum G          micro-steps per step (default 1)
   --stage 0|1|2|3         ZeRO stage (default 3)
-  --lr X                  AdamW learning rate (default 3e-3), --weight-decay X (default 0.1), --clip X (default 1)
+  --lr X                  AdamW peak learning rate (default 2e-3), --weight-decay X (default 0.1), --clip X
+                          (default 1), --warmup N linear warmup steps (default 30, DeepSpeed's WarmupLR)
   --bf16                  bf16 params with fp32 master weights (default fp32)
   --activation-checkpointing
                           keep only each block's input; recompute the block's forward during backward
@@ -70,7 +71,9 @@ data
   --data FILE             train on any text file (the last tenth is held out); default: generated two-digit
                           additions ("37+48=85"), whose held-out answers the trainer scores
 output
-  --print-every N         progress every N steps when not on a terminal (default 10)
+  --progress redraw|lines redraw one progress line in place (a terminal) or print lines (default: lines; under
+                          mpirun a rank cannot tell whether mpirun writes to a terminal, scripts/demo.sh can)
+  --print-every N         with --progress lines, a line every N steps (default 10)
   --eval-every N          held-out evaluation every N steps (default: at the end)
   --csv FILE              step, loss, tokens/s, ms/step, lr, grad norm per step (rank 0)
   --compare-stages        train --compare-steps steps (default 10) at stages 0-3 and print per-rank memory next
@@ -92,27 +95,52 @@ Options parse(int argc, char** argv, int rank) {
       if (rank == 0) std::fputs(kHelp, stdout);
       MPI_Finalize();
       std::exit(0);
-    } else if (a == "--layers") o.model.layers = std::stoi(next());
-    else if (a == "--channels") o.model.channels = std::stoi(next());
-    else if (a == "--heads") o.model.heads = std::stoi(next());
-    else if (a == "--seq-len") o.model.seq_len = std::stoi(next());
-    else if (a == "--steps") o.steps = std::stoi(next());
-    else if (a == "--micro-batch") o.micro_batch = std::stoi(next());
-    else if (a == "--grad-accum") o.grad_accum = std::stoi(next());
-    else if (a == "--stage") o.stage = std::stoi(next());
-    else if (a == "--lr") o.lr = std::stod(next());
-    else if (a == "--weight-decay") o.weight_decay = std::stod(next());
-    else if (a == "--clip") o.clip = std::stod(next());
-    else if (a == "--bf16") o.bf16 = true;
-    else if (a == "--activation-checkpointing") o.checkpointing = true;
-    else if (a == "--config") o.config_file = next();
-    else if (a == "--seed") o.seed = std::stoull(next());
-    else if (a == "--data") o.data_file = next();
-    else if (a == "--print-every") o.print_every = std::stoi(next());
-    else if (a == "--eval-every") o.eval_every = std::stoi(next());
-    else if (a == "--csv") o.csv_file = next();
-    else if (a == "--compare-stages") o.compare = true;
-    else if (a == "--compare-steps") o.compare_steps = std::stoi(next());
+    } else if (a == "--layers")
+      o.model.layers = std::stoi(next());
+    else if (a == "--channels")
+      o.model.channels = std::stoi(next());
+    else if (a == "--heads")
+      o.model.heads = std::stoi(next());
+    else if (a == "--seq-len")
+      o.model.seq_len = std::stoi(next());
+    else if (a == "--steps")
+      o.steps = std::stoi(next());
+    else if (a == "--micro-batch")
+      o.micro_batch = std::stoi(next());
+    else if (a == "--grad-accum")
+      o.grad_accum = std::stoi(next());
+    else if (a == "--stage")
+      o.stage = std::stoi(next());
+    else if (a == "--lr")
+      o.lr = std::stod(next());
+    else if (a == "--weight-decay")
+      o.weight_decay = std::stod(next());
+    else if (a == "--clip")
+      o.clip = std::stod(next());
+    else if (a == "--bf16")
+      o.bf16 = true;
+    else if (a == "--activation-checkpointing")
+      o.checkpointing = true;
+    else if (a == "--config")
+      o.config_file = next();
+    else if (a == "--seed")
+      o.seed = std::stoull(next());
+    else if (a == "--data")
+      o.data_file = next();
+    else if (a == "--print-every")
+      o.print_every = std::stoi(next());
+    else if (a == "--warmup")
+      o.warmup = std::stoi(next());
+    else if (a == "--progress")
+      o.redraw = next() == "redraw";
+    else if (a == "--eval-every")
+      o.eval_every = std::stoi(next());
+    else if (a == "--csv")
+      o.csv_file = next();
+    else if (a == "--compare-stages")
+      o.compare = true;
+    else if (a == "--compare-steps")
+      o.compare_steps = std::stoi(next());
     else {
       if (rank == 0) std::fprintf(stderr, "train_gpt: unknown option %s (see --help)\n", a.c_str());
       MPI_Abort(MPI_COMM_WORLD, 2);
@@ -152,8 +180,10 @@ std::string engine_config(Options& o, int stage) {
                 "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
                 " \"gradient_clipping\": %g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g,"
                 " \"betas\": [0.9, 0.95], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
-                " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000}%s}",
-                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage,
+                " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000},"
+                " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %g,"
+                " \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"}}%s}",
+                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage, o.lr, o.warmup,
                 o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
   return buffer;
 }
@@ -213,8 +243,10 @@ class ZeroSource : public gpt::ParamSource<float> {
       void* data = nullptr;
       ZCHECK(zero_param_data(&data, e_, id));
       const size_t n = numel(unit, out.size() + sources.size());
-      if (!bf16_) out.push_back(static_cast<const float*>(data));
-      else sources.push_back({static_cast<const uint16_t*>(data), n}), total += n;
+      if (!bf16_)
+        out.push_back(static_cast<const float*>(data));
+      else
+        sources.push_back({static_cast<const uint16_t*>(data), n}), total += n;
     }
     if (bf16_) {
       scratch.resize(total);
@@ -373,7 +405,7 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
     csv = std::fopen(o.csv_file.c_str(), "w");
     if (csv) std::fprintf(csv, "step,loss,loss_hex,tokens_per_s,ms_per_step,lr,grad_norm\n");
   }
-  const bool tty = isatty(1);
+  const bool tty = o.redraw;
   const double tokens_per_step = static_cast<double>(o.micro_batch) * o.model.seq_len * o.grad_accum * world;
   std::vector<int> tokens, targets;
   RunResult result;
@@ -397,7 +429,8 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
     mean_loss /= world;
     result.final_loss = mean_loss;
     const double tok_s = tokens_per_step / (ms / 1e3);
-    if (csv) std::fprintf(csv, "%d,%.6f,%a,%.0f,%.2f,%g,%.6f\n", step, mean_loss, mean_loss, tok_s, ms, si.lr, si.grad_norm);
+    if (csv)
+      std::fprintf(csv, "%d,%.6f,%a,%.0f,%.2f,%g,%.6f\n", step, mean_loss, mean_loss, tok_s, ms, si.lr, si.grad_norm);
     if (verbose && rank == 0) {
       if (tty)
         std::printf("\rstep %5d/%d | loss %.4f | %8.0f tok/s | %7.1f ms/step", step, steps, mean_loss, tok_s, ms);
@@ -440,9 +473,13 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 void print_memory_table(const RunResult& r, int rank, int world) {
-  double mine[7] = {mib(r.mem.param_bytes),  mib(r.mem.grad_bytes), mib(r.mem.master_param_bytes),
-                    mib(r.mem.optimizer_state_bytes), mib(r.mem.bucket_bytes + r.mem.gathered_bytes),
-                    mib(r.activation_bytes), mib(r.mem.total_bytes + r.activation_bytes)};
+  double mine[7] = {mib(r.mem.param_bytes),
+                    mib(r.mem.grad_bytes),
+                    mib(r.mem.master_param_bytes),
+                    mib(r.mem.optimizer_state_bytes),
+                    mib(r.mem.bucket_bytes + r.mem.gathered_bytes),
+                    mib(r.activation_bytes),
+                    mib(r.mem.total_bytes + r.activation_bytes)};
   std::vector<double> all(7 * static_cast<size_t>(world));
   MPI_Gather(mine, 7, MPI_DOUBLE, all.data(), 7, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (rank != 0) return;
@@ -491,33 +528,43 @@ int main(int argc, char** argv) {
   if (!o.compare) {
     engine_config(o, o.stage);  // resolves --config into the options before printing them
     if (rank == 0)
-      std::printf("GPT: %d layers, %d channels, %d heads, context %d, %.2f M params | %d ranks, ZeRO stage %d, %s%s\n"
-                  "data: %s | %d x %d tokens per rank per micro-step, %d micro-step(s) per step\n",
-                  c.layers, c.channels, c.heads, c.seq_len, params / 1e6, world, o.stage, o.bf16 ? "bf16" : "fp32",
-                  o.checkpointing ? ", activation checkpointing" : "",
-                  o.data_file.empty() ? "generated two-digit additions" : o.data_file.c_str(), o.micro_batch,
-                  c.seq_len, o.grad_accum);
+      std::printf(
+          "GPT: %d layers, %d channels, %d heads, context %d, %.2f M params | %d ranks, ZeRO stage %d, %s%s\n"
+          "data: %s | %d x %d tokens per rank per micro-step, %d micro-step(s) per step\n",
+          c.layers, c.channels, c.heads, c.seq_len, params / 1e6, world, o.stage, o.bf16 ? "bf16" : "fp32",
+          o.checkpointing ? ", activation checkpointing" : "",
+          o.data_file.empty() ? "generated two-digit additions" : o.data_file.c_str(), o.micro_batch, c.seq_len,
+          o.grad_accum);
     RunResult r = train(o, o.stage, o.steps, true, corpus, rank, world);
     print_memory_table(r, rank, world);
+    // What the other choice would keep, measured by building it.
+    const gpt::Runner<float> other(o.model, o.micro_batch, !o.checkpointing);
+    if (rank == 0)
+      std::printf("activations per rank: %.2f MiB with activation checkpointing, %.2f MiB without\n",
+                  mib(o.checkpointing ? r.activation_bytes : other.activation_bytes()),
+                  mib(o.checkpointing ? other.activation_bytes() : r.activation_bytes));
   } else {
     if (rank == 0)
       std::printf("comparing ZeRO stages on %d ranks: %.2f M params, %d steps each, %s\n", world, params / 1e6,
                   o.compare_steps, o.bf16 ? "bf16" : "fp32");
     std::vector<RunResult> results;
-    for (int stage = 0; stage <= 3; ++stage) results.push_back(train(o, stage, o.compare_steps, false, corpus, rank, world));
+    for (int stage = 0; stage <= 3; ++stage)
+      results.push_back(train(o, stage, o.compare_steps, false, corpus, rank, world));
     if (rank == 0) {
       std::printf("\nper-rank memory of rank 0 (MiB); model states = params + grads + master + optimizer state\n");
       std::printf("%-6s %8s %8s %8s %8s %9s %12s %13s %13s %10s %10s\n", "stage", "params", "grads", "master", "optim",
                   "buffers", "activations", "model states", "ZeRO formula", "vs stage 0", "tokens/s");
-      const double stage0 = static_cast<double>(results[0].mem.param_bytes + results[0].mem.grad_bytes +
-                                                results[0].mem.master_param_bytes + results[0].mem.optimizer_state_bytes);
+      const double stage0 =
+          static_cast<double>(results[0].mem.param_bytes + results[0].mem.grad_bytes +
+                              results[0].mem.master_param_bytes + results[0].mem.optimizer_state_bytes);
       for (int s = 0; s < 4; ++s) {
         const RunResult& r = results[static_cast<size_t>(s)];
         const double states = static_cast<double>(r.mem.param_bytes + r.mem.grad_bytes + r.mem.master_param_bytes +
                                                   r.mem.optimizer_state_bytes);
-        std::printf("%-6d %8.2f %8.2f %8.2f %8.2f %9.2f %12.2f %13.2f %13.2f %9.2fx %10.0f\n", s, mib(r.mem.param_bytes),
-                    mib(r.mem.grad_bytes), mib(r.mem.master_param_bytes), mib(r.mem.optimizer_state_bytes),
-                    mib(r.mem.bucket_bytes + r.mem.gathered_bytes), mib(r.activation_bytes), states / (1 << 20),
+        std::printf("%-6d %8.2f %8.2f %8.2f %8.2f %9.2f %12.2f %13.2f %13.2f %9.2fx %10.0f\n", s,
+                    mib(r.mem.param_bytes), mib(r.mem.grad_bytes), mib(r.mem.master_param_bytes),
+                    mib(r.mem.optimizer_state_bytes), mib(r.mem.bucket_bytes + r.mem.gathered_bytes),
+                    mib(r.activation_bytes), states / (1 << 20),
                     formula_bytes(s, static_cast<double>(results[0].padded_params), world, o.bf16) / (1 << 20),
                     stage0 / states, r.tokens_per_s);
       }
