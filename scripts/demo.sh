@@ -13,6 +13,6 @@ mpirun=(mpirun --oversubscribe -np 4)
 if [[ $(id -u) -eq 0 ]]; then mpirun+=(--allow-run-as-root); fi
 progress=lines
 [[ -t 1 ]] && progress=redraw
-"${mpirun[@]}" build/release/train_gpt --stage 3 --steps 300 --progress "$progress" --print-every 25 "$@"
+"${mpirun[@]}" build/release/train_gpt --stage 3 --steps 200 --progress "$progress" --print-every 20 "$@"
 echo
 "${mpirun[@]}" build/release/train_gpt --compare-stages

@@ -17,8 +17,8 @@ struct ModelConfig {
   int vocab = 256;  // byte-level tokens
   int seq_len = 64;
   int layers = 4;
-  int heads = 4;
-  int channels = 128;
+  int heads = 6;
+  int channels = 192;
 };
 
 // ---------------------------------------------------------------------------------------------------------------

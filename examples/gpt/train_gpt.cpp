@@ -36,7 +36,7 @@ using gpt::Embedding;
 
 struct Options {
   gpt::ModelConfig model;
-  int steps = 300, micro_batch = 8, grad_accum = 1, stage = 3, print_every = 10, eval_every = 0;
+  int steps = 200, micro_batch = 8, grad_accum = 1, stage = 3, print_every = 10, eval_every = 0;
   int compare_steps = 10, warmup = 30;
   bool redraw = false;
   double lr = 2e-3, weight_decay = 0.1, clip = 1.0;
@@ -51,10 +51,10 @@ usage: mpirun -np N train_gpt [options]
 
 model
   --layers L              transformer blocks (default 4)
-  --channels C            width (default 128); --heads H attention heads (default 4)
+  --channels C            width (default 192); --heads H attention heads (default 6)
   --seq-len T             context length in bytes (default 64)
 training
-  --steps S               optimizer steps (default 300)
+  --steps S               optimizer steps (default 200)
   --micro-batch B         sequences per rank per micro-step (default 8)
   --grad-accum G          micro-steps per step (default 1)
   --stage 0|1|2|3         ZeRO stage (default 3)
