@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "convert.hpp"
 #include "error.hpp"
@@ -40,6 +42,10 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
   base.base_lr = config_.optimizer.lr;
   groups_.push_back(base);
   scaler_ = LossScaler(config_.loss_scale, config_.compute_dtype == DType::kF16);
+  // Ranks on one node share its cores: each gets its share of OpenMP threads for the optimizer, so a node never
+  // runs more busy threads than cores. OMP_NUM_THREADS, when set, decides instead.
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  threads_ = std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : std::max(1, cores / std::max(1, comm_.local_size()));
   if (comm_.rank() == 0 && !config_.no_effect_keys.empty()) {
     std::string keys;
     for (const auto& k : config_.no_effect_keys) keys += (keys.empty() ? "" : ", ") + k;

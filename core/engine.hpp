@@ -148,6 +148,7 @@ class Engine {
   Config config_;
   CountedComm comm_;
   Isa isa_;
+  int threads_ = 1;  // optimizer threads per rank
   State state_ = State::kRegistering;
   std::vector<GroupSpec> groups_;
   std::vector<ParamShape> params_;

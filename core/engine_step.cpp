@@ -37,8 +37,8 @@ StepResult Engine::step() {
     for (size_t u = 0; u < units_.size(); ++u) {
       const char* g = static_cast<const char*>(grads_of(static_cast<int>(u)));
       for (const ShardSegment& s : units_[u].segments)
-        sum_sq +=
-            parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size(), grad_size(), s.numel);
+        sum_sq += parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size(), grad_size(),
+                                       s.numel, threads_);
     }
     if (stage != 0) comm_.all_reduce_inplace(&sum_sq, 1, ElemType::kF64, ReduceOp::kSum);
 
@@ -82,7 +82,7 @@ StepResult Engine::step() {
           a.n = s.numel;
           a.first_index = us.global_offset + us.update_begin + s.shard_offset;
           a.s = scalars[s.group];
-          parallel_step(kernel_for_mode, a);
+          parallel_step(kernel_for_mode, a, threads_);
         }
       }
     }

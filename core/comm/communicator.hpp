@@ -19,6 +19,8 @@ class Communicator {
   virtual ~Communicator() = default;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Ranks of this communicator on this node (they share its cores).
+  virtual int local_size() const { return 1; }
 
   // `buf` holds size() blocks of `block_elems` elements; this rank's block is the input. Afterwards every block
   // holds its owner's data.

@@ -26,6 +26,7 @@ class CountedComm {
   explicit CountedComm(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
+  int local_size() const { return comm_->local_size(); }
 
   void all_gather_inplace(void* buf, size_t block_elems, ElemType type);
   void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type);

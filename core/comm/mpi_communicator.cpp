@@ -81,7 +81,13 @@ class MpiCommunicator final : public Communicator {
   explicit MpiCommunicator(MPI_Comm comm) : Communicator(query_rank(comm), query_size(comm)), comm_(comm) {
     check(MPI_Op_create(sum_bf16, 1, &sum_bf16_), "MPI_Op_create");
     check(MPI_Op_create(sum_fp16, 1, &sum_fp16_), "MPI_Op_create");
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    local_size_ = query_size(node);
+    MPI_Comm_free(&node);
   }
+
+  int local_size() const override { return local_size_; }
 
   ~MpiCommunicator() override {
     std::lock_guard<std::mutex> lock(g_mpi_mutex);
@@ -125,6 +131,7 @@ class MpiCommunicator final : public Communicator {
   }
   MPI_Comm comm_;
   MPI_Op sum_bf16_ = MPI_OP_NULL, sum_fp16_ = MPI_OP_NULL;
+  int local_size_ = 1;
 };
 
 }  // namespace

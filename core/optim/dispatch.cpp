@@ -102,15 +102,15 @@ namespace {
 // Below this many elements per thread, starting threads costs more than it saves.
 constexpr size_t kMinElemsPerThread = size_t{1} << 16;
 
-int threads_for(size_t n) {
-  int max_threads = omp_get_max_threads();
+int threads_for(size_t n, int limit) {
+  const int max_threads = limit > 0 ? limit : omp_get_max_threads();
   size_t useful = n / kMinElemsPerThread;
   return static_cast<int>(std::max<size_t>(1, std::min<size_t>(useful, static_cast<size_t>(max_threads))));
 }
 }  // namespace
 
-void parallel_step(StepKernel kernel, const KernelArgs& args) {
-  const int threads = threads_for(args.n);
+void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads) {
+  const int threads = threads_for(args.n, max_threads);
   if (threads == 1) return kernel(args);
 #pragma omp parallel num_threads(threads)
   {
@@ -132,8 +132,8 @@ void parallel_step(StepKernel kernel, const KernelArgs& args) {
   }
 }
 
-double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n) {
-  const int threads = threads_for(n);
+double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads) {
+  const int threads = threads_for(n, max_threads);
   if (threads == 1) return kernel(grad, n);
   double partial[256] = {};
   const int used = std::min(threads, 256);

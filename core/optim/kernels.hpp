@@ -64,9 +64,9 @@ const KernelTable& kernel_table_scalar();
 const KernelTable& kernel_table_avx2();
 const KernelTable& kernel_table_avx512();
 
-// Runs `kernel` over [0, n) split into contiguous chunks across the OpenMP threads when n is large enough to
-// pay for it; every element is computed identically whatever the split.
-void parallel_step(StepKernel kernel, const KernelArgs& args);
-double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n);
+// Runs `kernel` over [0, n) split into contiguous chunks across at most `max_threads` OpenMP threads (0: OpenMP's
+// default) when n is large enough to pay for it; every element is computed identically whatever the split.
+void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads = 0);
+double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads = 0);
 
 }  // namespace zero
