@@ -148,7 +148,8 @@ class Engine {
   Config config_;
   CountedComm comm_;
   Isa isa_;
-  int threads_ = 1;  // optimizer threads per rank
+  int threads_ = 1;                        // optimizer threads per rank
+  std::vector<StepScalars> step_scalars_;  // per group, reused: zero_step allocates nothing
   State state_ = State::kRegistering;
   std::vector<GroupSpec> groups_;
   std::vector<ParamShape> params_;

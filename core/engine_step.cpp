@@ -56,7 +56,8 @@ StepResult Engine::step() {
       steps_ += 1;
 
       // 4. The fused optimizer pass over each run of one group's elements.
-      std::vector<StepScalars> scalars(groups_.size());
+      std::vector<StepScalars>& scalars = step_scalars_;
+      scalars.resize(groups_.size());
       for (size_t g = 0; g < groups_.size(); ++g) {
         OptimizerHyper h = groups_[g].hyper;
         h.lr = scheduled_lr(config_.scheduler, groups_[g].base_lr, steps_);

@@ -57,15 +57,23 @@ std::string Manifest::to_json() const {
   for (const auto& p : params)
     j["params"].push_back({{"name", p.name},
                            {"shape", p.shape},
+                           {"dtype", param_dtype},
                            {"unit", p.unit},
                            {"group", p.group},
                            {"offset_in_unit", p.offset_in_unit},
                            {"numel", p.numel},
                            {"global_offset", p.global_offset}});
   j["files"] = json::array();
-  for (const auto& f : files)
-    j["files"].push_back(
-        {{"name", f.name}, {"kind", f.kind}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}});
+  for (const auto& f : files) {
+    json entry = {{"name", f.name}, {"kind", f.kind}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}};
+    if (f.rank >= 0) {
+      // The element ranges this shard holds: [unit, first, end) of each unit, end exclusive.
+      json ranges = json::array();
+      for (const auto& u : units) ranges.push_back({u.index, f.rank * u.shard_elems, (f.rank + 1) * u.shard_elems});
+      entry["unit_ranges"] = ranges;
+    }
+    j["files"].push_back(entry);
+  }
   j["config"] = config_json;
   return j.dump(1) + "\n";
 }

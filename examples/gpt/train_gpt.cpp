@@ -162,11 +162,22 @@ std::string read_file(const std::string& path) {
 }
 
 // The DeepSpeed config: from --config, or built from the flags. Also reads activation_checkpointing.
-std::string engine_config(Options& o, int stage) {
+std::string engine_config(Options& o, int stage) try {
   if (!o.config_file.empty()) {
     std::string text = read_file(o.config_file);
     auto j = nlohmann::json::parse(text);
-    if (j.contains("activation_checkpointing")) o.checkpointing = true;
+    if (j.contains("activation_checkpointing")) {
+      // Every block is checkpointed; DeepSpeed's number_checkpoints (checkpoints kept during forward) may be any
+      // value >= the number of layers, which means the same thing.
+      const auto& ac = j["activation_checkpointing"];
+      if (ac.contains("number_checkpoints") && !ac["number_checkpoints"].is_null() &&
+          ac["number_checkpoints"].get<int>() < o.model.layers)
+        throw std::runtime_error(
+            "activation_checkpointing.number_checkpoints below the layer count is not supported "
+            "by this example: it checkpoints every block");
+      o.checkpointing = true;
+    }
+    if (j.contains("bf16") && j["bf16"].value("enabled", false)) o.bf16 = true;
     if (j.contains("gradient_accumulation_steps")) o.grad_accum = j["gradient_accumulation_steps"].get<int>();
     if (j.contains("train_micro_batch_size_per_gpu")) o.micro_batch = j["train_micro_batch_size_per_gpu"].get<int>();
     if (j.contains("zero_optimization") && j["zero_optimization"].contains("stage") && !o.compare)
@@ -186,6 +197,10 @@ std::string engine_config(Options& o, int stage) {
                 o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage, o.lr, o.warmup,
                 o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
   return buffer;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "train_gpt: --config %s: %s\n", o.config_file.c_str(), e.what());
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  return "";
 }
 
 // libzero as the model's parameter source. Units: 0 = embeddings and final norm, 1 + l = block l.
