@@ -2,7 +2,10 @@
  * Parity: training through libzero at any stage and rank count ends with exactly (bit for bit) the weights of a
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
- *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS]
+ *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
+ *
+ * --persist sets stage3_param_persistence_threshold: units smaller than that stay resident at stage 3 (two of the
+ * model's three units with 200), mixing gathered and resident units in one run.
  *
  * In bf16 and fp16 the engine keeps an fp32 master and writes the params as its round-to-nearest-even; the
  * reference does the same, with its own rounding (the compiler's _Float16 conversion for fp16, nearest by exact
@@ -138,7 +141,7 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
 
 int main(int argc, char** argv) {
   int stage = 0, gas = 1;
-  long bucket = 400;
+  long bucket = 400, persist = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stage") == 0)
       stage = atoi(argv[i + 1]);
@@ -148,6 +151,8 @@ int main(int argc, char** argv) {
       bucket = atol(argv[i + 1]);
     else if (strcmp(argv[i], "--dtype") == 0)
       g_dtype = parse_dtype_arg(argv[i + 1]);
+    else if (strcmp(argv[i], "--persist") == 0) /* stage3_param_persistence_threshold */
+      persist = atol(argv[i + 1]);
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   MPI_Init(&argc, &argv);
@@ -163,9 +168,9 @@ int main(int argc, char** argv) {
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g, \"betas\": [%g, %g], \"eps\": %g,"
            " \"weight_decay\": %g}},"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
-           " \"stage3_param_persistence_threshold\": 0}%s}",
+           " \"stage3_param_persistence_threshold\": %ld}%s}",
            gas, g_clip, kGroups[0].lr, kGroups[0].beta1, kGroups[0].beta2, kGroups[0].eps, kGroups[0].weight_decay,
-           stage, bucket, dtype_config(g_dtype));
+           stage, bucket, persist, dtype_config(g_dtype));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
 
