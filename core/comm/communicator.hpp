@@ -26,8 +26,8 @@ class Communicator {
   // holds its owner's data.
   virtual void all_gather_inplace(void* buf, size_t block_elems, ElemType type) = 0;
   // `buf` holds size() blocks of `block_elems` elements (kF32, kBF16 or kF16). Afterwards buf[0, block_elems) holds
-  // the element-wise sum over ranks of block rank(); the rest of `buf` is unspecified. 16-bit sums are computed
-  // in fp32 and rounded to nearest even after every addition.
+  // the element-wise sum over ranks of block rank(), added in rank order 0..N-1 (deterministic whatever the
+  // collective; 16-bit values summed in fp32, rounded once); the rest of `buf` is unspecified.
   virtual void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type) = 0;
   virtual void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) = 0;
   virtual void broadcast(void* buf, size_t n_bytes, int root) = 0;

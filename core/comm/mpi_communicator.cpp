@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -9,6 +10,29 @@
 
 namespace zero {
 namespace {
+
+// buf holds `n` blocks of `block` elements (rank 0's contribution, rank 1's, ...); block 0 becomes their sum,
+// added in rank order. 16-bit values are summed in fp32 and rounded once.
+void sum_blocks_in_rank_order(void* buf, size_t block, int n, ElemType type) {
+  if (type == ElemType::kF32) {
+    float* f = static_cast<float*>(buf);
+    for (int k = 1; k < n; ++k) {
+      const float* src = f + static_cast<size_t>(k) * block;
+      for (size_t i = 0; i < block; ++i) f[i] += src[i];
+    }
+    return;
+  }
+  uint16_t* h = static_cast<uint16_t*>(buf);
+  const bool bf16 = type == ElemType::kBF16;
+  for (size_t i = 0; i < block; ++i) {
+    float sum = bf16 ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
+    for (int k = 1; k < n; ++k) {
+      const uint16_t v = h[static_cast<size_t>(k) * block + i];
+      sum += bf16 ? bf16_to_float(v) : fp16_to_float(v);
+    }
+    h[i] = bf16 ? float_to_bf16_rne(sum) : float_to_fp16_rne(sum);
+  }
+}
 
 // MPI may be initialised by us or by the caller. When we did it, we finalise it once the last communicator we
 // created is gone: MPI cannot be re-initialised, so finalising earlier would break a later zero_comm_create_mpi.
@@ -107,11 +131,29 @@ class MpiCommunicator final : public Communicator {
     check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count(block_elems), mpi_type(type), comm_),
           "MPI_Allgather");
   }
+  // Deterministic: every rank's contribution to each block is exchanged (an all-to-all moves the same bytes as a
+  // ring reduce-scatter), then summed in rank order 0, 1, ..., N-1. MPI's own reductions pick their order by
+  // algorithm and message size, so sums of floats would differ in the last bit between an all-reduce and a
+  // reduce-scatter; this way every stage sums every element in the same order.
   void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type) override {
-    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buf, count(block_elems), mpi_type(type), sum_op(type), comm_),
-          "MPI_Reduce_scatter_block");
+    check(MPI_Alltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count(block_elems), mpi_type(type), comm_),
+          "MPI_Alltoall");
+    sum_blocks_in_rank_order(buf, block_elems, size(), type);
   }
+  // Sums of floats whose length divides into equal blocks: the deterministic reduce-scatter, then an all-gather.
+  // Anything else (the fp64 norm, integer min/max) goes to MPI_Allreduce.
   void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) override {
+    const bool float_sum =
+        op == ReduceOp::kSum && (type == ElemType::kF32 || type == ElemType::kBF16 || type == ElemType::kF16);
+    if (float_sum && size() > 1 && n_elems % static_cast<size_t>(size()) == 0) {
+      const size_t block = n_elems / static_cast<size_t>(size());
+      reduce_scatter_sum_inplace(buf, block, type);
+      const size_t bytes = block * elem_size(type);
+      char* base = static_cast<char*>(buf);
+      if (rank() != 0) std::memcpy(base + rank() * bytes, base, bytes);
+      all_gather_inplace(buf, block, type);
+      return;
+    }
     MPI_Op mop = op == ReduceOp::kSum ? sum_op(type) : mpi_op(op);
     check(MPI_Allreduce(MPI_IN_PLACE, buf, count(n_elems), mpi_type(type), mop, comm_), "MPI_Allreduce");
   }
