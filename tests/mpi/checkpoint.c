@@ -2,7 +2,7 @@
  * Checkpoints under mpirun. Every mode compares states by saving them and comparing the shard files byte for byte:
  * identical files mean identical fp32 master weights and optimizer state.
  *
- *   test_checkpoint --mode resume  --stage S [--dtype D] --dir DIR
+ *   test_checkpoint --mode resume  --stage S [--dtype D | --stochastic-rounding 1] --dir DIR
  *       train 10 steps, save, train 10 more, save; separately load the first checkpoint and train the same 10
  *       steps, save: both final checkpoints are identical.
  *   test_checkpoint --mode save    --stage S --dir DIR --tag T
@@ -37,6 +37,7 @@ static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
 static int g_stage = 0, g_rank = 0, g_world = 1;
 static const char* g_dir = "ckpt";
 static const char* g_extra = ""; /* more zero_optimization keys */
+static int g_stochastic = 0;     /* --stochastic-rounding: bf16 with bf16.stochastic_rounding */
 
 static float grad_value(int t, int p, size_t i) { /* the same on every rank */
   return (float)ldexp((double)((int)((t * 7 + p * 13 + (int)i * 5) % 9) - 4), -10);
@@ -48,7 +49,10 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int32_t* ids) {
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.02}},"
            " \"zero_optimization\": {\"stage\": %d, \"stage3_param_persistence_threshold\": 0,"
            " \"reduce_bucket_size\": 300%s}%s}",
-           g_stage, g_extra, dtype_config(g_dtype));
+           g_stage, g_extra,
+           g_stochastic
+               ? ", \"bf16\": {\"enabled\": true, \"stochastic_rounding\": true, \"stochastic_rounding_seed\": 5}"
+               : dtype_config(g_dtype));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
   float* init[kNumParams];
@@ -98,8 +102,8 @@ static char* read_file(const char* path, size_t* size) {
 
 /* This rank's shard files of checkpoints a and b are byte-identical. */
 static void expect_same_shards(const char* a, const char* b) {
-  const char* kinds[2] = {"master", "optimizer"};
-  for (int k = 0; k < 2; ++k) {
+  const char* kinds[3] = {"master", "optimizer", "params"}; /* params only with stochastic rounding */
+  for (int k = 0; k < (g_stochastic ? 3 : 2); ++k) {
     char pa[512], pb[512];
     snprintf(pa, sizeof pa, "%s/%s/%s.rank%05d-of-%05d.safetensors", g_dir, a, kinds[k], g_rank, g_world);
     snprintf(pb, sizeof pb, "%s/%s/%s.rank%05d-of-%05d.safetensors", g_dir, b, kinds[k], g_rank, g_world);
@@ -126,10 +130,12 @@ static void mode_resume(zero_comm_t* comm) {
   zero_engine_destroy(a);
   zero_engine_t* b = make_engine(comm, ids);
   CHECK(zero_load_checkpoint(b, g_dir, "resume-a10"));
+  save(b, "resume-b10"); /* a load and an immediate save round-trip every saved byte */
   train(b, ids, kHalf + 1, 2 * kHalf);
   save(b, "resume-b20");
   zero_engine_destroy(b);
   barrier();
+  expect_same_shards("resume-a10", "resume-b10");
   expect_same_shards("resume-a20", "resume-b20");
   if (g_rank == 0)
     printf("resume ok: %s stage %d on %d ranks: 10 steps after loading equal 10 steps without stopping\n",
@@ -350,6 +356,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--mode") == 0) mode = argv[i + 1];
     if (strcmp(argv[i], "--stage") == 0) g_stage = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--dtype") == 0) g_dtype = parse_dtype_arg(argv[i + 1]);
+    if (strcmp(argv[i], "--stochastic-rounding") == 0) g_stochastic = atoi(argv[i + 1]), g_dtype = ZERO_DTYPE_BF16;
     if (strcmp(argv[i], "--dir") == 0) g_dir = argv[i + 1];
     if (strcmp(argv[i], "--tag") == 0 || strcmp(argv[i], "--from") == 0) tag = argv[i + 1];
   }
