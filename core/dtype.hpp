@@ -14,7 +14,7 @@ namespace zero {
 
 enum class DType { kF32 = ZERO_DTYPE_FP32, kBF16 = ZERO_DTYPE_BF16, kF16 = ZERO_DTYPE_FP16 };
 
-inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 inline const char* dtype_name(DType t) { return t == DType::kF32 ? "fp32" : t == DType::kBF16 ? "bf16" : "fp16"; }
 
 inline uint32_t float_bits(float f) {

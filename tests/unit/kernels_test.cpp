@@ -89,10 +89,14 @@ TEST(Rounding, StochasticBf16IsUnbiased) {
 // ---------------------------------------------------------------------------------------------------------------
 // Kernels.
 
+// SGD comes in three variants (each its own compiled loop): momentum with Nesterov, plain momentum, no momentum.
+enum class SgdVariant { kNesterov, kMomentum, kPlain };
+
 struct Case {
   OptimizerKind kind;
   DType grad;
   CopyMode copy;
+  SgdVariant sgd = SgdVariant::kNesterov;
 };
 
 struct Streams {
@@ -101,7 +105,8 @@ struct Streams {
   std::vector<uint8_t> grad;
 };
 
-OptimizerHyper hyper_for(OptimizerKind kind) {
+OptimizerHyper hyper_for(const Case& c) {
+  const OptimizerKind kind = c.kind;
   OptimizerHyper h;
   h.kind = kind;
   h.lr = kind == OptimizerKind::kLion ? 1e-4 : 1e-2;
@@ -109,9 +114,9 @@ OptimizerHyper hyper_for(OptimizerKind kind) {
   h.beta2 = kind == OptimizerKind::kLion ? 0.99 : 0.999;
   h.eps = kind == OptimizerKind::kAdagrad ? 1e-10 : 1e-8;
   h.weight_decay = 0.01;
-  h.momentum = 0.9;
+  h.momentum = c.sgd == SgdVariant::kPlain ? 0.0 : 0.9;
   h.dampening = 0.1;
-  h.nesterov = true;
+  h.nesterov = c.sgd == SgdVariant::kNesterov;
   return h;
 }
 
@@ -204,6 +209,10 @@ RefResult reference(const OptimizerHyper& h, int64_t t, double p, double s0, dou
     }
     case OptimizerKind::kSgd: {
       g += h.weight_decay * p;
+      if (h.momentum == 0) {  // no momentum buffer: the step is the gradient
+        r = {p - h.lr * g, s0, s1, std::fabs(p) + h.lr * std::fabs(g) * 4, 0, 0};
+        break;
+      }
       double buf = t == 1 ? g : h.momentum * s0 + (1 - h.dampening) * g;
       double d = h.nesterov ? g + h.momentum * buf : buf;
       r = {p - h.lr * d,
@@ -225,22 +234,29 @@ std::vector<Case> all_cases() {
   for (auto k : {OptimizerKind::kAdamW, OptimizerKind::kAdamL2, OptimizerKind::kAdagrad, OptimizerKind::kLion,
                  OptimizerKind::kSgd})
     for (auto g : {DType::kF32, DType::kBF16, DType::kF16})
-      for (auto c : {CopyMode::kNone, CopyMode::kBf16Rne, CopyMode::kBf16Stochastic, CopyMode::kFp16Rne})
+      for (auto c : {CopyMode::kNone, CopyMode::kBf16Rne, CopyMode::kBf16Stochastic, CopyMode::kFp16Rne}) {
         cases.push_back({k, g, c});
+        if (k == OptimizerKind::kSgd) {
+          cases.push_back({k, g, c, SgdVariant::kMomentum});
+          cases.push_back({k, g, c, SgdVariant::kPlain});
+        }
+      }
   return cases;
 }
 
 std::string describe(const Case& c) {
   const char* kinds[] = {"AdamW", "AdamL2", "Adagrad", "Lion", "SGD"};
   const char* copies[] = {"none", "bf16", "bf16-sr", "fp16"};
-  return std::string(kinds[static_cast<int>(c.kind)]) + " grad " + dtype_name(c.grad) + " copy " +
-         copies[static_cast<int>(c.copy)];
+  const char* sgd[] = {" (nesterov)", " (momentum)", " (no momentum)"};
+  return std::string(kinds[static_cast<int>(c.kind)]) +
+         (c.kind == OptimizerKind::kSgd ? sgd[static_cast<int>(c.sgd)] : "") + " grad " + dtype_name(c.grad) +
+         " copy " + copies[static_cast<int>(c.copy)];
 }
 
 TEST(Kernels, ScalarMatchesFp64ReferenceWithinTheDerivedBound) {
   const size_t n = 1037;  // not a multiple of any vector width
   for (const Case& c : all_cases()) {
-    const OptimizerHyper h = hyper_for(c.kind);
+    const OptimizerHyper h = hyper_for(c);
     for (int64_t step : {1, 2, 10}) {
       Streams s = make_streams(c, n, 1), before = s;
       KernelArgs a = args_for(s, c, h, step);
@@ -278,9 +294,11 @@ TEST(Kernels, EverySimdPathEqualsTheScalarPathBitForBit) {
       std::printf("skipping %s: not supported by this CPU\n", isa_name(isa));
       continue;
     }
-    for (size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1037}}) {
+    // Sizes around the 32-element prefetch blocks, the vector widths and the tails.
+    for (size_t n :
+         {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{32}, size_t{64}, size_t{1037}, size_t{1061}}) {
       for (const Case& c : all_cases()) {
-        const OptimizerHyper h = hyper_for(c.kind);
+        const OptimizerHyper h = hyper_for(c);
         Streams want = make_streams(c, n, 3), got = want;
         KernelArgs wa = args_for(want, c, h, 2), ga = args_for(got, c, h, 2);
         const int k = static_cast<int>(c.kind), g = static_cast<int>(c.grad), m = static_cast<int>(c.copy);
