@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
   }
-  MPI_Init(&argc, &argv);
+  int mpi_provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &mpi_provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

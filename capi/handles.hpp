@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "comm/communicator.hpp"
 #include "engine.hpp"
@@ -16,6 +17,7 @@ struct CommHandle {
 
 struct EngineHandle {
   std::unique_ptr<Engine> impl;
+  mutable std::string last_error;  // zero_engine_last_error: the engine's, whichever thread failed
 };
 
 inline CommHandle* handle(zero_comm_t* c) { return reinterpret_cast<CommHandle*>(c); }

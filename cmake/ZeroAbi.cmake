@@ -3,12 +3,12 @@
 
 # zero_read_exports(<out_symbols> <out_nodes>): symbols in file order, and the node of each (parallel lists).
 function(zero_read_exports out_symbols out_nodes)
-  file(STRINGS ${PROJECT_SOURCE_DIR}/capi/exports.txt lines REGEX "^ZERO_[0-9.]+ ")
+  file(STRINGS ${PROJECT_SOURCE_DIR}/capi/exports.txt lines REGEX "^ZERO_[0-9A-Z.]+ ")
   set(symbols "")
   set(nodes "")
   foreach(line IN LISTS lines)
-    string(REGEX REPLACE "^(ZERO_[0-9.]+) +([a-z0-9_]+).*$" "\\1" node "${line}")
-    string(REGEX REPLACE "^(ZERO_[0-9.]+) +([a-z0-9_]+).*$" "\\2" symbol "${line}")
+    string(REGEX REPLACE "^(ZERO_[0-9A-Z.]+) +([a-z0-9_]+).*$" "\\1" node "${line}")
+    string(REGEX REPLACE "^(ZERO_[0-9A-Z.]+) +([a-z0-9_]+).*$" "\\2" symbol "${line}")
     list(APPEND symbols ${symbol})
     list(APPEND nodes ${node})
   endforeach()

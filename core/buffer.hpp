@@ -37,6 +37,11 @@ class Buffer {
     n_elems_ = n_elems;
   }
   void release() { resize(0, dtype_); }
+  // Gives up the memory without freeing it: a communication backend may still write into it (after a timeout).
+  void leak() {
+    static_cast<void>(data_.release());
+    n_elems_ = 0;
+  }
   void zero() {
     if (n_elems_ != 0) std::memset(data_.get(), 0, n_bytes());
   }

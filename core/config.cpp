@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -497,7 +498,8 @@ Config parse_config(const std::string& json_text, int world_size) {
                      "curriculum_learning",
                      "data_efficiency",
                      "sparse_attention",
-                     "autotuning"});
+                     "autotuning",
+                     "libzero"});
 
   resolve_batch(top, cfg, world_size);
   cfg.gradient_clipping = top.get_number("gradient_clipping", 0.0, 0.0, 1e30);
@@ -522,6 +524,20 @@ Config parse_config(const std::string& json_text, int world_size) {
     const json& block = top.raw(k);
     bool enabled = !block.is_object() || !block.contains("enabled") || block.at("enabled") != json(false);
     if (enabled) top.unsupported(k, "this feature changes what is trained and is not implemented");
+  }
+  if (top.has("libzero")) {
+    const Section l = top.child("libzero");
+    l.require_known({"timeout_s", "optimizer_threads"});
+    cfg.timeout_s = l.get_number("timeout_s", cfg.timeout_s, 1e-3, 1e9);
+    cfg.optimizer_threads = static_cast<int>(l.get_int("optimizer_threads", 0, 0, 4096));
+  }
+  if (const char* env = std::getenv("ZERO_TIMEOUT_S"); env != nullptr && env[0] != '\0') {
+    char* end = nullptr;
+    const double t = std::strtod(env, &end);
+    if (end == env || *end != '\0' || !(t >= 1e-3 && t <= 1e9))
+      fail(ZERO_ERR_CONFIG, std::string("the environment variable ZERO_TIMEOUT_S is '") + env +
+                                "'; it must be a number of seconds in [0.001, 1e9]");
+    cfg.timeout_s = t;
   }
   // Logging, profiling, framework-side and I/O-tuning blocks: they cannot change the trained weights.
   top.get_int("steps_per_print", 10, 0, kMaxInt);

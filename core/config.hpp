@@ -53,6 +53,8 @@ struct Config {
   LossScaleConfig loss_scale;  // used when compute_dtype is fp16
   SchedulerConfig scheduler;
   bool gather_16bit_weights_on_save = false;  // stage3_gather_16bit_weights_on_model_save
+  double timeout_s = 600.0;                   // libzero.timeout_s (ZERO_TIMEOUT_S overrides): every collective's
+  int optimizer_threads = 0;                  // libzero.optimizer_threads; 0: automatic
   std::string source_json;                    // the config as given, stored in checkpoints
   // Keys present in the config that are valid but change nothing yet (for the one warning on rank 0).
   std::vector<std::string> no_effect_keys;
@@ -60,6 +62,13 @@ struct Config {
 
 // Throws zero::Error (ZERO_ERR_CONFIG or ZERO_ERR_UNSUPPORTED) naming the offending key.
 Config parse_config(const std::string& json_text, int world_size);
+
+// Every parsed setting that changes what is trained or which collectives run, as "'key' = value" strings in a
+// fixed order (numbers in decimal, exactly): finalize compares them across ranks and names the first difference.
+std::vector<std::string> result_settings(const Config& config);
+
+// What libzero will do with a config: the text of `zero-config check` and zero_config_check().
+std::string config_report(const Config& config, int world_size);
 
 // Levenshtein distance, for "did you mean" suggestions.
 size_t edit_distance(const std::string& a, const std::string& b);

@@ -35,6 +35,7 @@ inline void store(void* p, DType t, size_t i, float v) {
 }  // namespace
 
 void convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
+  if (n == 0) return;  // the pointers of an empty range may be null
   if (dst_type == src_type) {
     std::memmove(dst, src, n * dtype_size(dst_type));
     return;

@@ -1,4 +1,4 @@
-// Registration, layout, allocation and initial values.
+// Registration, layout, allocation, initial values and what the engine reports about itself.
 #include "engine.hpp"
 
 #include <cmath>
@@ -9,17 +9,23 @@
 
 #include "convert.hpp"
 #include "error.hpp"
+#include "log.hpp"
+#include "utf8.hpp"
 
 namespace zero {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Pool
 
-void* Engine::Pool::acquire() {
-  if (free_.empty()) {
+void Engine::Pool::reserve(size_t buffers) {
+  while (free_.size() < buffers) {
     all_.push_back(std::make_unique<Buffer>(capacity_, dtype_));
     free_.push_back(all_.back()->data());
   }
+}
+
+void* Engine::Pool::acquire() {
+  if (free_.empty()) fail(ZERO_ERR_INTERNAL, "a pooled buffer was taken without being reserved first");
   void* buffer = free_.back();
   free_.pop_back();
   return buffer;
@@ -31,8 +37,24 @@ uint64_t Engine::Pool::allocated_bytes() const {
   return total;
 }
 
+void Engine::Pool::leak() {
+  for (auto& b : all_) b->leak();
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Registration
+
+namespace {
+
+// Ranks on one node share its cores: each gets its share of OpenMP threads for the optimizer, so a node never
+// runs more busy threads than cores. OMP_NUM_THREADS, when set, decides instead (0: OpenMP's own default).
+int automatic_threads(int ranks_on_node) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return 0;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_node));
+}
+
+}  // namespace
 
 Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
     : config_(std::move(config)), comm_(std::move(comm)), isa_(active_isa()) {
@@ -42,24 +64,43 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
   base.base_lr = config_.optimizer.lr;
   groups_.push_back(base);
   scaler_ = LossScaler(config_.loss_scale, config_.compute_dtype == DType::kF16);
-  // Ranks on one node share its cores: each gets its share of OpenMP threads for the optimizer, so a node never
-  // runs more busy threads than cores. OMP_NUM_THREADS, when set, decides instead.
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  threads_ = std::getenv("OMP_NUM_THREADS") != nullptr ? 0 : std::max(1, cores / std::max(1, comm_.local_size()));
-  if (comm_.rank() == 0 && !config_.no_effect_keys.empty()) {
+  comm_.set_timeout(config_.timeout_s);
+  threads_requested_ = config_.optimizer_threads;
+  threads_ = threads_requested_ > 0 ? threads_requested_ : automatic_threads(comm_.local_size());
+  if (!config_.no_effect_keys.empty()) {
     std::string keys;
     for (const auto& k : config_.no_effect_keys) keys += (keys.empty() ? "" : ", ") + k;
-    std::fprintf(stderr, "libzero: warning: these config keys are valid but have no effect yet: %s\n", keys.c_str());
+    log_message(ZERO_LOG_WARNING, comm_.rank(), "these config keys are valid but have no effect in libzero: " + keys);
+  }
+}
+
+Engine::~Engine() {
+  // A collective given up after a timeout (or a failure while in flight) may still be written by the backend:
+  // its buffers must outlive the engine. Leaking them is the price of never crashing.
+  if (comm_.abandoned_requests()) {
+    for (auto& us : units_) {
+      us.params.leak();
+      us.grads.leak();
+    }
+    gathered_pool_.leak();
+    bucket_pool_.leak();
   }
 }
 
 void Engine::require_state(State wanted, const char* call) const {
-  if (state_ == wanted) return;
+  if (aborted_.load()) fail(ZERO_ERR_ABORTED, std::string(call) + ": zero_engine_abort was called on this engine");
   if (state_ == State::kBroken)
     fail(ZERO_ERR_INVALID_STATE,
          std::string(call) + ": the engine is unusable after an earlier failure (" + broken_reason_ + "); destroy it");
-  if (wanted == State::kRegistering)
+  if (comm_.backend().aborted())
+    fail(ZERO_ERR_ABORTED, std::string(call) + ": the engine's communicator was aborted on this rank (" +
+                               comm_.backend().abort_reason() + ")");
+  if (state_ == wanted) return;
+  if (wanted == State::kRegistering) {
+    if (std::string(call) == "zero_engine_finalize")
+      fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: the engine is already finalized");
     fail(ZERO_ERR_INVALID_STATE, std::string(call) + " must come before zero_engine_finalize");
+  }
   fail(ZERO_ERR_INVALID_STATE, std::string(call) + " needs zero_engine_finalize first");
 }
 
@@ -78,12 +119,36 @@ void Engine::check_unit(int unit, const char* call) const {
 void Engine::broken(const std::exception& e) {
   state_ = State::kBroken;
   broken_reason_ = e.what();
+  comm_.abort("rank " + std::to_string(comm_.rank()) + " failed: " + broken_reason_);
   throw;
+}
+
+void Engine::agree(const char* call, const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain,
+                   bool share_status) {
+  try {
+    comm_.agree(call, tag, local, explain, share_status);
+  } catch (const Error& e) {
+    if (e.status() == ZERO_ERR_MISMATCH || comm_.failed()) broken(e);
+    throw;
+  }
+}
+
+void Engine::abort() {
+  aborted_.store(true);
+  comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));
+}
+
+void Engine::set_num_threads(int threads) {
+  if (threads < 0) fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_set_num_threads: threads must be >= 0");
+  threads_requested_ = threads;
+  threads_ = threads > 0 ? threads : automatic_threads(comm_.local_size());
 }
 
 int Engine::add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2,
                             double eps) {
   require_state(State::kRegistering, "zero_engine_add_param_group");
+  if (!is_valid_utf8(name))
+    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_add_param_group: the group name is not valid UTF-8");
   GroupSpec g = groups_[0];
   g.name = name.empty() ? "group " + std::to_string(groups_.size()) : name;
   auto take = [&](double value, double& field, const char* what, double lo, double hi) {
@@ -106,11 +171,22 @@ int Engine::add_param_group(const std::string& name, double lr, double weight_de
 int Engine::add_param(ParamShape shape, ParamInit init) {
   require_state(State::kRegistering, "zero_engine_add_param");
   if (shape.name.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_add_param: the param name is empty");
+  if (!is_valid_utf8(shape.name))
+    fail(ZERO_ERR_INVALID_ARGUMENT,
+         "zero_engine_add_param: the param name is not valid UTF-8 (names are written "
+         "into checkpoints, which are JSON)");
   for (const auto& p : params_)
     if (p.name == shape.name)
       fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_add_param: a param named '" + shape.name + "' already exists");
-  for (int64_t d : shape.dims)
+  // Elements must fit with room to spare: every byte count below multiplies them by at most 8.
+  constexpr uint64_t kMaxElems = uint64_t{1} << 56;
+  uint64_t numel = 1;
+  for (int64_t d : shape.dims) {
     if (d <= 0) fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': every extent must be positive");
+    if (static_cast<uint64_t>(d) > kMaxElems / numel)
+      fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': its shape has more than 2^56 elements");
+    numel *= static_cast<uint64_t>(d);
+  }
   if (shape.unit < 0) fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': unit must be >= 0");
   if (shape.group < 0 || shape.group >= static_cast<int>(groups_.size()))
     fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': no param group " + std::to_string(shape.group) +
@@ -123,19 +199,53 @@ int Engine::add_param(ParamShape shape, ParamInit init) {
   return static_cast<int>(params_.size()) - 1;
 }
 
+const ParamShape& Engine::param_shape(int param) const {
+  check_param(param, "zero_param_info");
+  return params_[param];
+}
+
+UnitInfo Engine::unit_info(int unit) const {
+  require_state(State::kReady, "zero_unit_info");
+  check_unit(unit, "zero_unit_info");
+  UnitInfo info;
+  const UnitState& us = units_[unit];
+  info.gathered = us.gathered != nullptr;
+  info.generation = us.generation;
+  info.num_params = static_cast<int>(layout_.units[unit].params.size());
+  for (int p : layout_.units[unit].params) info.numel += layout_.params[p].numel;
+  return info;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
-// Finalize
+// Finalize: agree on the registration, allocate, agree that every rank could, then move the initial values.
 
 void Engine::finalize() {
-  require_state(State::kRegistering, "zero_engine_finalize");
+  const char* call = "zero_engine_finalize";
+  require_state(State::kRegistering, call);
+  verify_registration_across_ranks();
+  std::unique_ptr<Error> allocation_error;
   try {
-    verify_registration_across_ranks();
     allocate();
-    load_initial_values();
   } catch (const Error& e) {
-    if (e.status() == ZERO_ERR_COMM) broken(e);
+    allocation_error = std::make_unique<Error>(e);
+  } catch (const std::bad_alloc&) {
+    allocation_error = std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY,
+                                               std::string(call) + ": out of memory allocating this rank's buffers (" +
+                                                   std::to_string(layout_.total_padded_elems()) + " padded elements)");
+  }
+  if (allocation_error) {
+    units_.clear();
+    bucket_states_.clear();
+    buckets_.clear();
+  }
+  CallTag tag{CallKind::kFinalize, 0, static_cast<int64_t>(layout_.total_padded_elems()), 0};
+  try {
+    agree(call, tag, allocation_error.get());
+  } catch (const Error&) {
+    if (!allocation_error) units_.clear(), bucket_states_.clear(), buckets_.clear();
     throw;
   }
+  moving_data([&] { load_initial_values(); });
   param_ready_.assign(params_.size(), 0);
   state_ = State::kReady;
 }
@@ -167,7 +277,10 @@ void Engine::allocate() {
     global_offset += full;
     us.segments = layout_.segments(static_cast<int>(u), us.update_begin, us.update_elems, params_);
   }
+  // One gathered unit and one gradient bucket at a time is the documented footprint; both are allocated now, so
+  // that no collective allocates (a rank that cannot would leave the others waiting).
   gathered_pool_.set_capacity(largest_gathered, compute);
+  if (largest_gathered > 0) gathered_pool_.reserve(1);
   if (bucketed_grads()) {
     buckets_ = build_buckets(layout_, config_.reduce_bucket_size);
     size_t largest_bucket = 0;
@@ -182,7 +295,9 @@ void Engine::allocate() {
       }
     }
     bucket_pool_.set_capacity(largest_bucket, config_.grad_accum_dtype);
+    bucket_pool_.reserve(1);
   }
+  step_scalars_.resize(groups_.size());
 }
 
 // Rank 0's initial values reach every rank one unit at a time, in fp32, so no rank ever holds more than one extra
@@ -200,7 +315,8 @@ void Engine::load_initial_values() {
           convert(staging.data() + layout_.params[p].offset, DType::kF32, init_[p].data, init_[p].dtype,
                   layout_.params[p].numel);
     }
-    comm_.broadcast(staging.data(), ul.padded_elems * sizeof(float), 0);
+    comm_.broadcast(staging.data(), ul.padded_elems, ElemType::kF32, 0,
+                    "zero_engine_finalize: rank 0's initial values of unit " + std::to_string(u));
     const size_t own = us.full_params ? 0 : rank * ul.shard_elems;
     round_from_f32(us.params.data(), config_.compute_dtype, staging.data() + own, us.params.size());
     if (separate_master())
@@ -242,7 +358,8 @@ CopyMode Engine::copy_mode() const {
 }
 
 void Engine::set_lr(int group, double lr) {
-  if (state_ == State::kBroken) require_state(State::kReady, "zero_set_lr");
+  const char* call = "zero_set_lr";
+  if (aborted_.load() || state_ == State::kBroken) require_state(State::kReady, call);
   if (config_.scheduler.kind != SchedulerConfig::Kind::kNone)
     fail(ZERO_ERR_INVALID_STATE, "zero_set_lr: the config has a 'scheduler'; it sets the learning rate every step");
   if (!(lr >= 0.0 && std::isfinite(lr)))

@@ -1,15 +1,18 @@
 // The ZeRO engine: owns every parameter, gradient and optimizer-state byte of one rank and runs stages 0-3.
-// See docs/architecture.md for the data flow of one step per stage. The implementation is split by phase:
-// engine.cpp (registration, layout, allocation, initial values), engine_micro_step.cpp (gather, release,
-// gradients and their buckets) and engine_step.cpp (norm, loss scale, optimizer, publishing parameters).
+// See docs/architecture.md for the data flow of one step per stage and for the failure-safety rules every
+// collective call follows (local checks and allocation first, then the agreement, then data; a failure after data
+// moved breaks the engine). The implementation is split by phase: engine.cpp (registration, layout, allocation,
+// initial values, information), engine_micro_step.cpp (gather, release, gradients and their buckets) and
+// engine_step.cpp (norm, loss scale, optimizer, publishing parameters).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "buffer.hpp"
-#include "comm/counted_comm.hpp"
+#include "comm/engine_comm.hpp"
 #include "config.hpp"
 #include "layout.hpp"
 #include "loss_scaler.hpp"
@@ -45,9 +48,17 @@ struct ParamInit {
   DType dtype = DType::kF32;
 };
 
+struct UnitInfo {
+  bool gathered = false;
+  int num_params = 0;
+  uint64_t generation = 0;
+  uint64_t numel = 0;
+};
+
 class Engine {
  public:
   Engine(Config config, std::shared_ptr<Communicator> comm);
+  ~Engine();
 
   int add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2, double eps);
   int add_param(ParamShape shape, ParamInit init);
@@ -65,15 +76,24 @@ class Engine {
   void save_checkpoint(const std::string& dir, const std::string& tag);
   void load_checkpoint(const std::string& dir, const std::string& tag);
   double loss_scale() const { return scaler_.scale(); }
+  // zero_engine_abort: any thread.
+  void abort();
+  void set_num_threads(int threads);
 
   MemoryStats memory_stats() const;
   const CommStats& comm_stats() const { return comm_.stats(); }
+  std::string recent_collectives() const { return comm_.recent_json(); }
   const Config& config() const { return config_; }
   const Layout& layout() const { return layout_; }
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
+  bool deterministic() const { return comm_.deterministic(); }
+  double timeout() const { return comm_.timeout(); }
   int num_params() const { return static_cast<int>(params_.size()); }
   int num_units() const { return state_ == State::kRegistering ? 0 : static_cast<int>(layout_.units.size()); }
+  const ParamShape& param_shape(int param) const;
+  UnitInfo unit_info(int unit) const;
+  int optimizer_threads() const { return threads_; }
   Isa isa() const { return isa_; }
 
  private:
@@ -86,6 +106,7 @@ class Engine {
     Buffer grads;     // accumulation dtype: the full unit (stages 0-1) or the reduced shard (stages 2-3)
     Buffer state[2];  // fp32 optimizer state of what this rank updates
     void* gathered = nullptr;  // while gathered: the full params (a pooled buffer at stage 3)
+    uint64_t generation = 0;   // bumped by every gather and release (views in bindings check it)
     bool full_params = false;  // params holds the full unit
     bool persistent = false;   // a stage-3 unit small enough to stay resident (stage3_param_persistence_threshold)
     int bucket = -1;           // stages 2-3
@@ -104,13 +125,17 @@ class Engine {
     bool reduced = false;
   };
 
-  // Buffers handed out and taken back without per-step allocation.
+  // Buffers handed out and taken back without per-step allocation. reserve() allocates before any collective
+  // needs one, so a collective never allocates.
   class Pool {
    public:
     void set_capacity(size_t elems, DType dtype) { capacity_ = elems, dtype_ = dtype; }
-    void* acquire();
+    void reserve(size_t buffers);
+    bool has_free() const { return !free_.empty(); }
+    void* acquire();  // reserve() first
     void give_back(void* buffer) { free_.push_back(buffer); }
     uint64_t allocated_bytes() const;
+    void leak();  // after a timeout a backend may still write into the buffers
 
    private:
     size_t capacity_ = 0;
@@ -131,26 +156,45 @@ class Engine {
   void verify_registration_across_ranks();
   void allocate();
   void load_initial_values();
-  void reduce_ready_buckets();
-  void reduce_bucket(int bucket);
+  void reduce_ready_buckets(const char* call);
+  void reduce_bucket(int bucket, const char* call);
   void reduce_full_grads(int unit);
   float* master_of(int unit);
   void* copy_of(int unit);
   void* grads_of(int unit);
   CopyMode copy_mode() const;
   const std::string& param_name(int p) const { return params_[p].name; }
+  // A failure after data started moving: the ranks' states may differ now, so the engine is unusable and the
+  // communicator is aborted (the other ranks' collectives fail promptly, naming this rank). Rethrows.
   [[noreturn]] void broken(const std::exception& e);
+  // Runs `body` (data movement) and breaks the engine if it throws.
+  template <typename Body>
+  void moving_data(Body&& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      broken(e);
+    }
+  }
+  // The agreement before a collective call moves data (EngineComm::agree); a divergence or a communication
+  // failure breaks the engine.
+  void agree(const char* call, const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain = {},
+             bool share_status = false);
+  void agree_checkpoint(const char* call, CallKind kind, int phase, const Error* local);
   void require_step_boundary(const char* call) const;
   void write_shard_files(const std::string& dir, std::vector<int64_t>& record);
   void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);
   void publish_params_from_master();
+  std::string label(const char* call, const std::string& what) const { return std::string(call) + ": " + what; }
 
   Config config_;
-  CountedComm comm_;
+  EngineComm comm_;
   Isa isa_;
   int threads_ = 1;                        // optimizer threads per rank
+  int threads_requested_ = 0;              // zero_engine_set_num_threads / libzero.optimizer_threads; 0 = auto
   std::vector<StepScalars> step_scalars_;  // per group, reused: zero_step allocates nothing
   State state_ = State::kRegistering;
+  std::atomic<bool> aborted_{false};
   std::vector<GroupSpec> groups_;
   std::vector<ParamShape> params_;
   std::vector<ParamInit> init_;
@@ -163,8 +207,9 @@ class Engine {
   Pool bucket_pool_;
   LossScaler scaler_;
   int next_bucket_to_reduce_ = 0;
-  int64_t micro_steps_ = 0;  // completed in the current accumulation window
-  int64_t steps_ = 0;        // optimizer steps taken (skipped ones excluded)
+  int64_t micro_steps_ = 0;       // completed in the current accumulation window
+  int64_t micro_step_count_ = 0;  // completed since finalize (the agreement's micro-step number)
+  int64_t steps_ = 0;             // optimizer steps taken (skipped ones excluded)
   std::string broken_reason_;
 };
 

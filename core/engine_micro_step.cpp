@@ -1,4 +1,8 @@
 // The micro-step: gathering and releasing units, gradient buffers and their reduction in buckets.
+//
+// Every collective here follows the engine's rule (engine.hpp): local checks and allocation, then the agreement
+// (comm_.agree: every rank learns of a failure anywhere, and ranks about to run different collectives all get
+// ZERO_ERR_MISMATCH), then the data; a failure while data moves breaks the engine.
 #include <cstring>
 
 #include "convert.hpp"
@@ -24,14 +28,13 @@ void* Engine::param_data(int param) {
   check_param(param, "zero_param_data");
   const ParamPlacement& pl = layout_.params[param];
   UnitState& us = units_[pl.unit];
-  if (sharded_params(pl.unit)) {
-    if (us.gathered == nullptr)
-      fail(ZERO_ERR_INVALID_STATE, "zero_param_data: param '" + param_name(param) + "' lives in " + unit_name(pl.unit) +
-                                       ", which is not gathered; call zero_gather(engine, " + std::to_string(pl.unit) +
-                                       ") first");
-    return static_cast<char*>(us.gathered) + pl.offset * compute_size();
-  }
-  return us.params.at(pl.offset);
+  // The same rule at every stage, so that code written against a small model or a low stage keeps working when
+  // units grow past the persistence threshold or the stage changes.
+  if (us.gathered == nullptr)
+    fail(ZERO_ERR_INVALID_STATE, "zero_param_data: param '" + param_name(param) + "' lives in " + unit_name(pl.unit) +
+                                     ", which is not gathered; call zero_gather(engine, " + std::to_string(pl.unit) +
+                                     ") first (at every stage: it is free below stage 3)");
+  return static_cast<char*>(us.gathered) + pl.offset * compute_size();
 }
 
 void* Engine::grad_data(int param) {
@@ -40,12 +43,16 @@ void* Engine::grad_data(int param) {
   check_window("zero_grad_data");
   const ParamPlacement& pl = layout_.params[param];
   UnitState& us = units_[pl.unit];
+  if (param_ready_[param])
+    fail(ZERO_ERR_INVALID_STATE,
+         "zero_grad_data: the gradient of '" + param_name(param) + "' was already declared ready in this micro-step");
   if (!bucketed_grads()) return us.grads.at(pl.offset);
   BucketState& bs = bucket_states_[us.bucket];
-  if (param_ready_[param] || bs.reduced)
-    fail(ZERO_ERR_INVALID_STATE, "zero_grad_data: the gradient of '" + param_name(param) +
-                                     "' was already declared ready (and may be reduced) in this micro-step");
+  if (bs.reduced)
+    fail(ZERO_ERR_INVALID_STATE,
+         "zero_grad_data: the gradient bucket of '" + param_name(param) + "' was already reduced in this micro-step");
   if (bs.buffer == nullptr) {
+    bucket_pool_.reserve(1);  // a local call: allocating here cannot leave another rank waiting
     bs.buffer = bucket_pool_.acquire();
     std::memset(bs.buffer, 0, buckets_[us.bucket].elems * grad_size());
   }
@@ -53,26 +60,46 @@ void* Engine::grad_data(int param) {
 }
 
 void Engine::gather(int unit) {
-  require_state(State::kReady, "zero_gather");
-  check_unit(unit, "zero_gather");
+  const char* call = "zero_gather";
+  require_state(State::kReady, call);
+  check_unit(unit, call);
   UnitState& us = units_[unit];
-  if (us.gathered != nullptr)
-    fail(ZERO_ERR_INVALID_STATE, "zero_gather: " + unit_name(unit) + " is already gathered; release it first");
-  if (!sharded_params(unit)) {
-    us.gathered = us.params.data();  // resident: gathering only records the unit as in use
+  if (!sharded_params(unit)) {  // resident: gathering only records the unit as in use; local
+    if (us.gathered != nullptr)
+      fail(ZERO_ERR_INVALID_STATE, "zero_gather: " + unit_name(unit) + " is already gathered; release it first");
+    us.gathered = us.params.data();
+    us.generation += 1;
     return;
   }
-  const size_t shard = layout_.units[unit].shard_elems;
-  void* buffer = gathered_pool_.acquire();
-  std::memcpy(static_cast<char*>(buffer) + comm_.rank() * shard * compute_size(), us.params.data(),
-              shard * compute_size());
+  // Collective from here: every rank reaches the agreement, even one whose call is wrong.
+  std::unique_ptr<Error> local;
+  void* buffer = nullptr;
   try {
-    comm_.all_gather_inplace(buffer, shard, elem_type(config_.compute_dtype));
+    if (us.gathered != nullptr)
+      fail(ZERO_ERR_INVALID_STATE, "zero_gather: " + unit_name(unit) + " is already gathered; release it first");
+    gathered_pool_.reserve(1);
+    buffer = gathered_pool_.acquire();
   } catch (const Error& e) {
-    gathered_pool_.give_back(buffer);
-    broken(e);
+    local = std::make_unique<Error>(e);
+  } catch (const std::bad_alloc&) {
+    local = std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY, "zero_gather: out of memory for the gathered " +
+                                                                unit_name(unit) + " (more units gathered at once?)");
   }
+  const size_t shard = layout_.units[unit].shard_elems;
+  try {
+    agree(call, CallTag{CallKind::kGather, unit, static_cast<int64_t>(layout_.units[unit].padded_elems), 0},
+          local.get());
+  } catch (const Error&) {
+    if (buffer != nullptr) gathered_pool_.give_back(buffer);
+    throw;
+  }
+  moving_data([&] {
+    std::memcpy(static_cast<char*>(buffer) + comm_.rank() * shard * compute_size(), us.params.data(),
+                shard * compute_size());
+    comm_.all_gather(buffer, shard, elem_type(config_.compute_dtype), "zero_gather: all-gather of " + unit_name(unit));
+  });
   us.gathered = buffer;
+  us.generation += 1;
 }
 
 void Engine::release(int unit) {
@@ -82,59 +109,78 @@ void Engine::release(int unit) {
   if (us.gathered == nullptr) fail(ZERO_ERR_INVALID_STATE, "zero_release: " + unit_name(unit) + " is not gathered");
   if (sharded_params(unit)) gathered_pool_.give_back(us.gathered);
   us.gathered = nullptr;
+  us.generation += 1;
 }
 
 void Engine::grad_ready(int param) {
-  require_state(State::kReady, "zero_grad_ready");
-  check_param(param, "zero_grad_ready");
-  check_window("zero_grad_ready");
+  const char* call = "zero_grad_ready";
+  require_state(State::kReady, call);
+  check_param(param, call);
+  check_window(call);
   if (param_ready_[param])
     fail(ZERO_ERR_INVALID_STATE,
          "zero_grad_ready: '" + param_name(param) + "' was already declared ready in this micro-step");
+  if (bucketed_grads() && bucket_states_[units_[layout_.params[param].unit].bucket].reduced)
+    fail(ZERO_ERR_INVALID_STATE,
+         "zero_grad_ready: the gradient bucket of '" + param_name(param) + "' was already reduced in this micro-step");
   param_ready_[param] = 1;
   if (!bucketed_grads()) return;
   bucket_states_[units_[layout_.params[param].unit].bucket].params_ready += 1;
-  try {
-    reduce_ready_buckets();
-  } catch (const Error& e) {
-    broken(e);
-  }
+  reduce_ready_buckets(call);
 }
 
 // Buckets are reduced strictly in bucket order, so every rank issues the same sequence of collectives even if
 // their backward passes declare gradients ready in a different order.
-void Engine::reduce_ready_buckets() {
+void Engine::reduce_ready_buckets(const char* call) {
   while (next_bucket_to_reduce_ < static_cast<int>(buckets_.size())) {
     BucketState& bs = bucket_states_[next_bucket_to_reduce_];
     if (bs.params_ready != bs.params_total) return;
-    reduce_bucket(next_bucket_to_reduce_++);
+    reduce_bucket(next_bucket_to_reduce_, call);
+    next_bucket_to_reduce_ += 1;
   }
 }
 
 // Each unit of the bucket: narrowed in place to the communication dtype, reduce-scattered, and this rank's block
-// added into its accumulator.
-void Engine::reduce_bucket(int bucket) {
+// added into its accumulator. One agreement per bucket: which call triggers a bucket's reduction may differ
+// between ranks (zero_grad_ready on one, zero_backward_end on another), the bucket may not.
+void Engine::reduce_bucket(int bucket, const char* call) {
   BucketState& bs = bucket_states_[bucket];
   const Bucket& b = buckets_[bucket];
+  std::unique_ptr<Error> local;
   if (bs.buffer == nullptr) {  // no gradient was asked for: this rank contributes zeros
-    bs.buffer = bucket_pool_.acquire();
-    std::memset(bs.buffer, 0, b.elems * grad_size());
+    try {
+      bucket_pool_.reserve(1);
+    } catch (const std::bad_alloc&) {
+      local = std::make_unique<Error>(
+          ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory for gradient bucket " + std::to_string(bucket));
+    }
   }
-  const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
-  for (size_t i = 0; i < b.units.size(); ++i) {
-    const int u = b.units[i];
-    const size_t shard = layout_.units[u].shard_elems;
-    void* full = static_cast<char*>(bs.buffer) + b.unit_offsets[i] * grad_size();
-    convert(full, comm_type, full, accum, layout_.units[u].padded_elems);
-    comm_.reduce_scatter_sum_inplace(full, shard, elem_type(comm_type));
-    accumulate(units_[u].grads.data(), accum, full, comm_type, shard);
-  }
-  bucket_pool_.give_back(bs.buffer);
-  bs.buffer = nullptr;
-  bs.reduced = true;
+  agree(call, CallTag{CallKind::kReduceBucket, bucket, static_cast<int64_t>(b.elems), 0}, local.get());
+  moving_data([&] {
+    if (bs.buffer == nullptr) {
+      bs.buffer = bucket_pool_.acquire();
+      std::memset(bs.buffer, 0, b.elems * grad_size());
+    }
+    const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
+    const int rank = comm_.rank();
+    for (size_t i = 0; i < b.units.size(); ++i) {
+      const int u = b.units[i];
+      const size_t shard = layout_.units[u].shard_elems;
+      char* full = static_cast<char*>(bs.buffer) + b.unit_offsets[i] * grad_size();
+      convert(full, comm_type, full, accum, layout_.units[u].padded_elems);
+      comm_.reduce_scatter_sum(
+          full, shard, elem_type(comm_type),
+          std::string(call) + ": reduce-scatter of bucket " + std::to_string(bucket) + ", " + unit_name(u));
+      accumulate(units_[u].grads.data(), accum, full + rank * shard * dtype_size(comm_type), comm_type, shard);
+    }
+    bucket_pool_.give_back(bs.buffer);
+    bs.buffer = nullptr;
+    bs.reduced = true;
+  });
 }
 
-// Stages 0-1, in zero_step: the full gradient of a unit, reduced in the communication dtype and back.
+// Stages 0-1, in zero_step: the full gradient of a unit, reduced in the communication dtype and back. The reduced
+// values land in this rank's block, where the optimizer reads them (stage 1), or everywhere (stage 0).
 void Engine::reduce_full_grads(int unit) {
   UnitState& us = units_[unit];
   const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
@@ -142,28 +188,40 @@ void Engine::reduce_full_grads(int unit) {
   void* g = us.grads.data();
   convert(g, comm_type, g, accum, full);
   if (config_.stage == 0) {
-    comm_.all_reduce_inplace(g, full, elem_type(comm_type), ReduceOp::kSum);
+    comm_.all_reduce_sum(g, full, elem_type(comm_type), "zero_step: all-reduce of " + unit_name(unit));
     convert(g, accum, g, comm_type, full);
   } else {
-    comm_.reduce_scatter_sum_inplace(g, shard, elem_type(comm_type));
-    convert(us.grads.at(us.update_begin), accum, g, comm_type, shard);  // dst is after src, or the same place
+    comm_.reduce_scatter_sum(g, shard, elem_type(comm_type), "zero_step: reduce-scatter of " + unit_name(unit));
+    // The rank's block sits at update_begin in the communication dtype; widen it into the accumulation dtype's
+    // place for the same elements (at the same byte or entirely after it: convert() allows both).
+    convert(us.grads.at(us.update_begin), accum, static_cast<char*>(g) + us.update_begin * dtype_size(comm_type),
+            comm_type, shard);
   }
 }
 
 void Engine::backward_end() {
-  require_state(State::kReady, "zero_backward_end");
-  check_window("zero_backward_end");
-  if (bucketed_grads()) {
-    try {
-      while (next_bucket_to_reduce_ < static_cast<int>(buckets_.size())) reduce_bucket(next_bucket_to_reduce_++);
-    } catch (const Error& e) {
-      broken(e);
+  const char* call = "zero_backward_end";
+  require_state(State::kReady, call);
+  // A rank that has run too many micro-steps still joins the agreement, so the others hear of it.
+  std::unique_ptr<Error> local;
+  try {
+    check_window(call);
+  } catch (const Error& e) {
+    local = std::make_unique<Error>(e);
+  }
+  if (!local && bucketed_grads())
+    while (next_bucket_to_reduce_ < static_cast<int>(buckets_.size())) {
+      reduce_bucket(next_bucket_to_reduce_, call);
+      next_bucket_to_reduce_ += 1;
     }
+  agree(call, CallTag{CallKind::kBackwardEnd, micro_step_count_ + 1, 0, 0}, local.get());
+  if (bucketed_grads()) {
     for (auto& bs : bucket_states_) bs.params_ready = 0, bs.reduced = false;
     next_bucket_to_reduce_ = 0;
   }
   std::fill(param_ready_.begin(), param_ready_.end(), 0);
   micro_steps_ += 1;
+  micro_step_count_ += 1;
 }
 
 }  // namespace zero

@@ -1,30 +1,78 @@
-// zero_step: finish the reduction, one fused norm/overflow pass and one all-reduce, the loss-scale decision, the
-// fused optimizer pass (which also writes the compute-dtype params), and publishing the new parameters.
+// zero_step: finish the reduction, one fused norm/overflow pass and one exchange of the partial sums, the
+// loss-scale decision, the fused optimizer pass (which also writes the compute-dtype params), and publishing the
+// new parameters.
 #include <cmath>
 #include <cstring>
+#include <sstream>
 
 #include "engine.hpp"
 #include "error.hpp"
 #include "scheduler.hpp"
 
 namespace zero {
+namespace {
+
+uint64_t digest_doubles(const std::vector<double>& values) {
+  uint64_t h = 1469598103934665603ull;
+  for (double v : values) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    for (int i = 0; i < 8; ++i) h = (h ^ ((bits >> (8 * i)) & 0xffu)) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
 
 StepResult Engine::step() {
-  require_state(State::kReady, "zero_step");
-  if (micro_steps_ != config_.gradient_accumulation_steps)
-    fail(ZERO_ERR_INVALID_STATE,
-         "zero_step: expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
-             ") calls of zero_backward_end since the last step, got " + std::to_string(micro_steps_));
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].gathered != nullptr)
+  const char* call = "zero_step";
+  require_state(State::kReady, call);
+  // Local checks; a failing rank still joins the agreement so that the others return instead of waiting.
+  std::unique_ptr<Error> local;
+  try {
+    if (micro_steps_ != config_.gradient_accumulation_steps)
       fail(ZERO_ERR_INVALID_STATE,
-           "zero_step: unit " + std::to_string(u) + " is still gathered; release every unit first");
+           "zero_step: expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
+               ") calls of zero_backward_end since the last step, got " + std::to_string(micro_steps_));
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].gathered != nullptr)
+        fail(ZERO_ERR_INVALID_STATE,
+             "zero_step: unit " + std::to_string(u) + " is still gathered; release every unit first");
+  } catch (const Error& e) {
+    local = std::make_unique<Error>(e);
+  }
+  // The learning rates are set locally (zero_set_lr); ranks that set different ones would silently train
+  // different replicas, so they are part of what the ranks agree on.
+  std::vector<double> lrs(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) lrs[g] = groups_[g].base_lr;
+  const CallTag tag{CallKind::kStep, steps_ + 1, micro_steps_, static_cast<int64_t>(digest_doubles(lrs))};
+  auto explain_lrs = [&]() {
+    std::vector<double> all(lrs.size() * static_cast<size_t>(comm_.size()));
+    std::memcpy(all.data() + lrs.size() * comm_.rank(), lrs.data(), lrs.size() * sizeof(double));
+    comm_.control_all_gather(all.data(), lrs.size() * sizeof(double), "zero_step: the ranks' learning rates");
+    std::ostringstream os;
+    os.precision(17);
+    os << "the ranks set different learning rates (zero_set_lr must set the same value on every rank):";
+    for (size_t g = 0; g < lrs.size(); ++g) {
+      bool differs = false;
+      for (int r = 1; r < comm_.size(); ++r) differs |= all[lrs.size() * r + g] != all[g];
+      if (!differs) continue;
+      os << " group " << g << " ('" << groups_[g].name << "'):";
+      for (int r = 0; r < comm_.size(); ++r) os << (r ? "," : "") << " rank " << r << " " << all[lrs.size() * r + g];
+      os << ";";
+    }
+    std::string text = os.str();
+    text.back() = '.';
+    return text;
+  };
+  agree(call, tag, local.get(), explain_lrs);
+
   const int stage = config_.stage;
   const KernelTable& table = kernels(isa_);
   const int grad_index = static_cast<int>(config_.grad_accum_dtype);
   StepResult result;
   result.loss_scale = scaler_.scale();
-  try {
+  moving_data([&] {
     // 1. Stages 0-1 reduce now; stages 2-3 reduced bucket by bucket during backward.
     if (stage <= 1)
       for (size_t u = 0; u < units_.size(); ++u) reduce_full_grads(static_cast<int>(u));
@@ -32,7 +80,8 @@ StepResult Engine::step() {
     // 2. One pass over this rank's gradients: the sum of squares, in fp64, which is also the overflow test (an
     //    inf or nan anywhere makes it non-finite; finite fp32 squares cannot overflow fp64). Squares of small
     //    multiples of 2^-10 and their sums are exact in fp64, so the norm does not depend on how shards split
-    //    the sum. One all-reduce carries it (stage 0 holds every gradient already).
+    //    the sum. The ranks' partial sums are exchanged and added in rank order, so every rank computes the same
+    //    norm bit for bit (stage 0 holds every gradient already).
     double sum_sq = 0.0;
     for (size_t u = 0; u < units_.size(); ++u) {
       const char* g = static_cast<const char*>(grads_of(static_cast<int>(u)));
@@ -40,7 +89,7 @@ StepResult Engine::step() {
         sum_sq += parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size(), grad_size(),
                                        s.numel, threads_);
     }
-    if (stage != 0) comm_.all_reduce_inplace(&sum_sq, 1, ElemType::kF64, ReduceOp::kSum);
+    if (stage != 0) sum_sq = comm_.sum_over_ranks(sum_sq, "zero_step: partial sums of squares");
 
     // 3. Average (sum over ranks and micro-steps, divided once), unscale and clip, folded into one factor.
     const double samples = static_cast<double>(comm_.size()) * static_cast<double>(config_.gradient_accumulation_steps);
@@ -48,6 +97,7 @@ StepResult Engine::step() {
     result.grad_norm = std::sqrt(sum_sq) / (samples * scale);
     result.skipped = !std::isfinite(sum_sq);
     scaler_.update(result.skipped);
+    result.lr = scheduled_lr(config_.scheduler, groups_[0].base_lr, steps_ + 1);
     if (!result.skipped) {
       double clip = 1.0;
       if (config_.gradient_clipping > 0.0 && result.grad_norm > config_.gradient_clipping)
@@ -57,13 +107,11 @@ StepResult Engine::step() {
 
       // 4. The fused optimizer pass over each run of one group's elements.
       std::vector<StepScalars>& scalars = step_scalars_;
-      scalars.resize(groups_.size());
       for (size_t g = 0; g < groups_.size(); ++g) {
         OptimizerHyper h = groups_[g].hyper;
         h.lr = scheduled_lr(config_.scheduler, groups_[g].base_lr, steps_);
         scalars[g] = make_step_scalars(h, steps_, factor);
         scalars[g].seed = mix32(config_.stochastic_rounding_seed ^ static_cast<uint32_t>(steps_ * 0x9e3779b9u));
-        if (g == 0) result.lr = h.lr;
       }
       const StepKernel kernel_for_mode =
           table.step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())];
@@ -93,12 +141,10 @@ StepResult Engine::step() {
       UnitState& us = units_[u];
       us.grads.zero();
       if (stage >= 1 && us.full_params && !result.skipped)
-        comm_.all_gather_inplace(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype));
+        comm_.all_gather(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype),
+                         "zero_step: all-gather of the new params of unit " + std::to_string(u));
     }
-  } catch (const Error& e) {
-    if (e.status() == ZERO_ERR_COMM) broken(e);
-    throw;
-  }
+  });
   micro_steps_ = 0;
   result.step = steps_;
   return result;

@@ -26,6 +26,14 @@ const char* status_name(zero_status_t status) {
       return "ZERO_ERR_CHECKPOINT_CORRUPT";
     case ZERO_ERR_IO:
       return "ZERO_ERR_IO";
+    case ZERO_ERR_REMOTE:
+      return "ZERO_ERR_REMOTE";
+    case ZERO_ERR_TIMEOUT:
+      return "ZERO_ERR_TIMEOUT";
+    case ZERO_ERR_ABORTED:
+      return "ZERO_ERR_ABORTED";
+    default:
+      break;
   }
   return "unknown";
 }

@@ -18,7 +18,8 @@ class Error : public std::runtime_error {
   zero_status_t status_;
 };
 
-// "ZERO_ERR_CONFIG" for ZERO_ERR_CONFIG; "unknown" for a value this version does not define. Static strings.
+// "ZERO_ERR_CONFIG" for ZERO_ERR_CONFIG; "unknown" for any other int32 (a status is an int32_t, so no value is
+// undefined behaviour). Static strings.
 const char* status_name(zero_status_t status);
 
 [[noreturn]] inline void fail(zero_status_t status, const std::string& message) { throw Error(status, message); }

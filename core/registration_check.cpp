@@ -1,6 +1,8 @@
-// zero_engine_finalize's agreement check. Ranks that registered different params would otherwise issue
-// collectives of different sizes or counts and hang; instead every rank exchanges fixed-size digests first and,
-// on a difference, every rank learns which param differs and what each side registered.
+// zero_engine_finalize's agreement check. Ranks that registered different params or parsed different configs
+// would otherwise issue collectives of different sizes or counts and hang, or silently train different replicas;
+// instead every rank exchanges fixed-size digests first and, on a difference, every rank learns which param,
+// group or config key differs and what each side has.
+#include <climits>
 #include <cstring>
 #include <sstream>
 
@@ -25,17 +27,9 @@ std::string describe(const ParamShape& p) {
 
 std::string describe(const GroupSpec& g) {
   std::ostringstream os;
-  os << std::hexfloat << "'" << g.name << "' lr " << g.hyper.lr << " weight_decay " << g.hyper.weight_decay
-     << " betas (" << g.hyper.beta1 << ", " << g.hyper.beta2 << ") eps " << g.hyper.eps;
-  return os.str();
-}
-
-std::string describe(const Config& c) {
-  std::ostringstream os;
-  os << std::hexfloat << "stage " << c.stage << " reduce_bucket_size " << c.reduce_bucket_size
-     << " persistence_threshold " << c.param_persistence_threshold << " gradient_accumulation_steps "
-     << c.gradient_accumulation_steps << " gradient_clipping " << c.gradient_clipping << " optimizer "
-     << static_cast<int>(c.optimizer.kind) << " " << c.optimizer.bias_correction;
+  os.precision(17);
+  os << "'" << g.name << "' lr " << g.hyper.lr << " weight_decay " << g.hyper.weight_decay << " betas ("
+     << g.hyper.beta1 << ", " << g.hyper.beta2 << ") eps " << g.hyper.eps;
   return os.str();
 }
 
@@ -46,14 +40,15 @@ struct Difference {
 };
 
 // Finds the first entry where some rank's list differs from rank 0's. Collective; all ranks get the same answer.
-Difference first_difference(CountedComm& comm, const std::vector<std::string>& descriptions) {
+Difference first_difference(EngineComm& comm, const std::vector<std::string>& descriptions, const char* what) {
   const int world = comm.size(), rank = comm.rank();
+  const std::string label = std::string("zero_engine_finalize: locating the first differing ") + what;
   int64_t root_count = static_cast<int64_t>(descriptions.size());
-  comm.broadcast(&root_count, sizeof(root_count), 0);
+  comm.control_broadcast(&root_count, sizeof root_count, 0, label);
   std::vector<uint64_t> root_hashes(static_cast<size_t>(root_count));
   if (rank == 0)
     for (size_t i = 0; i < descriptions.size(); ++i) root_hashes[i] = fnv1a(descriptions[i]);
-  if (root_count > 0) comm.broadcast(root_hashes.data(), root_hashes.size() * sizeof(uint64_t), 0);
+  if (root_count > 0) comm.control_broadcast(root_hashes.data(), root_hashes.size() * sizeof(uint64_t), 0, label);
 
   const int64_t mine = static_cast<int64_t>(descriptions.size());
   int64_t first = INT64_MAX;
@@ -64,24 +59,24 @@ Difference first_difference(CountedComm& comm, const std::vector<std::string>& d
     }
   if (first == INT64_MAX && mine != root_count) first = std::min(mine, root_count);
   int64_t key = first == INT64_MAX ? INT64_MAX : first * world + rank;
-  comm.all_reduce_inplace(&key, 1, ElemType::kI64, ReduceOp::kMin);
+  comm.control_min(&key, 1, label);
 
   Difference d;
   if (key == INT64_MAX) return d;
   d.index = key / world;
   d.rank = static_cast<int>(key % world);
   auto local = [&](int64_t i) {
-    return i < mine ? descriptions[i] : "nothing (it registered only " + std::to_string(mine) + " entries)";
+    return i < mine ? descriptions[i] : "nothing (it has only " + std::to_string(mine) + " entries)";
   };
-  d.on_root = comm.broadcast_text(local(d.index), 0);
-  d.on_rank = comm.broadcast_text(local(d.index), d.rank);
+  d.on_root = comm.broadcast_text(local(d.index), 0, label);
+  d.on_rank = comm.broadcast_text(local(d.index), d.rank, label);
   return d;
 }
 
 }  // namespace
 
 void Engine::verify_registration_across_ranks() {
-  CountedComm& comm = comm_;
+  EngineComm& comm = comm_;
   std::string local_error;
   zero_status_t local_status = ZERO_OK;
   try {
@@ -95,38 +90,48 @@ void Engine::verify_registration_across_ranks() {
   std::vector<std::string> param_text, group_text;
   for (const auto& p : params_) param_text.push_back(describe(p));
   for (const auto& g : groups_) group_text.push_back(describe(g));
-  uint64_t params_digest = 0, groups_digest = 0;
+  const std::vector<std::string> config_text = result_settings(config_);
+  uint64_t params_digest = 0, groups_digest = 0, config_digest = 0;
   for (const auto& t : param_text) params_digest = fnv1a(t, params_digest ^ 0x9e3779b97f4a7c15ull);
   for (const auto& t : group_text) groups_digest = fnv1a(t, groups_digest ^ 0x9e3779b97f4a7c15ull);
+  for (const auto& t : config_text) config_digest = fnv1a(t, config_digest ^ 0x9e3779b97f4a7c15ull);
 
-  // One fixed-size exchange that every rank reaches, whatever it registered: [failed rank, digests...].
-  enum { kFailedRank, kConfig, kParams, kGroups, kCount };
-  int64_t lo[kCount], hi[kCount];
-  lo[kFailedRank] = local_status == ZERO_OK ? INT64_MAX : comm.rank();
-  lo[kConfig] = static_cast<int64_t>(fnv1a(describe(config_)));
-  lo[kParams] = static_cast<int64_t>(params_digest);
-  lo[kGroups] = static_cast<int64_t>(groups_digest);
-  std::memcpy(hi, lo, sizeof(lo));
-  comm.all_reduce_inplace(lo, kCount, ElemType::kI64, ReduceOp::kMin);
-  comm.all_reduce_inplace(hi, kCount, ElemType::kI64, ReduceOp::kMax);
+  // One fixed-size exchange that every rank reaches, whatever it registered: the failed rank, and each digest
+  // next to its negation, so that one MIN all-reduce gives every digest's minimum and maximum.
+  enum { kFailedRank, kConfig, kConfigNeg, kParams, kParamsNeg, kGroups, kGroupsNeg, kCount };
+  int64_t v[kCount];
+  v[kFailedRank] = local_status == ZERO_OK ? INT64_MAX : comm.rank();
+  // Digests are halved so that negating one never overflows.
+  v[kConfig] = static_cast<int64_t>(config_digest >> 1), v[kConfigNeg] = -v[kConfig];
+  v[kParams] = static_cast<int64_t>(params_digest >> 1), v[kParamsNeg] = -v[kParams];
+  v[kGroups] = static_cast<int64_t>(groups_digest >> 1), v[kGroupsNeg] = -v[kGroups];
+  comm.control_min(v, kCount, "zero_engine_finalize: registration digests");
 
-  if (local_status != ZERO_OK) fail(local_status, local_error);
-  if (lo[kFailedRank] != INT64_MAX)
-    fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize failed on rank " + std::to_string(lo[kFailedRank]) +
-                                     " (see that rank's error); this rank stops too");
-  if (lo[kConfig] != hi[kConfig])
-    fail(ZERO_ERR_MISMATCH,
-         "the config differs across ranks (stage, buckets, batch sizes, clipping or optimizer); every rank must "
-         "create its engine from the same config");
-  if (lo[kParams] != hi[kParams]) {
-    Difference d = first_difference(comm, param_text);
+  if (v[kFailedRank] != INT64_MAX) {
+    // The lowest failed rank's status and message reach every rank.
+    const int root = static_cast<int>(v[kFailedRank]);
+    int64_t status = local_status;
+    comm.control_broadcast(&status, sizeof status, root, "zero_engine_finalize: the failed rank's status");
+    const std::string message = comm.broadcast_text(local_error, root, "zero_engine_finalize: its message");
+    if (local_status != ZERO_OK) fail(local_status, local_error);
+    fail(ZERO_ERR_REMOTE, "rank " + std::to_string(root) + " failed in zero_engine_finalize (" +
+                              status_name(static_cast<zero_status_t>(status)) + "): " + message);
+  }
+  if (v[kConfig] != -v[kConfigNeg]) {
+    Difference d = first_difference(comm, config_text, "config setting");
+    fail(ZERO_ERR_MISMATCH, "the config differs across ranks: rank 0 has " + d.on_root + ", rank " +
+                                std::to_string(d.rank) + " has " + d.on_rank +
+                                ". Every rank must create its engine from the same config.");
+  }
+  if (v[kParams] != -v[kParamsNeg]) {
+    Difference d = first_difference(comm, param_text, "param");
     fail(ZERO_ERR_MISMATCH, "param registration differs across ranks at param #" + std::to_string(d.index) +
                                 ": rank 0 registered " + d.on_root + ", rank " + std::to_string(d.rank) +
                                 " registered " + d.on_rank +
                                 ". Every rank must register the same params in the same order.");
   }
-  if (lo[kGroups] != hi[kGroups]) {
-    Difference d = first_difference(comm, group_text);
+  if (v[kGroups] != -v[kGroupsNeg]) {
+    Difference d = first_difference(comm, group_text, "param group");
     fail(ZERO_ERR_MISMATCH, "param group registration differs across ranks at group #" + std::to_string(d.index) +
                                 ": rank 0 has " + d.on_root + ", rank " + std::to_string(d.rank) + " has " + d.on_rank +
                                 ".");

@@ -21,8 +21,8 @@ echo "== lintian"
 lintian --fail-on error --info "$work"/*.changes
 
 echo "== install the packages and consume them"
-dpkg -i "$work"/libzero0_*.deb "$work"/libzero-dev_*.deb "$work"/zero-tools_*.deb >/dev/null
-trap 'dpkg -r zero-tools libzero-dev libzero0 >/dev/null || true; rm -rf "$work"' EXIT
+dpkg -i "$work"/libzero1_*.deb "$work"/libzero-mpi1_*.deb "$work"/libzero-dev_*.deb "$work"/zero-tools_*.deb >/dev/null
+trap 'dpkg -r zero-tools libzero-dev libzero-mpi1 libzero1 >/dev/null || true; rm -rf "$work"' EXIT
 bash "$root/tests/consumer/build_and_run.sh" /usr "$work/consumer"
 zero-config check "$root/examples/configs/zero2_fp32.json" --world-size 4 >/dev/null
 zero-ckpt --help >/dev/null

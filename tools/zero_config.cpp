@@ -27,22 +27,6 @@ int usage(FILE* out) {
   return out == stdout ? 0 : 2;
 }
 
-const char* kind_name(zero::OptimizerKind k) {
-  switch (k) {
-    case zero::OptimizerKind::kAdamW:
-      return "AdamW (decoupled weight decay)";
-    case zero::OptimizerKind::kAdamL2:
-      return "Adam (L2 weight decay)";
-    case zero::OptimizerKind::kAdagrad:
-      return "Adagrad";
-    case zero::OptimizerKind::kLion:
-      return "Lion";
-    case zero::OptimizerKind::kSgd:
-      return "SGD";
-  }
-  return "?";
-}
-
 int check(const std::string& path, int world) {
   std::ifstream in(path);
   if (!in) {
@@ -51,49 +35,13 @@ int check(const std::string& path, int world) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  zero::Config c;
+  // The same code as zero_config_check(), linked statically so the tool needs no libzero.so at run time.
   try {
-    c = zero::parse_config(text.str(), world);
+    const zero::Config c = zero::parse_config(text.str(), world);
+    std::printf("%s: %s", path.c_str(), zero::config_report(c, world).c_str());
   } catch (const zero::Error& e) {
     std::fprintf(stderr, "zero-config: %s: %s\n", zero::status_name(e.status()), e.what());
     return 1;
-  }
-  std::printf("%s: accepted by libzero for world size %d\n", path.c_str(), world);
-  std::printf("  zero stage             %d\n", c.stage);
-  std::printf("  gradient accumulation  %lld micro-steps per step\n",
-              static_cast<long long>(c.gradient_accumulation_steps));
-  if (c.train_batch_size > 0 && c.train_micro_batch_size_per_gpu > 0)
-    std::printf("  batch                  train_batch_size %lld = micro %lld x accumulation %lld x world %d\n",
-                static_cast<long long>(c.train_batch_size), static_cast<long long>(c.train_micro_batch_size_per_gpu),
-                static_cast<long long>(c.gradient_accumulation_steps), world);
-  const auto& o = c.optimizer;
-  std::printf("  optimizer              %s lr %g betas (%g, %g) eps %g weight_decay %g%s\n", kind_name(o.kind), o.lr,
-              o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction ? "" : " (no bias correction)");
-  std::printf("  dtypes                 params %s, gradients %s, communication %s, master and state fp32%s\n",
-              zero::dtype_name(c.compute_dtype), zero::dtype_name(c.grad_accum_dtype), zero::dtype_name(c.comm_dtype),
-              c.stochastic_rounding ? " (stochastic rounding)" : "");
-  if (c.compute_dtype == zero::DType::kF16) {
-    if (c.loss_scale.static_scale > 0)
-      std::printf("  loss scale             static %g\n", c.loss_scale.static_scale);
-    else
-      std::printf("  loss scale             dynamic from 2^%d, window %lld, hysteresis %d, min %g\n",
-                  c.loss_scale.initial_scale_power, static_cast<long long>(c.loss_scale.window),
-                  c.loss_scale.hysteresis, c.loss_scale.min_scale);
-  }
-  if (c.gradient_clipping > 0)
-    std::printf("  gradient clipping      global norm %g\n", c.gradient_clipping);
-  else
-    std::printf("  gradient clipping      off\n");
-  if (c.stage >= 2)
-    std::printf("  reduce bucket          %lld elements\n", static_cast<long long>(c.reduce_bucket_size));
-  if (c.stage == 3)
-    std::printf("  persistence threshold  %lld elements (smaller units stay resident)\n",
-                static_cast<long long>(c.param_persistence_threshold));
-  if (!c.no_effect_keys.empty()) {
-    std::printf("  no effect yet          ");
-    for (size_t i = 0; i < c.no_effect_keys.size(); ++i)
-      std::printf("%s%s", i ? ", " : "", c.no_effect_keys[i].c_str());
-    std::printf("\n");
   }
   return 0;
 }

@@ -53,21 +53,7 @@ void check_tag(const std::string& tag, const char* call) {
                                         "or containing '/')");
 }
 
-// Every rank learns whether some rank failed a local phase; if one did, every rank throws that rank's error (its
-// status code and message). Keeps ranks from diverging into different collectives.
-void agree(CountedComm& comm, const Error* local_error) {
-  int64_t first_failed = local_error ? comm.rank() : INT64_MAX;
-  comm.all_reduce_inplace(&first_failed, 1, ElemType::kI64, ReduceOp::kMin);
-  if (first_failed == INT64_MAX) return;
-  const int root = static_cast<int>(first_failed);
-  int64_t status = local_error ? local_error->status() : 0;
-  comm.broadcast(&status, sizeof status, root);
-  std::string message = comm.broadcast_text(local_error ? local_error->what() : "", root);
-  if (comm.rank() != root) message = "rank " + std::to_string(root) + ": " + message;
-  fail(static_cast<zero_status_t>(status), message);
-}
-
-// Runs `body` and converts a zero::Error into a stored one for agree().
+// Runs `body` and converts any exception into a stored error for the agreement (EngineComm::agree).
 template <typename Body>
 std::unique_ptr<Error> capture(Body&& body) {
   try {
@@ -76,14 +62,21 @@ std::unique_ptr<Error> capture(Body&& body) {
     return std::make_unique<Error>(e);
   } catch (const std::bad_alloc&) {
     return std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return std::make_unique<Error>(ZERO_ERR_INTERNAL, std::string("internal error: ") + e.what());
   }
   return nullptr;
 }
 
 }  // namespace
 
+// A checkpoint phase's agreement: a failure on one rank (a file it cannot write or read) is the same news for all,
+// so every rank reports that rank's status (EngineComm::agree's share_status).
+void Engine::agree_checkpoint(const char* call, CallKind kind, int phase, const Error* local) {
+  agree(call, CallTag{kind, phase, 0, 0}, local, {}, true);
+}
+
 void Engine::require_step_boundary(const char* call) const {
-  require_state(State::kReady, call);
   if (micro_steps_ != 0)
     fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + std::to_string(micro_steps_) +
                                      " micro-steps have run since the last zero_step; save and load between steps");
@@ -173,7 +166,8 @@ void Engine::write_consolidated(const std::string& path, uint64_t& bytes, uint64
           path, tensors, std::map<std::string, std::string>{{"format", "pt"}, {"producer", "libzero"}});
     });
   }
-  agree(comm_, error.get());
+  const char* call = "zero_save_checkpoint";
+  agree_checkpoint(call, CallKind::kSaveCheckpoint, 10, error.get());
   for (size_t u = 0; u < units_.size(); ++u) {
     gather(static_cast<int>(u));
     if (comm_.rank() == 0 && !error)
@@ -185,19 +179,23 @@ void Engine::write_consolidated(const std::string& path, uint64_t& bytes, uint64
     release(static_cast<int>(u));
   }
   if (comm_.rank() == 0 && !error) error = capture([&] { w->finish(); });
-  agree(comm_, error.get());
+  agree_checkpoint(call, CallKind::kSaveCheckpoint, 11, error.get());
   if (comm_.rank() == 0) bytes = w->file().bytes_written(), xxh64 = w->file().xxh64();
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
   const char* call = "zero_save_checkpoint";
-  require_step_boundary(call);
-  check_tag(tag, call);
+  require_state(State::kReady, call);
   const int rank = comm_.rank(), world = comm_.size();
   const std::string final_dir = dir + "/" + tag, tmp_dir = dir + "/.tmp." + tag;
-  try {
-    // 1. Rank 0 prepares a fresh temporary directory next to the final one.
-    std::unique_ptr<Error> error;
+  {
+    // 0. Every rank checks the call (a rank in the middle of an accumulation window must not leave the others
+    //    waiting), 1. rank 0 prepares a fresh temporary directory next to the final one.
+    std::unique_ptr<Error> error = capture([&] {
+      require_step_boundary(call);
+      check_tag(tag, call);
+    });
+    agree_checkpoint(call, CallKind::kSaveCheckpoint, 0, error.get());
     if (rank == 0)
       error = capture([&] {
         ckpt::make_directories(dir);
@@ -207,21 +205,21 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         ckpt::remove_tree(tmp_dir);
         ckpt::make_directories(tmp_dir);
       });
-    agree(comm_, error.get());
+    agree_checkpoint(call, CallKind::kSaveCheckpoint, 1, error.get());
 
     // 2. Every rank writes and syncs its shard files; the sizes and checksums go to every rank.
     std::vector<int64_t> record(6, 0);
     error = capture([&] { write_shard_files(tmp_dir, record); });
     std::unique_ptr<Error> shard_error = std::move(error);
     try {
-      agree(comm_, shard_error.get());
+      agree_checkpoint(call, CallKind::kSaveCheckpoint, 2, shard_error.get());
     } catch (const Error&) {
       if (rank == 0) ckpt::remove_tree(tmp_dir);
       throw;
     }
     std::vector<int64_t> records(6 * static_cast<size_t>(world), 0);
     std::memcpy(records.data() + 6 * rank, record.data(), 6 * sizeof(int64_t));
-    comm_.all_gather_inplace(records.data(), 6, ElemType::kI64);
+    comm_.control_all_gather(records.data(), 6 * sizeof(int64_t), "zero_save_checkpoint: file sizes and checksums");
 
     // 3. Optionally the consolidated weights, unit by unit.
     uint64_t consolidated_bytes = 0, consolidated_xxh = 0;
@@ -271,10 +269,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         ckpt::fsync_directory(dir);
         ckpt::write_text_file_atomically(dir + "/latest", tag + "\n");
       });
-    agree(comm_, error.get());
-  } catch (const Error& e) {
-    if (e.status() == ZERO_ERR_COMM) broken(e);
-    throw;
+    agree_checkpoint(call, CallKind::kSaveCheckpoint, 3, error.get());
   }
 }
 
@@ -284,19 +279,21 @@ void Engine::publish_params_from_master() {
     if (separate_master())
       round_from_f32(copy_of(static_cast<int>(u)), config_.compute_dtype, us.master.f32(), us.update_elems);
     if (config_.stage >= 1 && us.full_params)
-      comm_.all_gather_inplace(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype));
+      comm_.all_gather(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype),
+                       "zero_load_checkpoint: all-gather of the loaded params of unit " + std::to_string(u));
   }
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
   const char* call = "zero_load_checkpoint";
-  require_step_boundary(call);
+  require_state(State::kReady, call);
   const int rank = comm_.rank(), world = comm_.size();
-  try {
-    // 1. The manifest, and whether it fits what this engine registered.
+  {
+    // 1. The call's preconditions, the manifest, and whether it fits what this engine registered.
     Manifest m;
     std::string path;
     std::unique_ptr<Error> error = capture([&] {
+      require_step_boundary(call);
       std::string tag = tag_in;
       if (tag.empty()) {
         const std::string latest = dir + "/latest";
@@ -339,7 +336,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
             fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": the manifest of '" + path + "' lists no " + kind +
                                                   " file for rank " + std::to_string(r));
     });
-    agree(comm_, error.get());
+    agree_checkpoint(call, CallKind::kLoadCheckpoint, 0, error.get());
 
     // 2. Sizes and checksums, each rank verifying every world-th file, before anything is read.
     error = capture([&] {
@@ -358,7 +355,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
                                                 ckpt::hex64(d.xxh64) + ", manifest " + ckpt::hex64(f.xxh64) + ")");
       }
     });
-    agree(comm_, error.get());
+    agree_checkpoint(call, CallKind::kLoadCheckpoint, 1, error.get());
 
     // 3. This rank's element ranges, from whichever saved shards hold them, into staging buffers.
     const int n_states = state_count(config_.optimizer);
@@ -395,7 +392,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
         }
       }
     });
-    agree(comm_, error.get());
+    agree_checkpoint(call, CallKind::kLoadCheckpoint, 2, error.get());
 
     // 4. Every rank has what it needs: commit.
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -405,20 +402,21 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
         std::memcpy(us.state[s].f32(), states[u][s].data(), us.update_elems * sizeof(float));
       us.grads.zero();
     }
-    publish_params_from_master();
-    if (load_params)
-      for (size_t u = 0; u < units_.size(); ++u) {
-        UnitState& us = units_[u];
-        std::memcpy(copy_of(static_cast<int>(u)), params16[u].data(), us.update_elems * 2);
-        if (config_.stage >= 1 && us.full_params)
-          comm_.all_gather_inplace(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype));
-      }
+    moving_data([&] {
+      publish_params_from_master();
+      if (load_params)
+        for (size_t u = 0; u < units_.size(); ++u) {
+          UnitState& us = units_[u];
+          std::memcpy(copy_of(static_cast<int>(u)), params16[u].data(), us.update_elems * 2);
+          if (config_.stage >= 1 && us.full_params)
+            comm_.all_gather(
+                us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype),
+                "zero_load_checkpoint: all-gather of the stochastically rounded params of unit " + std::to_string(u));
+        }
+    });
     steps_ = m.step;
     scaler_.restore(LossScaler::State{m.loss_scale, m.hysteresis_left, m.scaler_iteration, m.scaler_last_overflow});
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].base_lr = m.groups[g].lr;
-  } catch (const Error& e) {
-    if (e.status() == ZERO_ERR_COMM) broken(e);
-    throw;
   }
 }
 

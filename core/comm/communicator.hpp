@@ -1,18 +1,55 @@
-// The collectives the engine uses, behind one interface with an MPI and a single-process backend.
+// The collectives the engine uses, behind one interface: start a collective, wait for it with a timeout, abort.
+// Backends: single process (comm/single_communicator.*), a custom table of callbacks (comm/custom_communicator.*,
+// which is also how the MPI module in backends/mpi plugs in). Conventions are NCCL's and zero.h's
+// (zero_collective_t): element counts as size_t, in-place buffers, a rank's block at buf + rank * count.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <string>
 
 #include "dtype.hpp"
+#include "zero/zero.h"
 
 namespace zero {
 
-enum class ElemType { kF32, kF64, kI64, kBF16, kF16 };
-enum class ReduceOp { kSum, kMin, kMax };
+// Values are zero_dtype_t's, so a collective crosses the ABI without translation.
+enum class ElemType {
+  kF32 = ZERO_DTYPE_FP32,
+  kBF16 = ZERO_DTYPE_BF16,
+  kF16 = ZERO_DTYPE_FP16,
+  kF64 = ZERO_DTYPE_FP64,
+  kI64 = ZERO_DTYPE_INT64,
+  kU8 = ZERO_DTYPE_UINT8
+};
+enum class ReduceOp { kSum = ZERO_REDUCE_SUM, kMin = ZERO_REDUCE_MIN, kMax = ZERO_REDUCE_MAX };
+enum class CollKind {
+  kAllGather = ZERO_COLL_ALL_GATHER,
+  kReduceScatter = ZERO_COLL_REDUCE_SCATTER,
+  kAllReduce = ZERO_COLL_ALL_REDUCE,
+  kBroadcast = ZERO_COLL_BROADCAST
+};
 
 size_t elem_size(ElemType type);
 ElemType elem_type(DType type);
+const char* elem_type_name(ElemType type);
+const char* coll_kind_name(CollKind kind);
+
+struct Collective {
+  CollKind kind = CollKind::kAllGather;
+  ElemType type = ElemType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = 0;
+  void* buf = nullptr;
+  size_t count = 0;       // per block (all-gather, reduce-scatter) or in all (all-reduce, broadcast)
+  uint64_t sequence = 0;  // set by Communicator::start
+  std::string label;      // what it is for, for diagnostics
+};
+
+// A collective in flight. Owned by whoever started it until wait() reports it done or failed.
+using Request = void*;
 
 class Communicator {
  public:
@@ -20,24 +57,44 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   // Ranks of this communicator on this node (they share its cores).
-  virtual int local_size() const { return 1; }
+  int local_size() const { return local_size_; }
+  // Float sums add contributions in rank order (ZERO_COMM_DETERMINISTIC).
+  bool deterministic() const { return deterministic_; }
+  // Whether a started collective can be waited for with a timeout. Without it a collective blocks in start().
+  virtual bool can_time_out() const { return false; }
 
-  // `buf` holds size() blocks of `block_elems` elements; this rank's block is the input. Afterwards every block
-  // holds its owner's data.
-  virtual void all_gather_inplace(void* buf, size_t block_elems, ElemType type) = 0;
-  // `buf` holds size() blocks of `block_elems` elements (kF32, kBF16 or kF16). Afterwards buf[0, block_elems) holds
-  // the element-wise sum over ranks of block rank(), added in rank order 0..N-1 (deterministic whatever the
-  // collective; 16-bit values summed in fp32, rounded once); the rest of `buf` is unspecified.
-  virtual void reduce_scatter_sum_inplace(void* buf, size_t block_elems, ElemType type) = 0;
-  virtual void all_reduce_inplace(void* buf, size_t n_elems, ElemType type, ReduceOp op) = 0;
-  virtual void broadcast(void* buf, size_t n_bytes, int root) = 0;
+  // Numbers the collective (1, 2, ... per communicator: every rank issues collective n with the same arguments)
+  // and starts it. Returns null if it already completed. Throws zero::Error.
+  Request start(Collective& c);
+  // Waits up to timeout_s for a started collective: true when it completed (the request is gone). Throws on
+  // failure (the request is gone too).
+  virtual bool wait(Request request, double timeout_s) = 0;
+  // This rank stops taking part: pending and later collectives fail, and other ranks learn it. Any thread.
+  void abort(const std::string& reason);
+  bool aborted() const { return aborted_.load(); }
+  std::string abort_reason() const;
+  // After a timeout: what the backend knows of the other ranks, for the error message.
+  virtual std::string diagnose(uint64_t /*sequence*/) { return ""; }
+  // Collective teardown (zero_comm_finalize); the caller has already agreed with every rank.
+  void finalize();
+  bool finalized() const { return finalized_; }
+  uint64_t issued() const { return next_sequence_ - 1; }
 
  protected:
-  Communicator(int rank, int size) : rank_(rank), size_(size) {}
+  Communicator(int rank, int size, int local_size, bool deterministic)
+      : rank_(rank), size_(size), local_size_(local_size < 1 ? 1 : local_size), deterministic_(deterministic) {}
+  virtual Request do_start(const Collective& c) = 0;
+  virtual void do_abort(const std::string& /*reason*/) {}
+  virtual void do_finalize() {}
 
  private:
-  int rank_;
-  int size_;
+  int rank_, size_, local_size_;
+  bool deterministic_;
+  uint64_t next_sequence_ = 1;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mutex_;
+  std::string abort_reason_;
+  bool finalized_ = false;
 };
 
 }  // namespace zero

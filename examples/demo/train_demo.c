@@ -160,7 +160,7 @@ static void run_training(int stage, int steps, int hidden, int verbose, zero_mem
     CHECK(zero_release(engine, 0));
     CHECK(zero_backward_end(engine));
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
-    CHECK(zero_step(engine, &info));
+    CHECK(zero_step(&info, engine));
 
     double mean_loss = 0.0;
     MPI_Allreduce(&loss, &mean_loss, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -171,7 +171,7 @@ static void run_training(int stage, int steps, int hidden, int verbose, zero_mem
   }
 
   *mem = (zero_memory_stats_t)ZERO_MEMORY_STATS_INIT;
-  CHECK(zero_memory_stats(engine, mem));
+  CHECK(zero_memory_stats(mem, engine));
   free(x);
   free(h);
   free(dh);
@@ -224,7 +224,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "--stage must be 0-3, --steps and --hidden positive\n");
     return 2;
   }
-  MPI_Init(&argc, &argv);
+  int mpi_provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &mpi_provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -397,7 +397,7 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
   zero_engine_t* e = nullptr;
   ZCHECK(zero_engine_create(&e, config.c_str(), comm));
   zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
-  ZCHECK(zero_engine_info(e, &info));
+  ZCHECK(zero_engine_info(&info, e));
   if (info.grad_dtype != ZERO_DTYPE_FP32) {
     if (rank == 0) std::fprintf(stderr, "train_gpt: this example accumulates gradients in fp32 only\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
@@ -435,7 +435,7 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
       ZCHECK(zero_backward_end(e));
     }
     zero_step_info_t si = ZERO_STEP_INFO_INIT;
-    ZCHECK(zero_step(e, &si));
+    ZCHECK(zero_step(&si, e));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     total_ms += ms;
     double mean_loss = 0;
@@ -476,7 +476,7 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
       std::printf("\n");
     }
   }
-  ZCHECK(zero_memory_stats(e, &result.mem));
+  ZCHECK(zero_memory_stats(&result.mem, e));
   result.activation_bytes = runner.activation_bytes();
   result.padded_params = result.mem.param_bytes / (bf16 ? 2 : 4) * (stage == 3 ? world : 1);
   if (csv) std::fclose(csv);
@@ -524,7 +524,8 @@ double formula_bytes(int stage, double psi, int world, bool bf16) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int mpi_provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &mpi_provided);
   openblas_set_num_threads(1);  // one BLAS thread per rank: ranks share the cores, and results stay deterministic
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -1,12 +1,16 @@
 /*
- * Uses libzero the way another framework would: dlopen("libzero.so.0") by SONAME, resolve every public symbol
+ * Uses libzero the way another framework would: dlopen("libzero.so.1") by SONAME, resolve every public symbol
  * with dlsym, check the runtime version against the header, and run a 2-rank training step through function
- * pointers only. This program does not link libzero (nor MPI: libzero initialises MPI itself).
+ * pointers only. This program links neither libzero nor MPI: libzero.so links no MPI either, and loads its MPI
+ * module (libzero-mpi.so.1) by SONAME when asked for an MPI communicator, which initialises MPI. A wrong
+ * ZERO_MPI_BACKEND path must give a clear error first.
  *
  *   mpirun -np 2 test_dlopen
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "zero/zero.h"
@@ -33,9 +37,13 @@ static void* resolve(void* lib, const char* name) {
   } while (0)
 
 int main(void) {
-  void* lib = dlopen("libzero.so.0", RTLD_NOW | RTLD_LOCAL);
+  void* lib = dlopen("libzero.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == NULL) {
-    fprintf(stderr, "dlopen(libzero.so.0): %s\n", dlerror());
+    fprintf(stderr, "dlopen(libzero.so.1): %s\n", dlerror());
+    return 1;
+  }
+  if (dlopen("libzero-mpi.so.1", RTLD_NOW | RTLD_NOLOAD) != NULL) {
+    fprintf(stderr, "loading libzero.so.1 loaded the MPI module too; it must load only on demand\n");
     return 1;
   }
   for (size_t i = 0; i < kZeroSymbolCount; ++i)
@@ -53,7 +61,8 @@ int main(void) {
   typedef zero_status_t (*engine_t)(zero_engine_t*);
   typedef zero_status_t (*engine_id_t)(zero_engine_t*, int32_t);
   typedef zero_status_t (*data_t)(void**, zero_engine_t*, int32_t);
-  typedef zero_status_t (*step_t)(zero_engine_t*, zero_step_info_t*);
+  typedef zero_status_t (*step_t)(zero_step_info_t*, zero_engine_t*);
+  typedef zero_status_t (*comm_finalize_t)(zero_comm_t*);
   typedef void (*engine_destroy_t)(zero_engine_t*);
 
   version_t version_fn;
@@ -76,6 +85,7 @@ int main(void) {
   data_t param_data, grad_data;
   step_t step;
   engine_destroy_t engine_destroy;
+  comm_finalize_t comm_finalize;
   *(void**)&comm_create_mpi = resolve(lib, "zero_comm_create_mpi");
   *(void**)&comm_rank = resolve(lib, "zero_comm_rank");
   *(void**)&comm_size = resolve(lib, "zero_comm_size");
@@ -91,9 +101,22 @@ int main(void) {
   *(void**)&grad_data = resolve(lib, "zero_grad_data");
   *(void**)&step = resolve(lib, "zero_step");
   *(void**)&engine_destroy = resolve(lib, "zero_engine_destroy");
+  *(void**)&comm_finalize = resolve(lib, "zero_comm_finalize");
 
   zero_comm_t* comm = NULL;
+  /* A wrong module path is a clear error, not a crash. */
+  setenv("ZERO_MPI_BACKEND", "/nonexistent/libzero-mpi.so.1", 1);
+  if (comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD) != ZERO_ERR_UNSUPPORTED || comm != NULL ||
+      strstr(last_error_fn(), "/nonexistent/libzero-mpi.so.1") == NULL) {
+    fprintf(stderr, "a missing MPI module was not reported: %s\n", last_error_fn());
+    return 1;
+  }
+  unsetenv("ZERO_MPI_BACKEND");
   CHECK(comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  if (dlopen("libzero-mpi.so.1", RTLD_NOW | RTLD_NOLOAD) == NULL) {
+    fprintf(stderr, "zero_comm_create_mpi did not load libzero-mpi.so.1 by its SONAME\n");
+    return 1;
+  }
   int rank = 0, world = 0;
   CHECK(comm_rank(&rank, comm));
   CHECK(comm_size(&world, comm));
@@ -121,13 +144,14 @@ int main(void) {
   CHECK(release(engine, 0));
   CHECK(backward_end(engine));
   zero_step_info_t info = ZERO_STEP_INFO_INIT;
-  CHECK(step(engine, &info));
+  CHECK(step(&info, engine));
   CHECK(gather(engine, 0));
   CHECK(param_data((void**)&p, engine, w));
   int ok = info.step == 1;
   for (int i = 0; i < 5; ++i) ok = ok && p[i] > init[i] - 0.5f - 1e-5f && p[i] < init[i] - 0.5f + 1e-5f;
   CHECK(release(engine, 0));
   engine_destroy(engine);
+  CHECK(comm_finalize(comm)); /* libzero initialised MPI: this finalises it */
   comm_destroy(comm);
   if (!ok) {
     fprintf(stderr, "rank %d: unexpected weights after one step\n", rank);

@@ -1,12 +1,17 @@
 /*
  * The C API in plain C (CMocka): every call with NULL and wrong-state arguments returns its documented status
- * with a message that names the problem, and a whole training run on a one-rank communicator. Run under ASan
- * and UBSan in CI, which also proves that failed calls leak nothing.
+ * with a message that names the problem; the struct_size rules (init functions, smaller, larger with a zero or a
+ * non-zero tail); the views' metadata; logging, abort, the per-engine error; a custom communicator; and a whole
+ * training run on a one-rank communicator. Run under ASan and UBSan in CI, which also proves that failed calls
+ * leak nothing.
  */
+#define ZERO_EXPERIMENTAL_API
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -25,15 +30,18 @@ static const char* kConfig =
       fail_msg("message '%s' does not mention '%s'", zero_last_error(), (fragment)); \
   } while (0)
 
-static zero_engine_t* new_engine(zero_comm_t** comm) {
+static zero_engine_t* new_engine_with(zero_comm_t** comm, const char* config) {
   zero_engine_t* engine = NULL;
   assert_int_equal(zero_comm_create_single(comm), ZERO_OK);
-  assert_int_equal(zero_engine_create(&engine, kConfig, *comm), ZERO_OK);
+  assert_int_equal(zero_engine_create(&engine, config, *comm), ZERO_OK);
   return engine;
 }
 
+static zero_engine_t* new_engine(zero_comm_t** comm) { return new_engine_with(comm, kConfig); }
+
 static int32_t add_param(zero_engine_t* engine, const char* name, int64_t n, int32_t unit) {
-  zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+  zero_param_desc_t d;
+  assert_int_equal(zero_param_desc_init(&d, sizeof d), ZERO_OK);
   int64_t shape[1];
   shape[0] = n;
   d.name = name;
@@ -49,24 +57,35 @@ static void test_status_strings_and_version(void** state) {
   (void)state;
   assert_string_equal(zero_status_string(ZERO_OK), "ZERO_OK");
   assert_string_equal(zero_status_string(ZERO_ERR_MISMATCH), "ZERO_ERR_MISMATCH");
-  assert_string_equal(zero_status_string((zero_status_t)999), "unknown");
+  assert_string_equal(zero_status_string(ZERO_ERR_REMOTE), "ZERO_ERR_REMOTE");
+  assert_string_equal(zero_status_string(ZERO_ERR_TIMEOUT), "ZERO_ERR_TIMEOUT");
+  assert_string_equal(zero_status_string(ZERO_ERR_ABORTED), "ZERO_ERR_ABORTED");
+  /* Any int32 is a valid argument: out-of-range values are named, never undefined behaviour. */
+  assert_string_equal(zero_status_string(999), "unknown");
+  assert_string_equal(zero_status_string(-1), "unknown");
+  assert_string_equal(zero_status_string(INT32_MIN), "unknown");
   assert_int_equal(zero_get_version(), ZERO_VERSION_NUMBER);
   assert_non_null(zero_last_error());
+  zero_string_destroy(NULL);
 }
 
 static void test_null_arguments(void** state) {
   (void)state;
   zero_comm_t* comm = NULL;
   zero_engine_t* engine = NULL;
-  int value = 0;
+  int32_t value = 0;
   int32_t id = 0;
   void* ptr = NULL;
   double scale = 0;
   assert_fails(zero_comm_create_single(NULL), ZERO_ERR_INVALID_ARGUMENT, "out_comm is NULL");
   assert_fails(zero_comm_create_mpi(NULL, ZERO_MPI_COMM_WORLD), ZERO_ERR_INVALID_ARGUMENT, "out_comm is NULL");
+  assert_fails(zero_comm_create_custom(NULL, NULL, NULL), ZERO_ERR_INVALID_ARGUMENT, "out_comm is NULL");
+  assert_fails(zero_comm_create_custom(&comm, NULL, NULL), ZERO_ERR_INVALID_ARGUMENT, "zero_comm_ops_t pointer");
+  assert_null(comm);
   assert_fails(zero_comm_rank(NULL, NULL), ZERO_ERR_INVALID_ARGUMENT, "out_rank is NULL");
   assert_fails(zero_comm_rank(&value, NULL), ZERO_ERR_INVALID_ARGUMENT, "comm is NULL");
   assert_fails(zero_comm_size(&value, NULL), ZERO_ERR_INVALID_ARGUMENT, "comm is NULL");
+  assert_fails(zero_comm_finalize(NULL), ZERO_ERR_INVALID_ARGUMENT, "comm is NULL");
   assert_fails(zero_engine_create(NULL, kConfig, NULL), ZERO_ERR_INVALID_ARGUMENT, "out_engine is NULL");
   assert_fails(zero_engine_create(&engine, kConfig, NULL), ZERO_ERR_INVALID_ARGUMENT, "comm is NULL");
   assert_null(engine);
@@ -93,12 +112,28 @@ static void test_null_arguments(void** state) {
   assert_fails(zero_loss_scale(&scale, NULL), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
   assert_fails(zero_loss_scale(NULL, NULL), ZERO_ERR_INVALID_ARGUMENT, "out_scale is NULL");
   assert_fails(zero_set_lr(NULL, 0, 0.1), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_engine_set_num_threads(NULL, 1), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_save_checkpoint(NULL, "d", "t"), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_load_checkpoint(NULL, "d", NULL), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
   zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
   zero_comm_stats_t cs = ZERO_COMM_STATS_INIT;
-  assert_fails(zero_memory_stats(NULL, &mem), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
   zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
-  assert_fails(zero_engine_info(NULL, &info), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
-  assert_fails(zero_comm_stats(NULL, &cs), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  zero_param_info_t pi = ZERO_PARAM_INFO_INIT;
+  zero_unit_info_t ui = ZERO_UNIT_INFO_INIT;
+  assert_fails(zero_memory_stats(&mem, NULL), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_engine_info(&info, NULL), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_comm_stats(&cs, NULL), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_param_info(&pi, NULL, 0), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_unit_info(&ui, NULL, 0), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  char* report = NULL;
+  assert_fails(zero_config_check(NULL, kConfig, 1), ZERO_ERR_INVALID_ARGUMENT, "out_report is NULL");
+  assert_fails(zero_config_check(&report, NULL, 1), ZERO_ERR_INVALID_ARGUMENT, "json_config is NULL");
+  assert_fails(zero_config_check(&report, kConfig, 0), ZERO_ERR_INVALID_ARGUMENT, "world_size");
+  assert_null(report);
+  assert_fails(zero_engine_recent_collectives(NULL, NULL), ZERO_ERR_INVALID_ARGUMENT, "out_json is NULL");
+  assert_fails(zero_engine_recent_collectives(&report, NULL), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_non_null(zero_engine_last_error(NULL));
+  zero_engine_abort(NULL);
 
   zero_comm_destroy(comm);
   engine = new_engine(&comm);
@@ -113,17 +148,114 @@ static void test_null_arguments(void** state) {
   d.ndim = 0;
   d.dtype = ZERO_DTYPE_BF16;
   assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "the engine computes in fp32");
-  d.dtype = (zero_dtype_t)7;
-  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "not a zero_dtype_t");
-  d.dtype = ZERO_DTYPE_FP32;
+  d.dtype = 7;
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "desc->dtype");
+  d.dtype = ZERO_DTYPE_FP64; /* a communicator dtype, not a param dtype */
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "desc->dtype");
+  d.dtype = -1;
   d.init_dtype = 9;
   assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "init_dtype");
   d.init_dtype = -1;
-  d.struct_size = 8;
-  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "ZERO_PARAM_DESC_INIT");
-  assert_fails(zero_memory_stats(engine, NULL), ZERO_ERR_INVALID_ARGUMENT, "NULL");
-  mem.struct_size = 0;
-  assert_fails(zero_memory_stats(engine, &mem), ZERO_ERR_INVALID_ARGUMENT, "ZERO_MEMORY_STATS_INIT");
+  d.name = "bad\xff\xfename";
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "not valid UTF-8");
+  d.name = "w";
+  int64_t huge[2] = {INT64_C(1) << 32, INT64_C(1) << 32};
+  d.ndim = 2;
+  d.shape = huge;
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "more than 2^56 elements");
+  d.ndim = 0;
+  d.shape = NULL;
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+}
+
+/* struct_size: the init functions, a smaller struct than this ABI's, a larger one with a zero tail (accepted)
+ * and with a non-zero tail (refused, naming the offset). */
+typedef struct {
+  zero_param_desc_t known;
+  uint64_t newer_field;
+} NewerParamDesc;
+
+typedef struct {
+  zero_memory_stats_t known;
+  uint64_t newer_field;
+} NewerMemoryStats;
+
+static void test_struct_sizes(void** state) {
+  (void)state;
+  zero_param_desc_t d;
+  memset(&d, 0x5a, sizeof d);
+  assert_int_equal(zero_param_desc_init(&d, sizeof d), ZERO_OK);
+  assert_int_equal(d.struct_size, sizeof d);
+  assert_int_equal(d.dtype, -1);
+  assert_int_equal(d.init_dtype, -1);
+  assert_null(d.name);
+  assert_fails(zero_param_desc_init(NULL, sizeof d), ZERO_ERR_INVALID_ARGUMENT, "NULL");
+  assert_fails(zero_param_desc_init(&d, 8), ZERO_ERR_INVALID_ARGUMENT, "smaller than zero_param_desc_t");
+
+  /* Every init function, with a larger struct: defaults set, the unknown tail zeroed. */
+  NewerParamDesc newer;
+  memset(&newer, 0x5a, sizeof newer);
+  assert_int_equal(zero_param_desc_init(&newer.known, sizeof newer), ZERO_OK);
+  assert_int_equal(newer.known.struct_size, sizeof newer);
+  assert_true(newer.newer_field == 0);
+  zero_param_group_desc_t g;
+  assert_int_equal(zero_param_group_desc_init(&g, sizeof g), ZERO_OK);
+  assert_true(g.lr == ZERO_INHERIT && g.eps == ZERO_INHERIT);
+  zero_step_info_t si;
+  assert_int_equal(zero_step_info_init(&si, sizeof si), ZERO_OK);
+  zero_engine_info_t ei;
+  assert_int_equal(zero_engine_info_init(&ei, sizeof ei), ZERO_OK);
+  zero_memory_stats_t ms;
+  assert_int_equal(zero_memory_stats_init(&ms, sizeof ms), ZERO_OK);
+  zero_comm_stats_t cs;
+  assert_int_equal(zero_comm_stats_init(&cs, sizeof cs), ZERO_OK);
+  zero_param_info_t pi;
+  assert_int_equal(zero_param_info_init(&pi, sizeof pi), ZERO_OK);
+  zero_unit_info_t ui;
+  assert_int_equal(zero_unit_info_init(&ui, sizeof ui), ZERO_OK);
+  zero_comm_ops_t ops;
+  assert_int_equal(zero_comm_ops_init(&ops, sizeof ops), ZERO_OK);
+  assert_int_equal(ops.size, 1);
+  assert_null(ops.run);
+  zero_collective_t coll;
+  assert_int_equal(zero_collective_init(&coll, sizeof coll), ZERO_OK);
+  assert_fails(zero_unit_info_init(&ui, 4), ZERO_ERR_INVALID_ARGUMENT, "zero_unit_info_t");
+
+  zero_comm_t* comm = NULL;
+  zero_engine_t* engine = new_engine(&comm);
+  int32_t id = -1;
+  int64_t shape[1] = {4};
+  /* Input: smaller than 0.3's struct. */
+  d.name = "w";
+  d.ndim = 1;
+  d.shape = shape;
+  d.struct_size = offsetof(zero_param_desc_t, init_dtype);
+  assert_fails(zero_engine_add_param(&id, engine, &d), ZERO_ERR_INVALID_ARGUMENT, "zero_param_desc_init");
+  /* Input: larger with a zero tail (a newer header whose new field keeps its default) is accepted. */
+  newer.known.name = "w";
+  newer.known.ndim = 1;
+  newer.known.shape = shape;
+  assert_int_equal(zero_engine_add_param(&id, engine, &newer.known), ZERO_OK);
+  /* Input: larger with a non-zero tail is refused, never silently truncated. */
+  newer.known.name = "v";
+  newer.newer_field = 1;
+  char offset[32];
+  snprintf(offset, sizeof offset, "byte offset %zu", offsetof(NewerParamDesc, newer_field));
+  assert_fails(zero_engine_add_param(&id, engine, &newer.known), ZERO_ERR_UNSUPPORTED, offset);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+
+  /* Output: smaller than 0.3's struct is refused; larger is filled up to what the library knows and struct_size
+   * says how much that was; the unknown tail keeps what the caller put there. */
+  ms.struct_size = offsetof(zero_memory_stats_t, grad_bytes);
+  assert_fails(zero_memory_stats(&ms, engine), ZERO_ERR_INVALID_ARGUMENT, "zero_memory_stats_init");
+  NewerMemoryStats big;
+  assert_int_equal(zero_memory_stats_init(&big.known, sizeof big), ZERO_OK);
+  big.newer_field = 777;
+  assert_int_equal(zero_memory_stats(&big.known, engine), ZERO_OK);
+  assert_int_equal(big.known.struct_size, sizeof(zero_memory_stats_t));
+  assert_true(big.newer_field == 777);
+  assert_true(big.known.param_bytes > 0);
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 }
@@ -133,13 +265,17 @@ static void test_wrong_order(void** state) {
   zero_comm_t* comm = NULL;
   zero_engine_t* engine = new_engine(&comm);
   void* ptr = NULL;
+  zero_unit_info_t ui = ZERO_UNIT_INFO_INIT;
   assert_fails(zero_engine_finalize(engine), ZERO_ERR_INVALID_STATE, "no params");
   assert_fails(zero_param_data(&ptr, engine, 0), ZERO_ERR_INVALID_STATE, "zero_engine_finalize first");
   assert_fails(zero_gather(engine, 0), ZERO_ERR_INVALID_STATE, "zero_engine_finalize first");
-  assert_fails(zero_step(engine, NULL), ZERO_ERR_INVALID_STATE, "zero_engine_finalize first");
+  assert_fails(zero_step(NULL, engine), ZERO_ERR_INVALID_STATE, "zero_engine_finalize first");
+  assert_fails(zero_unit_info(&ui, engine, 0), ZERO_ERR_INVALID_STATE, "zero_engine_finalize first");
+  /* The engine remembers its last error, whichever thread made it. */
+  assert_non_null(strstr(zero_engine_last_error(engine), "zero_unit_info needs zero_engine_finalize first"));
   int32_t w = add_param(engine, "w", 10, 0);
   assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
-  assert_fails(zero_engine_finalize(engine), ZERO_ERR_INVALID_STATE, "before zero_engine_finalize");
+  assert_fails(zero_engine_finalize(engine), ZERO_ERR_INVALID_STATE, "already finalized");
   int32_t id = 0;
   zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
   d.name = "late";
@@ -149,11 +285,13 @@ static void test_wrong_order(void** state) {
   assert_fails(zero_param_data(&ptr, engine, 7), ZERO_ERR_INVALID_ARGUMENT, "no param with id 7");
   assert_fails(zero_release(engine, 0), ZERO_ERR_INVALID_STATE, "not gathered");
   assert_fails(zero_gather(engine, 3), ZERO_ERR_INVALID_ARGUMENT, "no unit 3");
-  assert_fails(zero_step(engine, NULL), ZERO_ERR_INVALID_STATE, "got 0");
+  assert_fails(zero_unit_info(&ui, engine, 3), ZERO_ERR_INVALID_ARGUMENT, "no unit 3");
+  assert_fails(zero_step(NULL, engine), ZERO_ERR_INVALID_STATE, "got 0");
   zero_step_info_t info = ZERO_STEP_INFO_INIT;
   info.struct_size = 1;
-  assert_fails(zero_step(engine, &info), ZERO_ERR_INVALID_ARGUMENT, "ZERO_STEP_INFO_INIT");
+  assert_fails(zero_step(&info, engine), ZERO_ERR_INVALID_ARGUMENT, "zero_step_info_init");
   assert_fails(zero_set_lr(engine, 4, 0.1), ZERO_ERR_INVALID_ARGUMENT, "no param group 4");
+  assert_fails(zero_engine_set_num_threads(engine, -2), ZERO_ERR_INVALID_ARGUMENT, "threads must be >= 0");
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 }
@@ -169,11 +307,236 @@ static void test_bad_config(void** state) {
   assert_fails(
       zero_engine_create(&engine,
                          "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"offload_optimizer\": "
-                         "{\"device\": \"cpu\"}}}",
+                         "{\"device\": \"nvme\"}}}",
                          comm),
       ZERO_ERR_UNSUPPORTED, "offload_optimizer");
   assert_fails(zero_engine_create(&engine, "not json", comm), ZERO_ERR_CONFIG, "not valid JSON");
+  assert_fails(
+      zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"libzero\": {\"timeout\": 5}}", comm),
+      ZERO_ERR_CONFIG, "did you mean 'libzero.timeout_s'");
   assert_null(engine);
+  /* zero_config_check: the same verdict without an engine, and the report on success. */
+  char* report = NULL;
+  assert_fails(zero_config_check(&report, "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimizaton\": {}}", 4),
+               ZERO_ERR_CONFIG, "did you mean 'zero_optimization'");
+  assert_null(report);
+  assert_int_equal(zero_config_check(&report, kConfig, 4), ZERO_OK);
+  assert_non_null(report);
+  assert_non_null(strstr(report, "accepted by libzero for world size 4"));
+  assert_non_null(strstr(report, "zero stage             3"));
+  zero_string_destroy(report);
+  zero_comm_destroy(comm);
+}
+
+/* Logging: a callback receives the warnings libzero would print. */
+typedef struct {
+  int calls;
+  int32_t level, rank;
+  char text[512];
+} LogSink;
+
+static void capture_log(void* user_data, int32_t level, int32_t rank, const char* message) {
+  LogSink* sink = (LogSink*)user_data;
+  sink->calls += 1;
+  sink->level = level;
+  sink->rank = rank;
+  snprintf(sink->text, sizeof sink->text, "%s", message);
+}
+
+static void test_logging(void** state) {
+  (void)state;
+  LogSink sink;
+  memset(&sink, 0, sizeof sink);
+  assert_fails(zero_set_log_callback(capture_log, &sink, 9), ZERO_ERR_INVALID_ARGUMENT, "max_level");
+  assert_int_equal(zero_set_log_callback(capture_log, &sink, ZERO_LOG_WARNING), ZERO_OK);
+  zero_comm_t* comm = NULL;
+  zero_engine_t* engine = new_engine_with(
+      &comm, "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"round_robin_gradients\": true}}");
+  assert_int_equal(sink.calls, 1);
+  assert_int_equal(sink.level, ZERO_LOG_WARNING);
+  assert_int_equal(sink.rank, 0);
+  assert_non_null(strstr(sink.text, "round_robin_gradients"));
+  zero_engine_destroy(engine);
+  /* ZERO_LOG_OFF: nothing. */
+  assert_int_equal(zero_set_log_callback(capture_log, &sink, ZERO_LOG_OFF), ZERO_OK);
+  assert_int_equal(
+      zero_engine_create(
+          &engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"round_robin_gradients\": true}}",
+          comm),
+      ZERO_OK);
+  assert_int_equal(sink.calls, 1);
+  zero_engine_destroy(engine);
+  assert_int_equal(zero_set_log_callback(NULL, NULL, ZERO_LOG_WARNING), ZERO_OK);
+  zero_comm_destroy(comm);
+}
+
+/* Views: param and unit metadata, and the generation that changes on every gather and release, at every stage
+ * (stage 0 too: zero_param_data needs a gather at every stage). */
+static void test_views(void** state) {
+  (void)state;
+  for (int stage = 0; stage <= 3; ++stage) {
+    char config[256];
+    snprintf(config, sizeof config,
+             "{\"optimizer\": {\"type\": \"AdamW\"}, \"bf16\": {\"enabled\": true},"
+             " \"zero_optimization\": {\"stage\": %d, \"stage3_param_persistence_threshold\": 10}}",
+             stage);
+    zero_comm_t* comm = NULL;
+    zero_engine_t* engine = new_engine_with(&comm, config);
+    int64_t shape[3] = {2, 3, 5};
+    zero_param_desc_t d = ZERO_PARAM_DESC_INIT; /* dtype -1: the engine's compute dtype, bf16 */
+    d.name = "block.w";
+    d.ndim = 3;
+    d.shape = shape;
+    d.unit = 1;
+    int32_t w = -1, b = -1;
+    assert_int_equal(zero_engine_add_param(&w, engine, &d), ZERO_OK);
+    b = add_param(engine, "embed", 4, 0); /* a small unit: resident at stage 3 (threshold 10) */
+    zero_param_info_t pi;
+    assert_int_equal(zero_param_info_init(&pi, sizeof pi), ZERO_OK);
+    assert_int_equal(zero_param_info(&pi, engine, w), ZERO_OK); /* before finalize too */
+    assert_string_equal(pi.name, "block.w");
+    assert_int_equal(pi.ndim, 3);
+    assert_true(pi.shape[0] == 2 && pi.shape[1] == 3 && pi.shape[2] == 5 && pi.shape[3] == 0);
+    assert_true(pi.numel == 30);
+    assert_int_equal(pi.unit, 1);
+    assert_int_equal(pi.group, 0);
+    assert_int_equal(pi.param_dtype, ZERO_DTYPE_BF16);
+    assert_int_equal(pi.grad_dtype, ZERO_DTYPE_FP32);
+    assert_true(pi.param_bytes == 60 && pi.grad_bytes == 120);
+    assert_fails(zero_param_info(&pi, engine, 2), ZERO_ERR_INVALID_ARGUMENT, "no param with id 2");
+    assert_fails(zero_param_info(NULL, engine, 0), ZERO_ERR_INVALID_ARGUMENT, "NULL");
+    assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+    for (int unit = 0; unit < 2; ++unit) {
+      const int32_t param = unit == 0 ? b : w;
+      zero_unit_info_t ui = ZERO_UNIT_INFO_INIT;
+      assert_int_equal(zero_unit_info(&ui, engine, unit), ZERO_OK);
+      assert_int_equal(ui.gathered, 0);
+      assert_int_equal(ui.num_params, 1);
+      assert_true(ui.numel == (unit == 0 ? 4u : 30u));
+      const uint64_t g0 = ui.generation;
+      void* p = NULL;
+      assert_fails(zero_param_data(&p, engine, param), ZERO_ERR_INVALID_STATE, "not gathered");
+      assert_int_equal(zero_gather(engine, unit), ZERO_OK);
+      assert_int_equal(zero_unit_info(&ui, engine, unit), ZERO_OK);
+      assert_int_equal(ui.gathered, 1);
+      const uint64_t g1 = ui.generation;
+      assert_true(g1 != g0);
+      assert_int_equal(zero_param_data(&p, engine, param), ZERO_OK);
+      assert_int_equal(zero_release(engine, unit), ZERO_OK);
+      assert_int_equal(zero_unit_info(&ui, engine, unit), ZERO_OK);
+      assert_int_equal(ui.gathered, 0);
+      assert_true(ui.generation != g1 && ui.generation != g0);
+      /* A view made before a release and a new gather sees a different generation. */
+      assert_int_equal(zero_gather(engine, unit), ZERO_OK);
+      assert_int_equal(zero_unit_info(&ui, engine, unit), ZERO_OK);
+      assert_true(ui.generation != g1);
+      assert_int_equal(zero_release(engine, unit), ZERO_OK);
+    }
+    zero_engine_destroy(engine);
+    zero_comm_destroy(comm);
+  }
+}
+
+/* Abort: every later call says ZERO_ERR_ABORTED; destroy still works. */
+static void test_abort(void** state) {
+  (void)state;
+  zero_comm_t* comm = NULL;
+  zero_engine_t* engine = new_engine(&comm);
+  zero_engine_t* other = NULL;
+  assert_int_equal(zero_engine_create(&other, kConfig, comm), ZERO_OK);
+  add_param(other, "v", 3, 0);
+  int32_t w = add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  zero_engine_abort(engine);
+  zero_engine_abort(engine); /* twice is fine */
+  assert_fails(zero_gather(engine, 0), ZERO_ERR_ABORTED, "zero_engine_abort");
+  void* p = NULL;
+  assert_fails(zero_grad_data(&p, engine, w), ZERO_ERR_ABORTED, "zero_engine_abort");
+  assert_fails(zero_step(NULL, engine), ZERO_ERR_ABORTED, "zero_engine_abort");
+  /* Another engine on the aborted communicator is unusable too (the collective sequence is gone), and no new
+   * one can be made on it. */
+  assert_fails(zero_engine_finalize(other), ZERO_ERR_ABORTED, "aborted");
+  zero_engine_t* third = NULL;
+  assert_fails(zero_engine_create(&third, kConfig, comm), ZERO_ERR_ABORTED, "aborted");
+  zero_engine_destroy(other);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+}
+
+/* A custom communicator: a one-rank backend written here, blocking (run only). The table is validated, its
+ * destroy callback runs exactly once, when the last reference goes. */
+typedef struct {
+  int runs;
+  int destroyed;
+} CustomState;
+
+static zero_status_t custom_run(void* user_data, const zero_collective_t* coll) {
+  CustomState* s = (CustomState*)user_data;
+  s->runs += 1;
+  /* With one rank every collective leaves the buffer as it is. */
+  return coll->struct_size >= sizeof(zero_collective_t) && coll->sequence == (uint64_t)s->runs ? ZERO_OK
+                                                                                               : ZERO_ERR_INTERNAL;
+}
+
+static void custom_destroy(void* user_data) { ((CustomState*)user_data)->destroyed += 1; }
+
+static zero_status_t custom_start(void** out_request, void* user_data, const zero_collective_t* coll) {
+  (void)out_request, (void)user_data, (void)coll;
+  return ZERO_OK;
+}
+
+static void test_custom_communicator(void** state) {
+  (void)state;
+  CustomState cs = {0, 0};
+  zero_comm_ops_t ops;
+  zero_comm_t* comm = NULL;
+  assert_int_equal(zero_comm_ops_init(&ops, sizeof ops), ZERO_OK);
+  assert_fails(zero_comm_create_custom(&comm, &ops, &cs), ZERO_ERR_INVALID_ARGUMENT, "ops->run is NULL");
+  ops.run = custom_run;
+  ops.destroy = custom_destroy;
+  ops.rank = 1;
+  assert_fails(zero_comm_create_custom(&comm, &ops, &cs), ZERO_ERR_INVALID_ARGUMENT, "ops->rank");
+  ops.rank = 0;
+  ops.start = custom_start;
+  assert_fails(zero_comm_create_custom(&comm, &ops, &cs), ZERO_ERR_INVALID_ARGUMENT, "go together");
+  ops.start = NULL;
+  ops.flags = 0x80;
+  assert_fails(zero_comm_create_custom(&comm, &ops, &cs), ZERO_ERR_UNSUPPORTED, "flags");
+  ops.flags = ZERO_COMM_DETERMINISTIC;
+  assert_null(comm);
+  assert_int_equal(cs.destroyed, 0); /* a refused table is not the library's to destroy */
+  assert_int_equal(zero_comm_create_custom(&comm, &ops, &cs), ZERO_OK);
+  zero_engine_t* engine = NULL;
+  assert_int_equal(zero_engine_create(&engine, kConfig, comm), ZERO_OK);
+  int32_t w = add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  float* g = NULL;
+  assert_int_equal(zero_grad_data((void**)&g, engine, w), ZERO_OK);
+  g[0] += 1.0f;
+  assert_int_equal(zero_grad_ready(engine, w), ZERO_OK);
+  assert_int_equal(zero_release(engine, 0), ZERO_OK);
+  assert_int_equal(zero_backward_end(engine), ZERO_OK);
+  assert_int_equal(zero_step(NULL, engine), ZERO_OK);
+  assert_true(cs.runs > 0);
+  zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
+  assert_int_equal(zero_engine_info(&info, engine), ZERO_OK);
+  assert_int_equal(info.deterministic, 1);
+  zero_comm_destroy(comm); /* the engine keeps it alive */
+  assert_int_equal(cs.destroyed, 0);
+  zero_engine_destroy(engine);
+  assert_int_equal(cs.destroyed, 1);
+}
+
+/* zero_comm_finalize: afterwards only destroy is valid. */
+static void test_comm_finalize(void** state) {
+  (void)state;
+  zero_comm_t* comm = NULL;
+  assert_int_equal(zero_comm_create_single(&comm), ZERO_OK);
+  assert_int_equal(zero_comm_finalize(comm), ZERO_OK);
+  assert_fails(zero_comm_finalize(comm), ZERO_ERR_INVALID_STATE, "already finalized");
+  zero_engine_t* engine = NULL;
+  assert_fails(zero_engine_create(&engine, kConfig, comm), ZERO_ERR_INVALID_STATE, "finalized");
   zero_comm_destroy(comm);
 }
 
@@ -182,19 +545,23 @@ static void test_training_run(void** state) {
   (void)state;
   zero_comm_t* comm = NULL;
   zero_engine_t* engine = new_engine(&comm);
-  int rank = -1, size = -1;
+  int32_t rank = -1, size = -1;
   assert_int_equal(zero_comm_rank(&rank, comm), ZERO_OK);
   assert_int_equal(zero_comm_size(&size, comm), ZERO_OK);
   assert_int_equal(rank, 0);
   assert_int_equal(size, 1);
   zero_comm_destroy(comm);
   zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
-  assert_int_equal(zero_engine_info(engine, &info), ZERO_OK);
+  assert_int_equal(zero_engine_info(&info, engine), ZERO_OK);
   assert_int_equal(info.world_size, 1);
   assert_int_equal(info.stage, 3);
   assert_int_equal(info.param_dtype, ZERO_DTYPE_FP32);
   assert_int_equal(info.grad_dtype, ZERO_DTYPE_FP32);
   assert_int_equal(info.num_units, 0);
+  assert_true(info.timeout_s == 600.0);
+  assert_int_equal(zero_engine_set_num_threads(engine, 2), ZERO_OK);
+  assert_int_equal(zero_engine_info(&info, engine), ZERO_OK);
+  assert_int_equal(info.optimizer_threads, 2);
   const float init[3] = {1.0f, 2.0f, 3.0f};
   zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
   int64_t shape[1] = {3};
@@ -220,29 +587,30 @@ static void test_training_run(void** state) {
     assert_int_equal(zero_grad_ready(engine, w), ZERO_OK);
     assert_int_equal(zero_release(engine, 0), ZERO_OK);
     assert_int_equal(zero_backward_end(engine), ZERO_OK);
-    zero_step_info_t info = ZERO_STEP_INFO_INIT;
-    assert_int_equal(zero_step(engine, &info), ZERO_OK);
-    assert_int_equal(info.step, step);
-    assert_int_equal(info.skipped, 0);
-    assert_true(info.grad_norm > 0);
+    zero_step_info_t si = ZERO_STEP_INFO_INIT;
+    assert_int_equal(zero_step(&si, engine), ZERO_OK);
+    assert_int_equal(si.step, step);
+    assert_int_equal(si.skipped, 0);
+    assert_true(si.grad_norm > 0);
+    assert_true(si.lr == 0.01);
   }
   zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
-  assert_int_equal(zero_memory_stats(engine, &mem), ZERO_OK);
+  assert_int_equal(zero_memory_stats(&mem, engine), ZERO_OK);
   assert_true(mem.total_bytes == mem.param_bytes + mem.grad_bytes + mem.master_param_bytes + mem.optimizer_state_bytes +
                                      mem.bucket_bytes + mem.gathered_bytes);
   assert_true(mem.param_bytes == 16 * sizeof(float)); /* 3 params padded to one 16-element shard */
-  /* An older caller's smaller stats struct gets only the fields it knows. */
-  zero_memory_stats_t old = ZERO_MEMORY_STATS_INIT;
-  old.struct_size = offsetof(zero_memory_stats_t, grad_bytes);
-  old.grad_bytes = 12345;
-  assert_int_equal(zero_memory_stats(engine, &old), ZERO_OK);
-  assert_true(old.param_bytes == mem.param_bytes);
-  assert_true(old.grad_bytes == 12345);
   zero_comm_stats_t cs = ZERO_COMM_STATS_INIT;
-  assert_int_equal(zero_comm_stats(engine, &cs), ZERO_OK);
-  assert_true(cs.sequence == cs.all_gather.calls + cs.reduce_scatter.calls + cs.all_reduce.calls + cs.broadcast.calls);
+  assert_int_equal(zero_comm_stats(&cs, engine), ZERO_OK);
+  assert_true(cs.sequence == cs.all_gather.calls + cs.reduce_scatter.calls + cs.all_reduce.calls + cs.broadcast.calls +
+                                 cs.control.calls);
   assert_true(cs.all_gather.calls == 3);
   assert_true(cs.all_gather.wire_bytes == 0); /* one rank sends nothing */
+  assert_true(cs.control.calls > 0);          /* the agreements */
+  char* json = NULL;
+  assert_int_equal(zero_engine_recent_collectives(&json, engine), ZERO_OK);
+  assert_non_null(strstr(json, "\"state\": \"done\""));
+  assert_non_null(strstr(json, "zero_step"));
+  zero_string_destroy(json);
   zero_engine_destroy(engine);
   zero_engine_destroy(NULL);
   zero_comm_destroy(NULL);
@@ -252,8 +620,14 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_strings_and_version),
       cmocka_unit_test(test_null_arguments),
+      cmocka_unit_test(test_struct_sizes),
       cmocka_unit_test(test_wrong_order),
       cmocka_unit_test(test_bad_config),
+      cmocka_unit_test(test_logging),
+      cmocka_unit_test(test_views),
+      cmocka_unit_test(test_abort),
+      cmocka_unit_test(test_custom_communicator),
+      cmocka_unit_test(test_comm_finalize),
       cmocka_unit_test(test_training_run),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

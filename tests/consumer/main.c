@@ -36,7 +36,7 @@ int main(void) {
   CHECK(zero_grad_ready(engine, w));
   CHECK(zero_backward_end(engine));
   zero_step_info_t info = ZERO_STEP_INFO_INIT;
-  CHECK(zero_step(engine, &info));
+  CHECK(zero_step(&info, engine));
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
   printf("consumer ok: libzero %s (%u), step %lld\n", ZERO_VERSION_STRING, zero_get_version(), (long long)info.step);

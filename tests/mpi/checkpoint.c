@@ -83,7 +83,7 @@ static void train(zero_engine_t* engine, const int32_t* ids, int first, int last
     }
     CHECK(zero_backward_end(engine));
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
-    CHECK(zero_step(engine, &info));
+    CHECK(zero_step(&info, engine));
     EXPECT(info.step == t, "step %lld, expected %d", (long long)info.step, t);
   }
 }
@@ -360,7 +360,8 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--dir") == 0) g_dir = argv[i + 1];
     if (strcmp(argv[i], "--tag") == 0 || strcmp(argv[i], "--from") == 0) tag = argv[i + 1];
   }
-  MPI_Init(&argc, &argv);
+  int mpi_provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &mpi_provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
   zero_comm_t* comm = NULL;

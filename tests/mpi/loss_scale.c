@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
     }
     CHECK(zero_backward_end(engine));
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
-    CHECK(zero_step(engine, &info));
+    CHECK(zero_step(&info, engine));
     const int overflow = kOverflow[t] != 0;
     if (overflow && model.scale == kMinScale && model.hysteresis <= 1) halvings_at_min += 1;
     EXPECT(info.skipped == overflow, "step %d on rank %d: skipped %d, expected %d", t, rank, info.skipped, overflow);

@@ -3,6 +3,10 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
+ *                            [--comm mpi|custom|custom-async]
+ *
+ * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
+ * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
  *
  * --persist sets stage3_param_persistence_threshold: units smaller than that stay resident at stage 3 (two of the
  * model's three units with 200), mixing gathered and resident units in one run.
@@ -22,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "custom_backend.h"
 #include "harness.h"
 
 enum { kSteps = 20 };
@@ -142,6 +147,7 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
 int main(int argc, char** argv) {
   int stage = 0, gas = 1;
   long bucket = 400, persist = 0;
+  const char* comm_kind = "mpi";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stage") == 0)
       stage = atoi(argv[i + 1]);
@@ -153,15 +159,21 @@ int main(int argc, char** argv) {
       g_dtype = parse_dtype_arg(argv[i + 1]);
     else if (strcmp(argv[i], "--persist") == 0) /* stage3_param_persistence_threshold */
       persist = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--comm") == 0)
+      comm_kind = argv[i + 1];
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
-  MPI_Init(&argc, &argv);
+  int mpi_provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &mpi_provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
 
   zero_comm_t* comm = NULL;
-  CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  if (strcmp(comm_kind, "mpi") == 0)
+    CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  else
+    CHECK(create_test_backend_comm(&comm, strcmp(comm_kind, "custom-async") == 0));
   char config[1024];
   snprintf(config, sizeof config,
            "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": %d, \"gradient_clipping\": %g,"
@@ -222,7 +234,7 @@ int main(int argc, char** argv) {
       CHECK(zero_backward_end(engine));
     }
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
-    CHECK(zero_step(engine, &info));
+    CHECK(zero_step(&info, engine));
     double norm = reference_step(&ref, t, world, gas, scale);
     EXPECT(info.loss_scale == scale, "step %d: loss scale %g, expected %g", t, info.loss_scale, scale);
     EXPECT(info.step == t, "step %lld, expected %d", (long long)info.step, t);
@@ -239,9 +251,9 @@ int main(int argc, char** argv) {
   }
   if (rank == 0)
     printf(
-        "parity ok: %s, stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped), "
-        "bit-identical weights\n",
-        dtype_text(g_dtype), stage, world, gas, kSteps, clipped);
+        "parity ok: %s, stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped), %s "
+        "communicator, bit-identical weights\n",
+        dtype_text(g_dtype), stage, world, gas, kSteps, clipped, comm_kind);
   for (int p = 0; p < kNumParams; ++p) free(ref.w[p]), free(ref.m[p]), free(ref.v[p]), free(ref.g[p]);
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);

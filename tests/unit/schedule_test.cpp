@@ -75,7 +75,9 @@ TEST(Scheduler, TheEngineUsesTheScheduleAndRefusesSetLr) {
     const double lr = 0.5 + 1.0 * std::min(1.0, (step - 1) / 4.0);
     EXPECT_DOUBLE_EQ(r.lr, lr) << "step " << step;
     expected_w -= lr;  // plain SGD on a unit gradient
+    e.gather(0);
     EXPECT_FLOAT_EQ(static_cast<float*>(e.param_data(0))[0], static_cast<float>(expected_w)) << "step " << step;
+    e.release(0);
   }
   EXPECT_THROW(e.set_lr(0, 0.1), Error);
 }

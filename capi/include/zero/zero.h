@@ -5,17 +5,33 @@
  * parameter, gradient and optimizer-state byte lives, the collectives that move them, and the optimizer step.
  *
  * Conventions (they hold for every call below unless its comment says otherwise):
- *  - Every fallible call returns zero_status_t. ZERO_OK is 0. On failure, zero_last_error() describes what went
- *    wrong and how to fix it, outputs are left untouched and nothing leaks.
+ *  - Every fallible call returns zero_status_t. ZERO_OK is 0. On failure zero_last_error() (this thread) and
+ *    zero_engine_last_error() (the engine's, whatever thread) describe what went wrong and how to fix it; outputs
+ *    are left untouched and nothing leaks.
  *  - Output parameters come first and are named out_*. What comes back through T** belongs to the caller and has
  *    its own destroy function, which accepts NULL. Pointers returned by value are borrowed from their parent.
- *  - Structs that cross the ABI lead with `size_t struct_size`; initialise them with their *_INIT macro so that a
- *    program built against an older header keeps working with a newer library.
- *  - Counts are size_t, dimensions int64_t, strings UTF-8 and NUL-terminated.
+ *  - Every type that crosses the ABI has a fixed width: enumerations below only name int32_t constants, and
+ *    structs hold int32_t, int64_t, uint64_t, double, size_t and pointers, never an enum type.
+ *  - Structs lead with `size_t struct_size`. Initialise them with their init function (zero_*_init(&s,
+ *    sizeof s), usable from any language) or, in C, their *_INIT macro. The library accepts a struct_size from
+ *    the size the struct had when it appeared up to any larger size, provided every byte it does not know is
+ *    zero (otherwise ZERO_ERR_UNSUPPORTED names the first unknown field's offset): a program built against an
+ *    older header keeps working, and a newer program's settings are never silently dropped. Output structs are
+ *    filled up to the smaller of the two sizes and their struct_size is set to the number of bytes filled.
+ *  - Counts in calls are size_t, in structs uint64_t; dimensions are int64_t; strings are UTF-8, NUL-terminated.
  *  - Thread safety: an engine (and the communicator it uses) is used by one thread at a time; separate engines
- *    are independent. zero_last_error() is per thread.
+ *    are independent. The exceptions are zero_engine_abort() and the experimental
+ *    zero_engine_recent_collectives(), which any thread may call at any time.
  *  - "Collective" calls must be made by every rank of the communicator, in the same order, with matching
- *    arguments where stated.
+ *    arguments where stated. A collective call never waits forever: if another rank fails, diverges (calls a
+ *    different collective), leaves or stalls, every rank returns an error naming it (ZERO_ERR_REMOTE,
+ *    ZERO_ERR_MISMATCH or, after the engine's timeout, ZERO_ERR_TIMEOUT). See docs/architecture.md, "Failure
+ *    safety".
+ *  - "Local" calls never communicate and never block on other ranks.
+ *
+ * The section guarded by ZERO_EXPERIMENTAL_API (at the end) holds calls that may still change between minor
+ * releases; they are exported in their own version node, ZERO_EXPERIMENTAL, and not covered by the ABI promise
+ * (docs/abi.md says how a call graduates).
  */
 #ifndef ZERO_ZERO_H_
 #define ZERO_ZERO_H_
@@ -38,19 +54,23 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------------------------------
  * Status codes and errors. Values are append-only.
  * ------------------------------------------------------------------------------------------------------------- */
-typedef enum zero_status {
+typedef int32_t zero_status_t;
+enum zero_status {
   ZERO_OK = 0,
   ZERO_ERR_INVALID_ARGUMENT = 1, /* a NULL pointer, an unknown id, a size that does not fit */
   ZERO_ERR_INVALID_STATE = 2,    /* a call in the wrong order (e.g. zero_step before zero_engine_finalize) */
   ZERO_ERR_CONFIG = 3,           /* the JSON config is malformed, has an unknown key or a value of the wrong type */
-  ZERO_ERR_UNSUPPORTED = 4,      /* a valid request this version does not support yet */
-  ZERO_ERR_MISMATCH = 5,         /* ranks disagree (parameter registration, config) */
+  ZERO_ERR_UNSUPPORTED = 4,      /* a valid request this version does not support */
+  ZERO_ERR_MISMATCH = 5,         /* ranks disagree (registration, config, or which collective they call) */
   ZERO_ERR_COMM = 6,             /* the communication backend failed */
   ZERO_ERR_OUT_OF_MEMORY = 7,
   ZERO_ERR_INTERNAL = 8,           /* a bug in libzero; please report it with zero_last_error()'s text */
-  ZERO_ERR_CHECKPOINT_CORRUPT = 9, /* since 0.2: a checkpoint file is missing, truncated or fails its checksum */
-  ZERO_ERR_IO = 10                 /* since 0.2: the file system refused (no space, permissions, ...) */
-} zero_status_t;
+  ZERO_ERR_CHECKPOINT_CORRUPT = 9, /* a checkpoint file is missing, truncated or fails its checksum */
+  ZERO_ERR_IO = 10,                /* the file system refused (no space, permissions, ...) */
+  ZERO_ERR_REMOTE = 11,            /* another rank failed; the message names the rank and its error */
+  ZERO_ERR_TIMEOUT = 12, /* a collective did not complete within the timeout; the message says who is missing */
+  ZERO_ERR_ABORTED = 13  /* zero_engine_abort() was called on this engine (or another on its communicator) */
+};
 
 /* A static, human-readable name for a status ("ZERO_ERR_CONFIG"). Never NULL; unknown values give "unknown". */
 ZERO_API const char* zero_status_string(zero_status_t status);
@@ -64,35 +84,183 @@ ZERO_API const char* zero_last_error(void);
  * with the compile-time ZERO_VERSION_NUMBER to detect a header/library mismatch. */
 ZERO_API uint32_t zero_get_version(void);
 
+/* Frees a string libzero returned through a char** (zero_config_check, ...). Accepts NULL. */
+ZERO_API void zero_string_destroy(char* text);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Logging. Warnings and informational messages go through one process-wide callback. Without one, warnings and
+ * errors are printed to stderr by rank 0 (messages that concern one rank only, by that rank).
+ * ------------------------------------------------------------------------------------------------------------- */
+enum zero_log_level {
+  ZERO_LOG_OFF = 0,
+  ZERO_LOG_ERROR = 1,
+  ZERO_LOG_WARNING = 2,
+  ZERO_LOG_INFO = 3,
+  ZERO_LOG_DEBUG = 4
+};
+
+/* `rank` is the rank of the engine or communicator the message concerns, or -1 if none. `message` is valid during
+ * the call only. The callback may be invoked from any thread that calls libzero; it must not call libzero. */
+typedef void (*zero_log_fn)(void* user_data, int32_t level, int32_t rank, const char* message);
+
+/* Installs `callback` for messages up to `max_level` (ZERO_LOG_WARNING by default; ZERO_LOG_OFF silences
+ * everything). A NULL callback restores the default printer. Not thread-safe with respect to other libzero calls:
+ * call it before creating communicators. */
+ZERO_API zero_status_t zero_set_log_callback(zero_log_fn callback, void* user_data, int32_t max_level);
+
 /* ---------------------------------------------------------------------------------------------------------------
  * Element types.
  * ------------------------------------------------------------------------------------------------------------- */
-typedef enum zero_dtype { ZERO_DTYPE_FP32 = 0, ZERO_DTYPE_BF16 = 1, ZERO_DTYPE_FP16 = 2 } zero_dtype_t;
+typedef int32_t zero_dtype_t;
+enum zero_dtype {
+  ZERO_DTYPE_FP32 = 0,
+  ZERO_DTYPE_BF16 = 1,
+  ZERO_DTYPE_FP16 = 2,
+  ZERO_DTYPE_FP64 = 3,  /* communicator callbacks only (the squared gradient norm) */
+  ZERO_DTYPE_INT64 = 4, /* communicator callbacks only (agreement and divergence checks) */
+  ZERO_DTYPE_UINT8 = 5  /* communicator callbacks only (bytes: messages, checkpoint records) */
+};
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Communicators.
+ * Communicators. Backends: MPI (a separate module, libzero-mpi.so.1, loaded on demand so that libzero.so itself
+ * needs no MPI), a single process, or a custom one a framework provides as a table of callbacks (its own process
+ * group: torch.distributed, mpi4py, a Java or Go transport).
+ *
+ * Teardown: zero_comm_destroy is local. zero_comm_finalize is the collective counterpart (frees the backend's
+ * collective resources and, if libzero initialised MPI, finalises MPI).
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct zero_comm zero_comm_t;
 
 /* Pass as `mpi_comm` to use MPI_COMM_WORLD without including mpi.h. */
 #define ZERO_MPI_COMM_WORLD ((int64_t)-1)
 
-/* A communicator over MPI. `mpi_comm` is the Fortran handle of any MPI communicator (MPI_Comm_c2f(comm), which
- * is portable across MPI implementations) or ZERO_MPI_COMM_WORLD. If MPI is not initialised yet, libzero
- * initialises it (MPI_THREAD_FUNNELED) and finalises it when the last communicator it created is destroyed; MPI
- * cannot be re-initialised after that. libzero duplicates the communicator, so its messages never match yours.
- * Collective over `mpi_comm`. */
+/* A communicator over MPI. `mpi_comm` is the Fortran handle of any MPI communicator (MPI_Comm_c2f(comm), portable
+ * across MPI implementations) or ZERO_MPI_COMM_WORLD. The MPI backend lives in libzero-mpi.so.1, found through
+ * the ZERO_MPI_BACKEND environment variable (a path), then by SONAME (the dynamic linker's search path, or a copy
+ * the program already loaded or linked), then next to libzero.so; ZERO_ERR_UNSUPPORTED says how to install it
+ * when none loads.
+ *
+ * Threads: the engine runs OpenMP threads beside MPI, so MPI must provide at least MPI_THREAD_FUNNELED, and with
+ * FUNNELED every libzero call on this communicator must come from the thread that initialised MPI (a clear error
+ * otherwise); initialise MPI with MPI_THREAD_SERIALIZED to call libzero from any one thread at a time (Go, Java,
+ * Python threads). If MPI is not initialised yet, libzero initialises it with MPI_THREAD_SERIALIZED; then
+ * zero_comm_finalize finalises it (libzero also does it at exit if nobody did). libzero duplicates the
+ * communicator, so its messages never match yours. Collective over `mpi_comm`. */
 ZERO_API zero_status_t zero_comm_create_mpi(zero_comm_t** out_comm, int64_t mpi_comm);
 
-/* A one-rank communicator (no MPI involved). Every collective is a local copy. */
+/* A one-rank communicator (no MPI involved). Every collective is a local copy. Local. */
 ZERO_API zero_status_t zero_comm_create_single(zero_comm_t** out_comm);
 
+/* Custom communicators. A collective, as libzero hands it to a backend. Element counts follow NCCL's in-place
+ * conventions; `buf` always holds the data in place:
+ *  - ALL_GATHER: buf holds `size` blocks of `count` elements; this rank's block (at buf + rank * count) is its
+ *    input; afterwards every block holds its owner's data.
+ *  - REDUCE_SCATTER (always a sum): buf holds `size` blocks of `count` elements, every rank's full input;
+ *    afterwards this rank's block (at buf + rank * count) holds the element-wise sum over ranks of that block.
+ *    The other blocks are undefined afterwards. 16-bit sums are computed in fp32 and rounded once to nearest
+ *    even. With ZERO_COMM_DETERMINISTIC the backend adds contributions in rank order 0, 1, ..., size - 1.
+ *  - ALL_REDUCE: buf holds `count` elements, reduced with `op` in place (libzero uses it for small control
+ *    messages: fp64 and int64 only; float gradients go through REDUCE_SCATTER + ALL_GATHER).
+ *  - BROADCAST: `count` elements of rank `root` to every rank.
+ * `dtype` is a zero_dtype_t: FP32, BF16 and FP16 for gradients and parameters; FP64, INT64 and UINT8 for control
+ * data. */
+enum zero_collective_kind {
+  ZERO_COLL_ALL_GATHER = 0,
+  ZERO_COLL_REDUCE_SCATTER = 1,
+  ZERO_COLL_ALL_REDUCE = 2,
+  ZERO_COLL_BROADCAST = 3
+};
+enum zero_reduce_op { ZERO_REDUCE_SUM = 0, ZERO_REDUCE_MIN = 1, ZERO_REDUCE_MAX = 2 };
+
+typedef struct zero_collective {
+  size_t struct_size;
+  int32_t kind;  /* zero_collective_kind */
+  int32_t dtype; /* zero_dtype_t */
+  int32_t op;    /* zero_reduce_op (ALL_REDUCE only) */
+  int32_t root;  /* BROADCAST only */
+  void* buf;
+  uint64_t count;    /* elements per block (ALL_GATHER, REDUCE_SCATTER) or in all (ALL_REDUCE, BROADCAST) */
+  uint64_t sequence; /* 1, 2, ... per communicator: every rank issues collective n with the same arguments */
+  const char* label; /* what it is for, e.g. "zero_gather: all-gather of unit 3" (diagnostics only) */
+} zero_collective_t;
+
+/* For backends that build descriptors of their own (tests, forwarding layers). */
+ZERO_API zero_status_t zero_collective_init(zero_collective_t* coll, size_t struct_size);
+
+/* Backend properties (zero_comm_ops_t.flags). */
+enum zero_comm_flags {
+  /* Float sums add contributions in rank order: training is then bit-identical across stages and rank counts.
+   * Without it every element is still reduced once and its result distributed, so ranks never disagree, but
+   * results may differ in the last bit from run to run. */
+  ZERO_COMM_DETERMINISTIC = 1
+};
+
+/* A backend as a table of callbacks; `user_data` is passed to each. Every callback returns ZERO_OK or an error
+ * status; `error_message` (if set) then tells why. Required: run. Optional (NULL): the rest; start and wait go
+ * together. */
+typedef struct zero_comm_ops {
+  size_t struct_size;
+  int32_t rank;
+  int32_t size;
+  int32_t local_size; /* ranks of this communicator on this node, sharing its cores (0: unknown, taken as 1) */
+  uint32_t flags;     /* zero_comm_flags */
+  /* Runs a collective to completion. */
+  zero_status_t (*run)(void* user_data, const zero_collective_t* coll);
+  /* Starts a collective; *out_request identifies it until wait reports it done. `coll` and its buffer stay
+   * valid until then. With start/wait, libzero's timeout covers the collective even if a rank never arrives. */
+  zero_status_t (*start)(void** out_request, void* user_data, const zero_collective_t* coll);
+  /* Waits up to `timeout_s` seconds (0: just test). *out_done = 1 when the collective completed (the request is
+   * then gone), 0 if still in flight. A failure also ends the request. */
+  zero_status_t (*wait)(int32_t* out_done, void* user_data, void* request, double timeout_s);
+  /* The reason for this backend's last failure, valid until its next call; NULL if unknown. */
+  const char* (*error_message)(void* user_data);
+  /* This rank stops taking part: pending and future collectives fail promptly, and other ranks should learn it
+   * (`reason` says why). Called from any thread, possibly while another thread waits in the backend; must not
+   * block. */
+  void (*abort)(void* user_data, const char* reason);
+  /* After a timeout: write into out_text (capacity bytes, NUL-terminated) what the backend knows of the other
+   * ranks (which collective each waits in, who does not answer). May take a few seconds. */
+  zero_status_t (*diagnose)(void* user_data, uint64_t sequence, char* out_text, size_t capacity);
+  /* Collective teardown (zero_comm_finalize), after every rank agreed to finalize. */
+  zero_status_t (*finalize)(void* user_data);
+  /* Called once, when the last reference to the communicator goes (zero_comm_destroy and every engine on it
+   * destroyed). Local. */
+  void (*destroy)(void* user_data);
+} zero_comm_ops_t;
+
+#define ZERO_COMM_OPS_INIT \
+  { sizeof(zero_comm_ops_t), 0, 1, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+
+/* Rank 0 of 1, no flags, every callback NULL. */
+ZERO_API zero_status_t zero_comm_ops_init(zero_comm_ops_t* ops, size_t struct_size);
+
+/* A communicator over a framework's own transport. The table is copied; `user_data` stays the caller's until
+ * ops->destroy is called with it. Local. */
+ZERO_API zero_status_t zero_comm_create_custom(zero_comm_t** out_comm, const zero_comm_ops_t* ops, void* user_data);
+
+/* Collective. Agrees with every rank that the communicator is done (returns an error, never hangs, if a rank
+ * does not arrive), then frees the backend's collective resources (MPI: the duplicated communicators) and, if
+ * libzero initialised MPI and this is its last MPI communicator, finalises MPI. Afterwards only
+ * zero_comm_destroy is valid; engines on it fail with ZERO_ERR_INVALID_STATE. */
+ZERO_API zero_status_t zero_comm_finalize(zero_comm_t* comm);
+
 /* Releases the caller's reference. Engines created on the communicator keep it alive until they are destroyed,
- * so the order of destruction does not matter. Accepts NULL. */
+ * so the order of destruction does not matter. Local: never communicates (an MPI communicator not finalised is
+ * left to MPI_Finalize). Accepts NULL. */
 ZERO_API void zero_comm_destroy(zero_comm_t* comm);
 
-ZERO_API zero_status_t zero_comm_rank(int* out_rank, const zero_comm_t* comm);
-ZERO_API zero_status_t zero_comm_size(int* out_size, const zero_comm_t* comm);
+/* Local. */
+ZERO_API zero_status_t zero_comm_rank(int32_t* out_rank, const zero_comm_t* comm);
+ZERO_API zero_status_t zero_comm_size(int32_t* out_size, const zero_comm_t* comm);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Configuration.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+/* Checks a DeepSpeed JSON config as zero_engine_create would read it for `world_size` ranks, without creating
+ * anything. On success *out_report is what libzero will do with it (the text `zero-config check` prints; free it
+ * with zero_string_destroy). On failure: the status and message zero_engine_create would give. Local. */
+ZERO_API zero_status_t zero_config_check(char** out_report, const char* json_config, int32_t world_size);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Engine: creation and registration.
@@ -103,14 +271,33 @@ ZERO_API zero_status_t zero_comm_size(int* out_size, const zero_comm_t* comm);
 typedef struct zero_engine zero_engine_t;
 
 /* Creates an engine from a DeepSpeed JSON config (the text of ds_config.json) on `comm`. Unknown keys, wrong
- * types and keys this version cannot honour yet are errors naming the key (ZERO_ERR_CONFIG, ZERO_ERR_UNSUPPORTED).
- * Tuning keys that never change results but have no effect yet are accepted with one warning on rank 0's stderr.
- * The engine takes its own reference to `comm`. Local (not collective). */
+ * types and keys libzero cannot honour are errors naming the key (ZERO_ERR_CONFIG, ZERO_ERR_UNSUPPORTED). Keys
+ * of DeepSpeed's that never change results but have no effect here are accepted with one warning (log callback).
+ * libzero's own settings live in a "libzero" block: "timeout_s" (every collective's timeout, default 600; the
+ * environment variable ZERO_TIMEOUT_S overrides it) and "optimizer_threads" (0: automatic). The engine takes its
+ * own reference to `comm`. Local. */
 ZERO_API zero_status_t zero_engine_create(zero_engine_t** out_engine, const char* json_config, zero_comm_t* comm);
 
 /* Destroys the engine and every buffer it owns; pointers from zero_param_data/zero_grad_data become invalid.
- * Local. Accepts NULL. */
+ * Local. Accepts NULL. After a timeout, buffers a backend may still write into are deliberately not freed. */
 ZERO_API void zero_engine_destroy(zero_engine_t* engine);
+
+/* The message of the last failed call on this engine, from whichever thread made it. Never NULL ("" if none).
+ * Valid until the next failed call on the engine or its destruction. Go, whose goroutines move between OS
+ * threads, reads errors here rather than through zero_last_error(). */
+ZERO_API const char* zero_engine_last_error(const zero_engine_t* engine);
+
+/* Makes the engine unusable now: a call blocked in a collective on another thread returns ZERO_ERR_ABORTED
+ * promptly, every later call fails with ZERO_ERR_ABORTED, and other ranks learn of it (their collectives fail
+ * with ZERO_ERR_REMOTE naming this rank). Aborts the engine's communicator, so every engine on it, as
+ * ncclCommAbort does. For a job that must go down now. Local, never blocks, callable from any thread (not from
+ * a signal handler). Accepts NULL. */
+ZERO_API void zero_engine_abort(zero_engine_t* engine);
+
+/* Optimizer threads of this rank: `threads` > 0 uses that many (e.g. the framework's torch.get_num_threads()),
+ * 0 restores the automatic choice (OMP_NUM_THREADS if set, else the node's cores divided by the ranks on it).
+ * Results do not depend on it. Local. */
+ZERO_API zero_status_t zero_engine_set_num_threads(zero_engine_t* engine, int32_t threads);
 
 /* A hyper-parameter value meaning "inherit from the config's optimizer.params". */
 #define ZERO_INHERIT (-1.0)
@@ -130,37 +317,93 @@ typedef struct zero_param_group_desc {
 #define ZERO_PARAM_GROUP_DESC_INIT \
   { sizeof(zero_param_group_desc_t), NULL, ZERO_INHERIT, ZERO_INHERIT, ZERO_INHERIT, ZERO_INHERIT, ZERO_INHERIT }
 
+/* Sets every field to its default (ZERO_INHERIT, no name) and struct_size to `struct_size`, zeroing any tail a
+ * newer header added. */
+ZERO_API zero_status_t zero_param_group_desc_init(zero_param_group_desc_t* desc, size_t struct_size);
+
 /* Adds a param group; *out_group receives its id (1, 2, ... in call order). Before finalize only. Local. */
 ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engine_t* engine,
                                                    const zero_param_group_desc_t* desc);
 
+/* At most this many dimensions per param. */
+#define ZERO_MAX_NDIM 8
+
 /* A parameter to register. */
 typedef struct zero_param_desc {
   size_t struct_size;
-  const char* name;     /* unique, non-empty; copied */
-  int32_t ndim;         /* 0 (scalar) .. 8 */
+  const char* name;     /* unique, non-empty, valid UTF-8; copied */
+  int32_t ndim;         /* 0 (scalar) .. ZERO_MAX_NDIM */
   const int64_t* shape; /* ndim positive extents; copied */
-  zero_dtype_t dtype;   /* must equal the engine's compute dtype (bf16.enabled / fp16.enabled, else fp32) */
+  int32_t dtype;        /* zero_dtype_t; -1 (the default): the engine's compute dtype. Must equal it otherwise. */
   int32_t unit;         /* gather unit, >= 0; units are numbered 0..U-1 in forward order, none left empty */
   int32_t group;        /* 0 or an id from zero_engine_add_param_group */
   /* Initial values (ndim-shaped, row-major, elements of init_dtype), or NULL for zeros. Read during
    * zero_engine_finalize on rank 0 only, so it must stay valid until then; other ranks may pass NULL. */
   const void* init_data;
-  /* Since 0.2: the zero_dtype_t of init_data, or -1 (the default) for `dtype`. Passing fp32 values while training
-   * in bf16/fp16 starts the fp32 master weights exact. */
+  /* The zero_dtype_t of init_data, or -1 (the default) for the param's dtype. fp32 values while training in
+   * bf16/fp16 start the fp32 master weights exact. */
   int32_t init_dtype;
 } zero_param_desc_t;
 
 #define ZERO_PARAM_DESC_INIT \
-  { sizeof(zero_param_desc_t), NULL, 0, NULL, ZERO_DTYPE_FP32, 0, 0, NULL, -1 }
+  { sizeof(zero_param_desc_t), NULL, 0, NULL, -1, 0, 0, NULL, -1 }
+
+ZERO_API zero_status_t zero_param_desc_init(zero_param_desc_t* desc, size_t struct_size);
 
 /* Registers a parameter; *out_param receives its id (0, 1, ... in call order). Before finalize only. Local. */
 ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* engine, const zero_param_desc_t* desc);
 
-/* Collective. Checks that every rank registered the same params, groups and config (on a difference every rank
- * returns ZERO_ERR_MISMATCH naming the first differing param; nobody hangs), lays out the flat per-unit buffers,
- * allocates what this rank keeps for the configured stage, and broadcasts rank 0's initial values unit by unit. */
+/* Collective. Checks that every rank registered the same params and groups and parsed the same config (every
+ * setting that changes results; on a difference every rank returns ZERO_ERR_MISMATCH naming the first differing
+ * param, group or config key with both values), lays out the flat per-unit buffers, allocates everything this
+ * rank keeps for the configured stage (including the buffers collectives use later: no training call allocates),
+ * agrees that every rank succeeded, and broadcasts rank 0's initial values unit by unit. */
 ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Engine: what bindings need to build zero-copy views.
+ * ------------------------------------------------------------------------------------------------------------- */
+
+typedef struct zero_param_info {
+  size_t struct_size;
+  const char* name; /* borrowed from the engine, valid until it is destroyed */
+  int32_t ndim;
+  int32_t unit;
+  int64_t shape[ZERO_MAX_NDIM]; /* the first ndim entries; the rest 0 */
+  uint64_t numel;
+  int32_t param_dtype; /* what zero_param_data points to */
+  int32_t grad_dtype;  /* what zero_grad_data points to */
+  int32_t group;
+  int32_t reserved;     /* 0 */
+  uint64_t param_bytes; /* numel x the size of param_dtype */
+  uint64_t grad_bytes;  /* numel x the size of grad_dtype */
+} zero_param_info_t;
+
+#define ZERO_PARAM_INFO_INIT \
+  { sizeof(zero_param_info_t), NULL, 0, 0, {0, 0, 0, 0, 0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0 }
+
+ZERO_API zero_status_t zero_param_info_init(zero_param_info_t* info, size_t struct_size);
+
+/* Describes a registered param (any time after zero_engine_add_param). Local. */
+ZERO_API zero_status_t zero_param_info(zero_param_info_t* out_info, const zero_engine_t* engine, int32_t param);
+
+typedef struct zero_unit_info {
+  size_t struct_size;
+  int32_t gathered;   /* 1 between zero_gather and zero_release */
+  int32_t num_params; /* registered in this unit */
+  /* Changes on every zero_gather and zero_release of the unit (never repeats). A view that recorded it when it
+   * was made is valid exactly while gathered == 1 and the generation is unchanged. */
+  uint64_t generation;
+  uint64_t numel; /* the params' elements, padding excluded */
+} zero_unit_info_t;
+
+#define ZERO_UNIT_INFO_INIT \
+  { sizeof(zero_unit_info_t), 0, 0, 0, 0 }
+
+ZERO_API zero_status_t zero_unit_info_init(zero_unit_info_t* info, size_t struct_size);
+
+/* After finalize. Local. */
+ZERO_API zero_status_t zero_unit_info(zero_unit_info_t* out_info, const zero_engine_t* engine, int32_t unit);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Engine: the training step. See docs/architecture.md for what each stage does inside these calls.
@@ -170,29 +413,31 @@ ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine);
  * zero_backward_end. After gradient_accumulation_steps micro-steps: zero_step.
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* The parameter's values in the compute dtype (zero_engine_info_t.param_dtype), contiguous, row-major. Stages 0-2:
- * valid from finalize until destroy. Stage 3: valid between zero_gather and zero_release of its unit
- * (ZERO_ERR_INVALID_STATE otherwise). Values change only in zero_step. Writes outside zero_step are not preserved at
- * stage 3. Local. */
+/* The parameter's values in the compute dtype (zero_engine_info_t.param_dtype), contiguous, row-major, valid
+ * between zero_gather and zero_release of its unit — at every stage, so that code written for one stage or model
+ * size works at every other (ZERO_ERR_INVALID_STATE when the unit is not gathered). Values change only in
+ * zero_step. Writes are not preserved. Local. */
 ZERO_API zero_status_t zero_param_data(void** out_data, zero_engine_t* engine, int32_t param);
 
 /* Where the framework ADDS (+=) this rank's gradient of the param for the current micro-step, in the gradient
  * accumulation dtype (zero_engine_info_t.grad_dtype: data_types.grad_accum_dtype, fp32 by default even when the
  * params are bf16/fp16). The buffer holds zeros or the gradients accumulated so far in this accumulation window,
  * so always add, never overwrite. With fp16 the gradient must be of the loss multiplied by zero_loss_scale().
- * Valid until zero_grad_ready for this param (stages 2-3) or until the next zero_step (stages 0-1). Local. */
+ * Valid until zero_grad_ready for this param. Local. */
 ZERO_API zero_status_t zero_grad_data(void** out_data, zero_engine_t* engine, int32_t param);
 
-/* Makes a unit's full parameters available (stage 3: all-gathers them; a no-op otherwise). Collective at stage 3:
- * all ranks gather the same units in the same order. Fails if the unit is already gathered. */
+/* Makes a unit's full parameters available. Stage 3: all-gathers them (collective: all ranks gather the same
+ * units in the same order; a rank gathering another unit is ZERO_ERR_MISMATCH on every rank), except units
+ * small enough to stay resident (stage3_param_persistence_threshold). Otherwise local, recording the unit as in
+ * use. Fails if the unit is already gathered. */
 ZERO_API zero_status_t zero_gather(zero_engine_t* engine, int32_t unit);
 
-/* Gives a gathered unit's full parameters back (stage 3: frees them). Local. */
+/* Gives a gathered unit back (stage 3: frees its full parameters). Local. */
 ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit);
 
 /* Declares the param's gradient for this micro-step complete. At stages 2-3 a gradient bucket is reduce-scattered
- * as soon as all its params are ready (collective then: call it in the same order on all ranks). At most once per
- * param per micro-step; params never declared are flushed by zero_backward_end. */
+ * as soon as all its params are ready (collective then: declare params ready in the same order on all ranks).
+ * At most once per param per micro-step; params never declared are flushed by zero_backward_end. */
 ZERO_API zero_status_t zero_grad_ready(zero_engine_t* engine, int32_t param);
 
 /* Ends the micro-step: reduces every bucket still pending. Collective. */
@@ -201,36 +446,40 @@ ZERO_API zero_status_t zero_backward_end(zero_engine_t* engine);
 /* What zero_step did. */
 typedef struct zero_step_info {
   size_t struct_size;
-  int64_t step;      /* optimizer steps taken so far, this one included */
+  int64_t step;      /* optimizer steps taken so far, this one included (skipped steps not counted) */
   double loss_scale; /* the loss scale used for this step (1 without fp16) */
   double grad_norm;  /* global L2 norm of the averaged gradients, before clipping */
   int32_t skipped;   /* 1 if the step was skipped (overflow); 0 otherwise */
-  double lr;         /* group 0's learning rate used for this step */
+  int32_t reserved;  /* 0 */
+  double lr;         /* group 0's learning rate for this step (the one it would have used, if skipped) */
 } zero_step_info_t;
 
 #define ZERO_STEP_INFO_INIT \
-  { sizeof(zero_step_info_t), 0, 0.0, 0.0, 0, 0.0 }
+  { sizeof(zero_step_info_t), 0, 0.0, 0.0, 0, 0, 0.0 }
 
-/* Collective. After exactly gradient_accumulation_steps micro-steps: averages the gradients (sum over ranks and
- * micro-steps, then one multiply by 1 / (world size x accumulation steps x loss scale) folded with the clip
- * factor), clips to gradient_clipping by global norm, runs the optimizer on this rank's shard (fp32 master,
- * writing the compute-dtype params) and makes the new parameters visible (stages 0-2) or leaves them sharded
- * (stage 3). A non-finite gradient anywhere (fp16 overflow) skips the step on every rank without touching weights
- * or optimizer state, lowers the loss scale and reports skipped = 1. All units must be released. `out_info` may
- * be NULL. */
-ZERO_API zero_status_t zero_step(zero_engine_t* engine, zero_step_info_t* out_info);
+ZERO_API zero_status_t zero_step_info_init(zero_step_info_t* info, size_t struct_size);
+
+/* Collective. After exactly gradient_accumulation_steps micro-steps: averages the gradients (their sum over ranks
+ * and micro-steps divided once by world size x accumulation steps x loss scale, a correctly rounded division),
+ * clips them to gradient_clipping by global norm (a separate multiply), runs the optimizer on this rank's shard
+ * (fp32 master, writing the compute-dtype params) and makes the new parameters visible (stages 0-2) or leaves
+ * them sharded (stage 3). A non-finite gradient anywhere (fp16 overflow) skips the step on every rank without
+ * touching weights or optimizer state, lowers the loss scale and reports skipped = 1. All units must be
+ * released. `out_info` may be NULL. */
+ZERO_API zero_status_t zero_step(zero_step_info_t* out_info, zero_engine_t* engine);
 
 /* The factor to multiply the loss by before backward: the current fp16 loss scale (2^initial_scale_power to
  * start, default 2^16), or 1.0 for fp32 and bf16. It changes only in zero_step. Local. */
 ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* engine);
 
-/* Sets a group's learning rate for the following steps; group -1 sets every group. Local (call it with the same
- * value on every rank, as a scheduler would). ZERO_ERR_INVALID_STATE when the config has a "scheduler". */
+/* Sets a group's learning rate for the following steps; group -1 sets every group. ZERO_ERR_INVALID_STATE when
+ * the config has a "scheduler". Local; every rank must set the same value — the next zero_step checks that they
+ * did (ZERO_ERR_MISMATCH on every rank otherwise). */
 ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr);
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Checkpoints (since 0.2). The format is specified in docs/checkpoint-format.md: safetensors shards plus a JSON
- * manifest with checksums; any rank count and stage can load what any other saved.
+ * Checkpoints. The format is specified in docs/checkpoint-format.md: safetensors shards plus a JSON manifest with
+ * checksums; any rank count and stage can load what any other saved.
  * ------------------------------------------------------------------------------------------------------------- */
 
 /* Collective, between steps (after zero_step, no unit gathered). Every rank writes its shard of the fp32 master
@@ -249,11 +498,11 @@ ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* d
 ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* dir, const char* tag);
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Engine information (since 0.2).
+ * Engine information and statistics. Local.
  * ------------------------------------------------------------------------------------------------------------- */
 
 /* The SIMD path the optimizer kernels run on (ZERO_SIMD=scalar|avx2|avx512 forces one). */
-typedef enum zero_simd { ZERO_SIMD_SCALAR = 0, ZERO_SIMD_AVX2 = 1, ZERO_SIMD_AVX512 = 2 } zero_simd_t;
+enum zero_simd { ZERO_SIMD_SCALAR = 0, ZERO_SIMD_AVX2 = 1, ZERO_SIMD_AVX512 = 2 };
 
 typedef struct zero_engine_info {
   size_t struct_size;
@@ -261,23 +510,24 @@ typedef struct zero_engine_info {
   int32_t world_size;
   int32_t stage;
   int32_t gradient_accumulation_steps;
-  zero_dtype_t param_dtype; /* what zero_param_data points to */
-  zero_dtype_t grad_dtype;  /* what zero_grad_data points to (the gradient accumulation dtype) */
-  zero_dtype_t comm_dtype;  /* what gradients are reduced in */
-  zero_simd_t simd;
-  int32_t num_params; /* registered so far */
-  int32_t num_units;  /* 0 before zero_engine_finalize */
+  int32_t param_dtype; /* zero_dtype_t: what zero_param_data points to */
+  int32_t grad_dtype;  /* what zero_grad_data points to (the gradient accumulation dtype) */
+  int32_t comm_dtype;  /* what gradients are reduced in */
+  int32_t simd;        /* zero_simd */
+  int32_t num_params;  /* registered so far */
+  int32_t num_units;   /* 0 before zero_engine_finalize */
+  int32_t optimizer_threads;
+  int32_t deterministic; /* 1 when the communicator sums in rank order (ZERO_COMM_DETERMINISTIC) */
+  double timeout_s;      /* every collective's timeout */
 } zero_engine_info_t;
 
 #define ZERO_ENGINE_INFO_INIT \
-  { sizeof(zero_engine_info_t), 0, 0, 0, 0, ZERO_DTYPE_FP32, ZERO_DTYPE_FP32, ZERO_DTYPE_FP32, ZERO_SIMD_SCALAR, 0, 0 }
+  { sizeof(zero_engine_info_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0.0 }
 
-/* Local. Valid any time after zero_engine_create. */
-ZERO_API zero_status_t zero_engine_info(const zero_engine_t* engine, zero_engine_info_t* out_info);
+ZERO_API zero_status_t zero_engine_info_init(zero_engine_info_t* info, size_t struct_size);
 
-/* ---------------------------------------------------------------------------------------------------------------
- * Statistics.
- * ------------------------------------------------------------------------------------------------------------- */
+/* Valid any time after zero_engine_create. */
+ZERO_API zero_status_t zero_engine_info(zero_engine_info_t* out_info, const zero_engine_t* engine);
 
 /* Bytes this rank has allocated, per category, as allocated (padding included). */
 typedef struct zero_memory_stats {
@@ -286,7 +536,7 @@ typedef struct zero_memory_stats {
   uint64_t grad_bytes;            /* full gradients (stages 0-1) or fp32 shard accumulators (stages 2-3) */
   uint64_t master_param_bytes;    /* separate fp32 master copy; 0 when params are fp32 (the master aliases them) */
   uint64_t optimizer_state_bytes; /* e.g. Adam's m and v */
-  uint64_t bucket_bytes;          /* transient gradient buckets (stages 2-3) */
+  uint64_t bucket_bytes;          /* gradient buckets (stages 2-3) */
   uint64_t gathered_bytes;        /* buffers for gathered units (stage 3) */
   uint64_t total_bytes;           /* the sum of the above */
 } zero_memory_stats_t;
@@ -294,8 +544,10 @@ typedef struct zero_memory_stats {
 #define ZERO_MEMORY_STATS_INIT \
   { sizeof(zero_memory_stats_t), 0, 0, 0, 0, 0, 0, 0 }
 
-/* Local. Valid after finalize. */
-ZERO_API zero_status_t zero_memory_stats(const zero_engine_t* engine, zero_memory_stats_t* out_stats);
+ZERO_API zero_status_t zero_memory_stats_init(zero_memory_stats_t* stats, size_t struct_size);
+
+/* Valid after finalize. */
+ZERO_API zero_status_t zero_memory_stats(zero_memory_stats_t* out_stats, const zero_engine_t* engine);
 
 /* Traffic of one collective kind since finalize started. `bytes` is the payload as nccl-tests counts "size" (the
  * full buffer of an all-gather / reduce-scatter / all-reduce, the message of a broadcast); `wire_bytes` is what
@@ -309,20 +561,37 @@ typedef struct zero_comm_kind_stats {
 
 typedef struct zero_comm_stats {
   size_t struct_size;
-  uint64_t sequence; /* collectives issued by this engine so far; equal on all ranks when they agree */
+  uint64_t sequence; /* collectives issued by this engine so far, control messages included */
   zero_comm_kind_stats_t all_gather;
   zero_comm_kind_stats_t reduce_scatter;
   zero_comm_kind_stats_t all_reduce;
   zero_comm_kind_stats_t broadcast;
+  /* The small messages of the failure-safety mechanism (the agreement before each collective call and the
+   * divergence checks), counted here only: the four kinds above are the data traffic of the ZeRO formulas. */
+  zero_comm_kind_stats_t control;
 } zero_comm_stats_t;
 
-#define ZERO_COMM_STATS_INIT                                                   \
-  {                                                                            \
-    sizeof(zero_comm_stats_t), 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, { 0, 0, 0 } \
+#define ZERO_COMM_STATS_INIT                                                              \
+  {                                                                                       \
+    sizeof(zero_comm_stats_t), 0, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, { 0, 0, 0 } \
   }
 
-/* Local. */
-ZERO_API zero_status_t zero_comm_stats(const zero_engine_t* engine, zero_comm_stats_t* out_stats);
+ZERO_API zero_status_t zero_comm_stats_init(zero_comm_stats_t* stats, size_t struct_size);
+
+ZERO_API zero_status_t zero_comm_stats(zero_comm_stats_t* out_stats, const zero_engine_t* engine);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Experimental: may change in any release; exported in the version node ZERO_EXPERIMENTAL. Define
+ * ZERO_EXPERIMENTAL_API before including this header to use them.
+ * ------------------------------------------------------------------------------------------------------------- */
+#ifdef ZERO_EXPERIMENTAL_API
+
+/* The engine's last collectives (up to 64, oldest first) as a JSON array: sequence, kind, label, element count,
+ * dtype, state ("done", "waiting", "failed"), start time and duration. For a framework's own hang reports. Free
+ * with zero_string_destroy. Any thread, any time (also while the engine's thread is blocked in a collective). */
+ZERO_API zero_status_t zero_engine_recent_collectives(char** out_json, const zero_engine_t* engine);
+
+#endif /* ZERO_EXPERIMENTAL_API */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,715 @@
+// libzero's MPI backend (libzero-mpi.so.1): zero.h's communicator callbacks over MPI, in a module of its own so
+// that libzero.so links no MPI (a Python wheel cannot carry one MPI ABI; a Java program must not need mpirun to
+// load libzero).
+//
+// Collectives are MPI's non-blocking ones, waited for by polling, so libzero's watchdog can give up on a
+// collective that never completes. Reductions are deterministic: a reduce-scatter is an in-place all-to-all (the
+// bytes a ring reduce-scatter sends) and a local sum in rank order 0..N-1 (MPI's own reductions pick their order
+// by algorithm and message size).
+//
+// Beside the data communicator, a second duplicate carries small control messages, so that no rank waits without
+// knowing why:
+//  - NOTICE: "rank r stops after collective #k, because ..." — sent when this rank aborts (a timeout, a failure
+//    after data moved, zero_engine_abort), destroys the communicator, calls MPI_Finalize (an attribute on
+//    MPI_COMM_SELF runs first thing in MPI_Finalize) or exits (atexit). A rank waiting in a collective numbered
+//    above k fails at once with ZERO_ERR_REMOTE naming r and its reason.
+//  - QUERY / REPLY: after a timeout, the waiting rank asks every other rank what it is doing; ranks inside a
+//    libzero collective answer (which collective, for how long), the silence of the others is itself the
+//    diagnosis ("not inside libzero").
+// Control messages are only sent and received from the thread that makes libzero's calls (MPI's thread levels
+// below MPI_THREAD_MULTIPLE allow no other), inside the polling loop.
+#include <mpi.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/rank_order_sum.hpp"
+#include "mpi_backend.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Failure {
+  zero_status_t status;
+  std::string message;
+};
+
+[[noreturn]] void fail(zero_status_t status, const std::string& message) { throw Failure{status, message}; }
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail(ZERO_ERR_COMM, std::string(what) + " failed: " + std::string(text, static_cast<size_t>(len)));
+}
+
+// ---- Control messages --------------------------------------------------------------------------------------
+enum CtlType : int { kNotice = 1, kQuery = 2, kReply = 3 };
+
+struct CtlMsg {
+  int32_t type = 0;
+  int32_t rank = 0;
+  uint64_t a = 0;      // NOTICE: last collective completed; QUERY: the asker's collective; REPLY: collective waited in
+  uint64_t b = 0;      // REPLY: last collective completed
+  double seconds = 0;  // REPLY: how long it has waited
+  char text[224] = {};
+};
+static_assert(sizeof(CtlMsg) == 256, "control messages are one fixed size");
+
+void copy_text(char (&out)[224], const std::string& s) {
+  const size_t n = std::min(s.size(), sizeof out - 1);
+  std::memcpy(out, s.data(), n);
+  out[n] = '\0';
+}
+
+struct Peer {
+  uint64_t left_after = UINT64_MAX;  // it stopped after completing this collective (UINT64_MAX: still with us)
+  std::string reason;
+  bool replied = false;  // in the current diagnosis round
+  CtlMsg reply;
+};
+
+// ---- Process-wide state --------------------------------------------------------------------------------------
+class Backend;
+std::mutex g_mutex;
+bool g_we_initialized_mpi = false;
+bool g_hooks_installed = false;
+std::vector<Backend*> g_live;  // created, neither finalized nor destroyed
+int g_provided = MPI_THREAD_SINGLE;
+
+void say_goodbye_all(const std::string& reason);
+
+int finalize_hook(MPI_Comm, int, void*, void*) {
+  say_goodbye_all("it called MPI_Finalize");
+  return MPI_SUCCESS;
+}
+
+void exit_hook() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  say_goodbye_all("its process is exiting");
+  bool ours = false;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    ours = g_we_initialized_mpi;
+  }
+  // libzero started MPI for this program, so libzero ends it (MPI_Finalize is collective over the world: every
+  // rank reaches this as its process exits).
+  if (ours) MPI_Finalize();
+}
+
+void install_hooks() {
+  if (g_hooks_installed) return;
+  g_hooks_installed = true;
+  int key = MPI_KEYVAL_INVALID;
+  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, finalize_hook, &key, nullptr) == MPI_SUCCESS)
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+  std::atexit(exit_hook);
+}
+
+MPI_Datatype base_type(int32_t dtype) {
+  switch (dtype) {
+    case ZERO_DTYPE_FP32:
+      return MPI_FLOAT;
+    case ZERO_DTYPE_FP64:
+      return MPI_DOUBLE;
+    case ZERO_DTYPE_INT64:
+      return MPI_INT64_T;
+    case ZERO_DTYPE_BF16:
+    case ZERO_DTYPE_FP16:
+      return MPI_UINT16_T;  // moved as bits; sums happen in sum_blocks_in_rank_order
+    case ZERO_DTYPE_UINT8:
+      return MPI_BYTE;
+    default:
+      fail(ZERO_ERR_INVALID_ARGUMENT, "unknown dtype " + std::to_string(dtype));
+  }
+}
+
+// MPI counts are int. A larger count is sent as count/c elements of a contiguous type of c elements, c the
+// smallest power of two that divides it and brings it under INT_MAX (libzero pads large units so one exists).
+struct Count {
+  int n = 0;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  bool derived = false;
+};
+Count mpi_count(uint64_t count, int32_t dtype) {
+  Count c;
+  c.type = base_type(dtype);
+  if (count <= static_cast<uint64_t>(INT_MAX)) {
+    c.n = static_cast<int>(count);
+    return c;
+  }
+  for (uint64_t chunk = 2; chunk <= (uint64_t{1} << 32); chunk *= 2) {
+    if (count % chunk != 0) break;
+    if (count / chunk <= static_cast<uint64_t>(INT_MAX)) {
+      MPI_Datatype t;
+      check(MPI_Type_contiguous(static_cast<int>(chunk), c.type, &t), "MPI_Type_contiguous");
+      check(MPI_Type_commit(&t), "MPI_Type_commit");
+      c.n = static_cast<int>(count / chunk);
+      c.type = t;
+      c.derived = true;
+      return c;
+    }
+  }
+  fail(ZERO_ERR_UNSUPPORTED, "a message of " + std::to_string(count) +
+                                 " elements has no power-of-two factor that brings it under MPI's int count");
+}
+
+// One collective in flight.
+struct Op {
+  zero_collective_t coll;
+  std::string label;
+  MPI_Request request = MPI_REQUEST_NULL;
+  Count count;
+};
+
+class Backend {
+ public:
+  Backend(MPI_Comm data, MPI_Comm ctl) : data_(data), ctl_(ctl) {
+    check(MPI_Comm_rank(data_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(data_, &size_), "MPI_Comm_size");
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    check(MPI_Comm_size(node, &local_size_), "MPI_Comm_size");
+    MPI_Comm_free(&node);
+    peers_.resize(static_cast<size_t>(size_));
+    post_inbox();
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_size() const { return local_size_; }
+  const char* error() const { return error_.c_str(); }
+
+  template <typename Body>
+  zero_status_t guarded(Body&& body) {
+    try {
+      body();
+      return ZERO_OK;
+    } catch (const Failure& f) {
+      error_ = f.message;
+      return f.status;
+    } catch (const std::bad_alloc&) {
+      error_ = "out of memory in the MPI backend";
+      return ZERO_ERR_OUT_OF_MEMORY;
+    }
+  }
+
+  // ---- Collectives
+  Op* start(const zero_collective_t& coll) {
+    enter();
+    InCall in(this);
+    poll_control();
+    refuse_if_stopped(coll.sequence, coll.label);
+    auto op = std::make_unique<Op>();
+    op->coll = coll;
+    op->label = coll.label != nullptr ? coll.label : "";
+    op->coll.label = op->label.c_str();
+    op->count = mpi_count(coll.count, coll.dtype);
+    const Count& c = op->count;
+    switch (coll.kind) {
+      case ZERO_COLL_ALL_GATHER:
+        check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, coll.buf, c.n, c.type, data_, &op->request),
+              "MPI_Iallgather");
+        break;
+      case ZERO_COLL_REDUCE_SCATTER:
+        if (coll.dtype != ZERO_DTYPE_FP32 && coll.dtype != ZERO_DTYPE_BF16 && coll.dtype != ZERO_DTYPE_FP16)
+          fail(ZERO_ERR_INVALID_ARGUMENT, "reduce-scatter of a non-float dtype");
+        check(MPI_Ialltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, coll.buf, c.n, c.type, data_, &op->request),
+              "MPI_Ialltoall");
+        break;
+      case ZERO_COLL_ALL_REDUCE: {
+        if (coll.dtype != ZERO_DTYPE_FP32 && coll.dtype != ZERO_DTYPE_FP64 && coll.dtype != ZERO_DTYPE_INT64)
+          fail(ZERO_ERR_UNSUPPORTED, "the MPI backend all-reduces fp32, fp64 and int64 only");
+        if (c.derived) fail(ZERO_ERR_UNSUPPORTED, "an all-reduce of more than 2^31 elements");
+        const MPI_Op mop = coll.op == ZERO_REDUCE_MIN ? MPI_MIN : coll.op == ZERO_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+        check(MPI_Iallreduce(MPI_IN_PLACE, coll.buf, c.n, c.type, mop, data_, &op->request), "MPI_Iallreduce");
+        break;
+      }
+      case ZERO_COLL_BROADCAST:
+        if (coll.root < 0 || coll.root >= size_) fail(ZERO_ERR_INVALID_ARGUMENT, "broadcast root out of range");
+        check(MPI_Ibcast(coll.buf, c.n, c.type, coll.root, data_, &op->request), "MPI_Ibcast");
+        break;
+      default:
+        fail(ZERO_ERR_INVALID_ARGUMENT, "unknown collective kind " + std::to_string(coll.kind));
+    }
+    pending_ = coll.sequence;
+    pending_label_ = op->label;
+    waiting_since_ = Clock::now();
+    return op.release();
+  }
+
+  bool wait(Op* op, double timeout_s) {
+    enter();
+    InCall in(this);
+    const auto begin = Clock::now();
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&op->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) {
+        complete(op);
+        return true;
+      }
+      poll_control();
+      if (abort_requested_.load()) {
+        abandon(op);
+        fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
+      }
+      try {
+        refuse_if_stopped(op->coll.sequence, op->label.c_str());
+      } catch (const Failure&) {
+        abandon(op);
+        throw;
+      }
+      if (seconds_since(begin) >= timeout_s) return false;
+      sched_yield();  // ranks may outnumber cores: let the others run
+    }
+  }
+
+  // ---- Failure handling
+  void abort(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (abort_requested_.load()) return;
+      abort_reason_ = reason;
+      abort_requested_.store(true);
+    }
+    // Tell the others now if this thread may call MPI; otherwise the next call on the libzero thread does.
+    if (may_call_mpi_now()) say_goodbye("it stopped: " + reason);
+  }
+
+  std::string abort_reason() const {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    return abort_reason_;
+  }
+
+  // Sends NOTICE to every rank still there (once) and pushes it out.
+  void say_goodbye(const std::string& reason) {
+    if (goodbye_sent_ || finalized_ || mpi_gone_) return;
+    goodbye_sent_ = true;
+    CtlMsg m;
+    m.type = kNotice;
+    m.rank = rank_;
+    m.a = completed_;
+    copy_text(m.text, reason);
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, m);
+    flush_sends(1.0);
+  }
+
+  std::string diagnose(uint64_t sequence) {
+    enter();
+    InCall in(this);
+    for (auto& p : peers_) p.replied = false;
+    CtlMsg q;
+    q.type = kQuery;
+    q.rank = rank_;
+    q.a = sequence;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, q);
+    const auto begin = Clock::now();
+    while (seconds_since(begin) < 3.0) {
+      poll_control();
+      bool all = true;
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && !peers_[static_cast<size_t>(r)].replied &&
+            peers_[static_cast<size_t>(r)].left_after == UINT64_MAX)
+          all = false;
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string out = "What the other ranks are doing:";
+    std::vector<int> silent;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const Peer& p = peers_[static_cast<size_t>(r)];
+      if (p.left_after != UINT64_MAX) {
+        out += " rank " + std::to_string(r) + " has stopped after collective #" + std::to_string(p.left_after) + " (" +
+               p.reason + ");";
+      } else if (p.replied) {
+        if (p.reply.a != 0) {
+          char seconds[32];
+          std::snprintf(seconds, sizeof seconds, "%.1f", p.reply.seconds);
+          out += " rank " + std::to_string(r) + " waits in collective #" + std::to_string(p.reply.a) + " (" +
+                 p.reply.text + ") for " + seconds + " s;";
+        } else {
+          out += " rank " + std::to_string(r) + " answered from outside any collective, after collective #" +
+                 std::to_string(p.reply.b) + ";";
+        }
+      } else {
+        silent.push_back(r);
+      }
+    }
+    if (!silent.empty()) {
+      out += " no answer within 3 s from rank";
+      out += silent.size() > 1 ? "s " : " ";
+      for (size_t i = 0; i < silent.size(); ++i) out += (i ? ", " : "") + std::to_string(silent[i]);
+      out +=
+          ": not inside a libzero collective (busy in the framework's code, blocked elsewhere, or hung); the "
+          "last collective every rank took part in is #" +
+          std::to_string(completed_) + (completed_label_.empty() ? "" : " (" + completed_label_ + ")") + ";";
+    }
+    if (out.back() == ';') out.back() = '.';
+    return out;
+  }
+
+  // ---- Teardown
+  void finalize() {
+    enter();
+    {
+      InCall in(this);
+      poll_control();
+      close_control(1.0);
+      MPI_Comm_free(&data_);
+      MPI_Comm_free(&ctl_);
+    }
+    finalized_ = true;
+    bool last_ours = false;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
+      last_ours = g_we_initialized_mpi && g_live.empty();
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (last_ours && !finalized) MPI_Finalize();
+  }
+
+  // Local. The MPI communicators stay (freeing one is collective); MPI_Finalize reclaims them.
+  ~Backend() {
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
+    }
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || finalized_ || mpi_gone_) return;
+    if (may_call_mpi_now()) {
+      say_goodbye("it destroyed its communicator");
+      close_control(0.5);
+    }
+  }
+
+  // Called first thing in MPI_Finalize, or at exit: the last chance to tell the others.
+  void last_goodbye(const std::string& reason) {
+    if (finalized_ || mpi_gone_) return;
+    say_goodbye(reason);
+    close_control(1.0);
+    mpi_gone_ = true;
+  }
+
+ private:
+  // Marks the thread inside the backend, so that abort() from another thread knows not to call MPI.
+  struct InCall {
+    explicit InCall(Backend* b) : b_(b) { b_->in_call_.store(true); }
+    ~InCall() { b_->in_call_.store(false); }
+    Backend* b_;
+  };
+
+  void enter() {
+    if (mpi_gone_) fail(ZERO_ERR_INVALID_STATE, "MPI has been finalized in this process; the communicator is gone");
+    if (finalized_) fail(ZERO_ERR_INVALID_STATE, "the communicator was finalized (zero_comm_finalize)");
+    if (g_provided == MPI_THREAD_FUNNELED) {
+      int main_thread = 0;
+      MPI_Is_thread_main(&main_thread);
+      if (!main_thread)
+        fail(ZERO_ERR_INVALID_STATE,
+             "MPI was initialised with MPI_THREAD_FUNNELED, so only the thread that initialised it may call MPI, "
+             "and this libzero call comes from another thread; initialise MPI with MPI_THREAD_SERIALIZED to call "
+             "libzero from any one thread at a time");
+    }
+    caller_ = std::this_thread::get_id();
+    if (abort_requested_.load() && !goodbye_sent_) say_goodbye("it stopped: " + abort_reason());
+  }
+
+  bool may_call_mpi_now() const {
+    if (g_provided == MPI_THREAD_MULTIPLE) return true;
+    if (in_call_.load()) return false;
+    if (g_provided == MPI_THREAD_FUNNELED) {
+      int main_thread = 0;
+      MPI_Is_thread_main(&main_thread);
+      return main_thread != 0;
+    }
+    return caller_ == std::this_thread::get_id() || caller_ == std::thread::id();
+  }
+
+  // A collective numbered after what some rank completed before it stopped can never complete.
+  void refuse_if_stopped(uint64_t sequence, const char* label) {
+    for (int r = 0; r < size_; ++r) {
+      const Peer& p = peers_[static_cast<size_t>(r)];
+      if (r == rank_ || p.left_after == UINT64_MAX || sequence <= p.left_after) continue;
+      fail(ZERO_ERR_REMOTE, "rank " + std::to_string(r) + " has stopped: " + p.reason + ". It took part in the " +
+                                "collectives up to #" + std::to_string(p.left_after) + ", so collective #" +
+                                std::to_string(sequence) + " (" + (label ? label : "") + ") cannot complete");
+    }
+  }
+
+  void complete(Op* op) {
+    std::unique_ptr<Op> owned(op);
+    if (op->coll.kind == ZERO_COLL_REDUCE_SCATTER)
+      zero::sum_blocks_in_rank_order(op->coll.buf, op->coll.count, size_, rank_, op->coll.dtype);
+    if (op->count.derived) MPI_Type_free(&op->count.type);
+    completed_ = op->coll.sequence;
+    completed_label_ = op->label;
+    pending_ = 0;
+  }
+
+  // A collective given up while in flight: MPI cannot cancel it, so its request (and the caller's buffer) stay.
+  void abandon(Op* op) {
+    abandoned_.emplace_back(op);
+    pending_ = 0;
+  }
+
+  void post_inbox() {
+    check(MPI_Irecv(&inbox_, sizeof inbox_, MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG, ctl_, &inbox_request_), "MPI_Irecv");
+  }
+
+  void send(int to, const CtlMsg& m) {
+    outbox_.emplace_back();
+    Outgoing& o = outbox_.back();
+    o.msg = m;
+    if (MPI_Isend(&o.msg, sizeof o.msg, MPI_BYTE, to, m.type, ctl_, &o.request) != MPI_SUCCESS) outbox_.pop_back();
+  }
+
+  void flush_sends(double timeout_s) {
+    const auto begin = Clock::now();
+    while (!outbox_.empty()) {
+      complete_sends();
+      if (outbox_.empty() || seconds_since(begin) >= timeout_s) break;
+      sched_yield();
+    }
+  }
+
+  void complete_sends() {
+    for (auto it = outbox_.begin(); it != outbox_.end();) {
+      int done = 0;
+      MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
+      it = done ? outbox_.erase(it) : std::next(it);
+    }
+  }
+
+  void poll_control() {
+    complete_sends();
+    for (;;) {
+      int arrived = 0;
+      MPI_Status status;
+      check(MPI_Test(&inbox_request_, &arrived, &status), "MPI_Test (control)");
+      if (!arrived) return;
+      const CtlMsg m = inbox_;
+      post_inbox();
+      if (m.rank < 0 || m.rank >= size_ || m.rank == rank_) continue;
+      Peer& p = peers_[static_cast<size_t>(m.rank)];
+      if (m.type == kNotice) {
+        p.left_after = std::min(p.left_after, m.a);
+        p.reason = std::string(m.text, strnlen(m.text, sizeof m.text));
+      } else if (m.type == kQuery) {
+        CtlMsg r;
+        r.type = kReply;
+        r.rank = rank_;
+        r.a = pending_;
+        r.b = completed_;
+        r.seconds = pending_ != 0 ? seconds_since(waiting_since_) : 0.0;
+        copy_text(r.text, pending_ != 0 ? pending_label_ : completed_label_);
+        send(m.rank, r);
+      } else if (m.type == kReply) {
+        p.replied = true;
+        p.reply = m;
+      }
+    }
+  }
+
+  // Stops listening: the pending receive is cancelled, outgoing notices get a moment to leave.
+  void close_control(double timeout_s) {
+    if (control_closed_) return;
+    control_closed_ = true;
+    flush_sends(timeout_s);
+    MPI_Cancel(&inbox_request_);
+    MPI_Wait(&inbox_request_, MPI_STATUS_IGNORE);
+  }
+
+  struct Outgoing {
+    CtlMsg msg;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+
+  MPI_Comm data_, ctl_;
+  int rank_ = 0, size_ = 1, local_size_ = 1;
+  std::string error_;
+  std::vector<Peer> peers_;
+  CtlMsg inbox_;
+  MPI_Request inbox_request_ = MPI_REQUEST_NULL;
+  std::list<Outgoing> outbox_;  // MPI_Isend keeps pointing at each message: a list never moves them
+  uint64_t completed_ = 0, pending_ = 0;
+  std::string completed_label_, pending_label_;
+  Clock::time_point waiting_since_ = Clock::now();
+  std::vector<std::unique_ptr<Op>> abandoned_;
+  std::atomic<bool> abort_requested_{false};
+  mutable std::mutex abort_mutex_;
+  std::string abort_reason_;
+  std::atomic<bool> in_call_{false};
+  std::thread::id caller_;
+  bool goodbye_sent_ = false, control_closed_ = false, finalized_ = false, mpi_gone_ = false;
+};
+
+void say_goodbye_all(const std::string& reason) {
+  std::vector<Backend*> live;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    live = g_live;
+  }
+  for (Backend* b : live) b->last_goodbye(reason);
+}
+
+Backend* as_backend(void* user_data) { return static_cast<Backend*>(user_data); }
+
+extern "C" {
+
+zero_status_t op_run(void* ud, const zero_collective_t* coll) {
+  Backend* b = as_backend(ud);
+  return b->guarded([&] {
+    Op* op = b->start(*coll);
+    while (!b->wait(op, 3600.0)) {
+    }
+  });
+}
+
+zero_status_t op_start(void** out_request, void* ud, const zero_collective_t* coll) {
+  Backend* b = as_backend(ud);
+  return b->guarded([&] { *out_request = b->start(*coll); });
+}
+
+zero_status_t op_wait(int32_t* out_done, void* ud, void* request, double timeout_s) {
+  Backend* b = as_backend(ud);
+  return b->guarded([&] { *out_done = b->wait(static_cast<Op*>(request), timeout_s) ? 1 : 0; });
+}
+
+const char* op_error(void* ud) { return as_backend(ud)->error(); }
+
+void op_abort(void* ud, const char* reason) {
+  try {
+    as_backend(ud)->abort(reason != nullptr ? reason : "aborted");
+  } catch (...) {
+  }
+}
+
+zero_status_t op_diagnose(void* ud, uint64_t sequence, char* out, size_t capacity) {
+  Backend* b = as_backend(ud);
+  return b->guarded([&] {
+    const std::string text = b->diagnose(sequence);
+    if (capacity == 0) return;
+    const size_t n = std::min(text.size(), capacity - 1);
+    std::memcpy(out, text.data(), n);
+    out[n] = '\0';
+  });
+}
+
+zero_status_t op_finalize(void* ud) {
+  Backend* b = as_backend(ud);
+  return b->guarded([&] { b->finalize(); });
+}
+
+void op_destroy(void* ud) {
+  try {
+    delete as_backend(ud);
+  } catch (...) {
+  }
+}
+
+}  // extern "C"
+
+}  // namespace
+
+extern "C" ZERO_API zero_status_t zero_mpi_backend_open(zero_comm_ops_t* out_ops, void** out_user_data,
+                                                        int64_t mpi_comm, char* error_text, size_t capacity) {
+  auto report = [&](const std::string& message) {
+    if (error_text != nullptr && capacity > 0) {
+      const size_t n = std::min(message.size(), capacity - 1);
+      std::memcpy(error_text, message.data(), n);
+      error_text[n] = '\0';
+    }
+  };
+  if (out_ops == nullptr || out_user_data == nullptr || out_ops->struct_size < sizeof(zero_comm_ops_t)) {
+    report("zero_mpi_backend_open: bad arguments (a libzero.so / libzero-mpi.so version mismatch?)");
+    return ZERO_ERR_INVALID_ARGUMENT;
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  MPI_Comm dup_data = MPI_COMM_NULL, dup_ctl = MPI_COMM_NULL;
+  try {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) fail(ZERO_ERR_INVALID_STATE, "MPI has already been finalised in this process; it cannot restart");
+    if (!initialized) {
+      int provided = 0;
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+      g_we_initialized_mpi = true;
+    }
+    check(MPI_Query_thread(&g_provided), "MPI_Query_thread");
+    if (g_provided < MPI_THREAD_FUNNELED)
+      fail(ZERO_ERR_UNSUPPORTED,
+           "MPI was initialised with MPI_THREAD_SINGLE (MPI_Init does that), but libzero runs OpenMP threads beside "
+           "MPI and needs at least MPI_THREAD_FUNNELED: initialise MPI with MPI_Init_thread(&argc, &argv, "
+           "MPI_THREAD_FUNNELED, &provided), or MPI_THREAD_SERIALIZED to call libzero from any one thread");
+    if (g_provided == MPI_THREAD_FUNNELED) {
+      int main_thread = 0;
+      MPI_Is_thread_main(&main_thread);
+      if (!main_thread)
+        fail(ZERO_ERR_INVALID_STATE,
+             "MPI was initialised with MPI_THREAD_FUNNELED and zero_comm_create_mpi is called from another thread "
+             "than the one that initialised it; initialise MPI with MPI_THREAD_SERIALIZED");
+    }
+    MPI_Comm user = mpi_comm == ZERO_MPI_COMM_WORLD ? MPI_COMM_WORLD : MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_comm));
+    if (user == MPI_COMM_NULL) fail(ZERO_ERR_INVALID_ARGUMENT, "mpi_comm is MPI_COMM_NULL");
+    check(MPI_Comm_dup(user, &dup_data), "MPI_Comm_dup");
+    check(MPI_Comm_dup(user, &dup_ctl), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(dup_data, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(dup_ctl, MPI_ERRORS_RETURN);
+    install_hooks();
+    auto backend = std::make_unique<Backend>(dup_data, dup_ctl);
+    zero_comm_ops_t ops;
+    std::memset(&ops, 0, sizeof ops);
+    ops.struct_size = sizeof ops;
+    ops.rank = backend->rank();
+    ops.size = backend->size();
+    ops.local_size = backend->local_size();
+    ops.flags = ZERO_COMM_DETERMINISTIC;
+    ops.run = op_run;
+    ops.start = op_start;
+    ops.wait = op_wait;
+    ops.error_message = op_error;
+    ops.abort = op_abort;
+    ops.diagnose = op_diagnose;
+    ops.finalize = op_finalize;
+    ops.destroy = op_destroy;
+    std::memcpy(out_ops, &ops, sizeof ops);
+    g_live.push_back(backend.get());
+    *out_user_data = backend.release();
+    return ZERO_OK;
+  } catch (const Failure& f) {
+    if (dup_data != MPI_COMM_NULL) MPI_Comm_free(&dup_data);
+    if (dup_ctl != MPI_COMM_NULL) MPI_Comm_free(&dup_ctl);
+    report(f.message);
+    return f.status;
+  } catch (const std::bad_alloc&) {
+    report("out of memory");
+    return ZERO_ERR_OUT_OF_MEMORY;
+  }
+}

@@ -1,0 +1,74 @@
+// Communicators: creation (MPI module, single process, custom callbacks), rank and size, finalize, destroy.
+#include "comm/custom_communicator.hpp"
+#include "comm/engine_comm.hpp"
+#include "comm/mpi_loader.hpp"
+#include "comm/single_communicator.hpp"
+#include "guard.hpp"
+
+using zero::capi::CommHandle;
+using zero::capi::guard;
+using zero::capi::handle;
+using zero::capi::opaque;
+using zero::capi::require_arg;
+
+namespace {
+
+zero_status_t create(const char* call, zero_comm_t** out_comm, const std::function<void(CommHandle&)>& make) {
+  return guard(call, [&] {
+    require_arg(out_comm != nullptr, call, "out_comm is NULL");
+    auto h = std::make_unique<CommHandle>();
+    make(*h);
+    *out_comm = opaque(h.release());
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+ZERO_API zero_status_t zero_comm_create_mpi(zero_comm_t** out_comm, int64_t mpi_comm) {
+  return create("zero_comm_create_mpi", out_comm,
+                [&](CommHandle& h) { h.impl = zero::make_mpi_communicator(mpi_comm); });
+}
+
+ZERO_API zero_status_t zero_comm_create_single(zero_comm_t** out_comm) {
+  return create("zero_comm_create_single", out_comm, [](CommHandle& h) { h.impl = zero::make_single_communicator(); });
+}
+
+ZERO_API zero_status_t zero_comm_create_custom(zero_comm_t** out_comm, const zero_comm_ops_t* ops, void* user_data) {
+  return create("zero_comm_create_custom", out_comm,
+                [&](CommHandle& h) { h.impl = zero::make_custom_communicator(ops, user_data); });
+}
+
+ZERO_API zero_status_t zero_comm_finalize(zero_comm_t* comm) {
+  const char* call = "zero_comm_finalize";
+  return guard(call, [&] {
+    require_arg(comm != nullptr, call, "comm is NULL");
+    zero::Communicator& c = *handle(comm)->impl;
+    if (c.finalized()) zero::fail(ZERO_ERR_INVALID_STATE, "zero_comm_finalize: the communicator is already finalized");
+    // Every rank must be here before anything is freed; a rank that is not arrives at the timeout instead.
+    zero::EngineComm agreement(handle(comm)->impl);
+    agreement.agree(call, zero::CallTag{zero::CallKind::kCommFinalize, 0, 0, 0}, nullptr);
+    c.finalize();
+  });
+}
+
+ZERO_API void zero_comm_destroy(zero_comm_t* comm) { delete handle(comm); }
+
+ZERO_API zero_status_t zero_comm_rank(int32_t* out_rank, const zero_comm_t* comm) {
+  return guard("zero_comm_rank", [&] {
+    require_arg(out_rank != nullptr, "zero_comm_rank", "out_rank is NULL");
+    require_arg(comm != nullptr, "zero_comm_rank", "comm is NULL");
+    *out_rank = handle(comm)->impl->rank();
+  });
+}
+
+ZERO_API zero_status_t zero_comm_size(int32_t* out_size, const zero_comm_t* comm) {
+  return guard("zero_comm_size", [&] {
+    require_arg(out_size != nullptr, "zero_comm_size", "out_size is NULL");
+    require_arg(comm != nullptr, "zero_comm_size", "comm is NULL");
+    *out_size = handle(comm)->impl->size();
+  });
+}
+
+}  // extern "C"

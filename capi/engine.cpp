@@ -1,0 +1,206 @@
+// The engine's life cycle and training calls: argument checks and struct translation around zero::Engine.
+#include <cstring>
+
+#include "config.hpp"
+#include "guard.hpp"
+#include "struct_io.hpp"
+
+using zero::capi::EngineHandle;
+using zero::capi::guard;
+using zero::capi::handle;
+using zero::capi::opaque;
+using zero::capi::require_arg;
+
+namespace {
+
+zero::Engine& engine_of(zero_engine_t* engine, const char* call) {
+  require_arg(engine != nullptr, call, "engine is NULL");
+  return *handle(engine)->impl;
+}
+
+const EngineHandle* handle_or_null(const zero_engine_t* engine) { return engine != nullptr ? handle(engine) : nullptr; }
+
+bool valid_param_dtype(int32_t t) { return t == ZERO_DTYPE_FP32 || t == ZERO_DTYPE_BF16 || t == ZERO_DTYPE_FP16; }
+
+}  // namespace
+
+extern "C" {
+
+ZERO_API zero_status_t zero_engine_create(zero_engine_t** out_engine, const char* json_config, zero_comm_t* comm) {
+  return guard("zero_engine_create", [&] {
+    require_arg(out_engine != nullptr, "zero_engine_create", "out_engine is NULL");
+    require_arg(json_config != nullptr, "zero_engine_create", "json_config is NULL");
+    require_arg(comm != nullptr, "zero_engine_create", "comm is NULL");
+    const auto& communicator = handle(comm)->impl;
+    if (communicator->finalized())
+      zero::fail(ZERO_ERR_INVALID_STATE, "zero_engine_create: the communicator was finalized (zero_comm_finalize)");
+    if (communicator->aborted())
+      zero::fail(ZERO_ERR_ABORTED,
+                 "zero_engine_create: the communicator was aborted (" + communicator->abort_reason() + ")");
+    zero::Config config = zero::parse_config(json_config, communicator->size());
+    auto h = std::make_unique<EngineHandle>();
+    h->impl = std::make_unique<zero::Engine>(std::move(config), communicator);
+    *out_engine = opaque(h.release());
+  });
+}
+
+ZERO_API void zero_engine_destroy(zero_engine_t* engine) { delete handle(engine); }
+
+ZERO_API const char* zero_engine_last_error(const zero_engine_t* engine) {
+  if (engine == nullptr) return "zero_engine_last_error: engine is NULL";
+  return handle(engine)->last_error.c_str();
+}
+
+ZERO_API void zero_engine_abort(zero_engine_t* engine) {
+  if (engine == nullptr) return;
+  try {
+    handle(engine)->impl->abort();
+  } catch (...) {  // abort must not fail; the engine is unusable either way
+  }
+}
+
+ZERO_API zero_status_t zero_engine_set_num_threads(zero_engine_t* engine, int32_t threads) {
+  const char* call = "zero_engine_set_num_threads";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).set_num_threads(threads); });
+}
+
+ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engine_t* engine,
+                                                   const zero_param_group_desc_t* desc) {
+  const char* call = "zero_engine_add_param_group";
+  return guard(call, handle_or_null(engine), [&] {
+    require_arg(out_group != nullptr, call, "out_group is NULL");
+    zero::Engine& e = engine_of(engine, call);
+    const zero_param_group_desc_t defaults = ZERO_PARAM_GROUP_DESC_INIT;
+    const zero_param_group_desc_t d = zero::read_input_struct(desc, sizeof(zero_param_group_desc_t), defaults, call,
+                                                              "zero_param_group_desc_t", "zero_param_group_desc_init");
+    *out_group = e.add_param_group(d.name ? d.name : "", d.lr, d.weight_decay, d.beta1, d.beta2, d.eps);
+  });
+}
+
+ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* engine, const zero_param_desc_t* desc) {
+  const char* call = "zero_engine_add_param";
+  return guard(call, handle_or_null(engine), [&] {
+    require_arg(out_param != nullptr, call, "out_param is NULL");
+    zero::Engine& e = engine_of(engine, call);
+    const zero_param_desc_t defaults = ZERO_PARAM_DESC_INIT;
+    const zero_param_desc_t d = zero::read_input_struct(desc, sizeof(zero_param_desc_t), defaults, call,
+                                                        "zero_param_desc_t", "zero_param_desc_init");
+    require_arg(d.name != nullptr, call, "desc->name is NULL");
+    require_arg(d.ndim >= 0 && d.ndim <= ZERO_MAX_NDIM, call, "desc->ndim must be in 0..ZERO_MAX_NDIM (8)");
+    require_arg(d.ndim == 0 || d.shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
+    require_arg(d.dtype == -1 || valid_param_dtype(d.dtype), call,
+                "desc->dtype must be -1 (the engine's compute dtype) or ZERO_DTYPE_FP32, _BF16 or _FP16");
+    const int32_t dtype = d.dtype == -1 ? static_cast<int32_t>(e.config().compute_dtype) : d.dtype;
+    require_arg(d.init_dtype == -1 || valid_param_dtype(d.init_dtype), call,
+                "desc->init_dtype must be -1 (same as dtype) or ZERO_DTYPE_FP32, _BF16 or _FP16");
+    const zero::DType compute = e.config().compute_dtype;
+    if (static_cast<zero::DType>(dtype) != compute)
+      zero::fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": param '" + d.name + "' has dtype " +
+                                                zero::dtype_name(static_cast<zero::DType>(dtype)) +
+                                                " but the engine computes in " + zero::dtype_name(compute) +
+                                                " (set by the config's bf16/fp16 blocks)");
+    zero::ParamShape shape;
+    shape.name = d.name;
+    shape.dims.assign(d.shape, d.shape + d.ndim);
+    shape.unit = d.unit;
+    shape.group = d.group;
+    zero::ParamInit init;
+    init.data = d.init_data;
+    init.dtype = static_cast<zero::DType>(d.init_dtype == -1 ? dtype : d.init_dtype);
+    *out_param = e.add_param(std::move(shape), init);
+  });
+}
+
+ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine) {
+  const char* call = "zero_engine_finalize";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).finalize(); });
+}
+
+ZERO_API zero_status_t zero_param_data(void** out_data, zero_engine_t* engine, int32_t param) {
+  const char* call = "zero_param_data";
+  return guard(call, handle_or_null(engine), [&] {
+    require_arg(out_data != nullptr, call, "out_data is NULL");
+    *out_data = engine_of(engine, call).param_data(param);
+  });
+}
+
+ZERO_API zero_status_t zero_grad_data(void** out_data, zero_engine_t* engine, int32_t param) {
+  const char* call = "zero_grad_data";
+  return guard(call, handle_or_null(engine), [&] {
+    require_arg(out_data != nullptr, call, "out_data is NULL");
+    *out_data = engine_of(engine, call).grad_data(param);
+  });
+}
+
+ZERO_API zero_status_t zero_gather(zero_engine_t* engine, int32_t unit) {
+  const char* call = "zero_gather";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).gather(unit); });
+}
+
+ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit) {
+  const char* call = "zero_release";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).release(unit); });
+}
+
+ZERO_API zero_status_t zero_grad_ready(zero_engine_t* engine, int32_t param) {
+  const char* call = "zero_grad_ready";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).grad_ready(param); });
+}
+
+ZERO_API zero_status_t zero_backward_end(zero_engine_t* engine) {
+  const char* call = "zero_backward_end";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).backward_end(); });
+}
+
+ZERO_API zero_status_t zero_step(zero_step_info_t* out_info, zero_engine_t* engine) {
+  const char* call = "zero_step";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::Engine& e = engine_of(engine, call);
+    if (out_info != nullptr)
+      zero::check_output_struct(out_info, sizeof(zero_step_info_t), call, "zero_step_info_t", "zero_step_info_init");
+    zero::StepResult r = e.step();
+    if (out_info == nullptr) return;
+    zero_step_info_t info = ZERO_STEP_INFO_INIT;
+    info.step = r.step;
+    info.loss_scale = r.loss_scale;
+    info.grad_norm = r.grad_norm;
+    info.skipped = r.skipped ? 1 : 0;
+    info.lr = r.lr;
+    zero::write_output_struct(out_info, info);
+  });
+}
+
+ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* engine) {
+  const char* call = "zero_loss_scale";
+  return guard(call, handle_or_null(engine), [&] {
+    require_arg(out_scale != nullptr, call, "out_scale is NULL");
+    require_arg(engine != nullptr, call, "engine is NULL");
+    *out_scale = handle(engine)->impl->loss_scale();
+  });
+}
+
+ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr) {
+  const char* call = "zero_set_lr";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).set_lr(group, lr); });
+}
+
+ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* dir, const char* tag) {
+  const char* call = "zero_save_checkpoint";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::Engine& e = engine_of(engine, call);
+    require_arg(dir != nullptr, call, "dir is NULL");
+    require_arg(tag != nullptr, call, "tag is NULL");
+    e.save_checkpoint(dir, tag);
+  });
+}
+
+ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* dir, const char* tag) {
+  const char* call = "zero_load_checkpoint";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::Engine& e = engine_of(engine, call);
+    require_arg(dir != nullptr, call, "dir is NULL");
+    e.load_checkpoint(dir, tag != nullptr ? tag : "");
+  });
+}
+
+}  // extern "C"

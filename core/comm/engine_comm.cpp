@@ -1,0 +1,344 @@
+#include "comm/engine_comm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace zero {
+namespace {
+
+const char* call_name(CallKind kind) {
+  switch (kind) {
+    case CallKind::kFinalize:
+      return "zero_engine_finalize";
+    case CallKind::kGather:
+      return "zero_gather";
+    case CallKind::kReduceBucket:
+      return "a gradient bucket reduction (zero_grad_ready or zero_backward_end)";
+    case CallKind::kBackwardEnd:
+      return "zero_backward_end";
+    case CallKind::kStep:
+      return "zero_step";
+    case CallKind::kSaveCheckpoint:
+      return "zero_save_checkpoint";
+    case CallKind::kLoadCheckpoint:
+      return "zero_load_checkpoint";
+    case CallKind::kCommFinalize:
+      return "zero_comm_finalize";
+  }
+  return "an unknown call";
+}
+
+std::string format_seconds(double s) {
+  std::ostringstream os;
+  os.precision(s < 10 ? 2 : 0);
+  os << std::fixed << s;
+  return os.str();
+}
+
+}  // namespace
+
+std::string describe_call(const CallTag& tag) {
+  std::ostringstream os;
+  os << call_name(tag.kind);
+  switch (tag.kind) {
+    case CallKind::kGather:
+      os << " of unit " << tag.id << " (" << tag.count << " elements)";
+      break;
+    case CallKind::kReduceBucket:
+      os << ": bucket " << tag.id << " (" << tag.count << " elements)";
+      break;
+    case CallKind::kBackwardEnd:
+      os << " ending micro-step " << tag.id;
+      break;
+    case CallKind::kStep:
+      os << " for optimizer step " << tag.id << " after " << tag.count << " micro-steps";
+      break;
+    case CallKind::kSaveCheckpoint:
+    case CallKind::kLoadCheckpoint:
+      os << " (phase " << tag.id << ")";
+      break;
+    default:
+      break;
+  }
+  return os.str();
+}
+
+EngineComm::EngineComm(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) { records_.resize(kRecords); }
+
+void EngineComm::count(Counter counter, uint64_t bytes, uint64_t wire_bytes) {
+  stats_.sequence += 1;
+  CommKindStats* k = nullptr;
+  switch (counter) {
+    case Counter::kAllGather:
+      k = &stats_.all_gather;
+      break;
+    case Counter::kReduceScatter:
+      k = &stats_.reduce_scatter;
+      break;
+    case Counter::kAllReduce:
+      k = &stats_.all_reduce;
+      break;
+    case Counter::kBroadcast:
+      k = &stats_.broadcast;
+      break;
+    case Counter::kControl:
+      k = &stats_.control;
+      break;
+    case Counter::kNone:
+      return;
+  }
+  k->calls += 1;
+  k->bytes += bytes;
+  k->wire_bytes += wire_bytes;
+}
+
+size_t EngineComm::record_start(const Collective& c) {
+  std::lock_guard<std::mutex> lock(records_mutex_);
+  const size_t slot = records_written_++ % kRecords;
+  Record& r = records_[slot];
+  r.sequence = c.sequence;
+  r.kind = c.kind;
+  r.type = c.type;
+  r.count = c.count;
+  r.label = c.label;
+  r.state = 0;
+  r.start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+  r.duration_s = 0;
+  return slot;
+}
+
+void EngineComm::record_end(size_t slot, uint64_t sequence, int state) {
+  std::lock_guard<std::mutex> lock(records_mutex_);
+  Record& r = records_[slot];
+  if (r.sequence != sequence) return;  // overwritten meanwhile
+  r.state = state;
+  r.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count() - r.start_s;
+}
+
+std::string EngineComm::recent_json() const {
+  std::lock_guard<std::mutex> lock(records_mutex_);
+  nlohmann::json out = nlohmann::json::array();
+  const uint64_t n = std::min<uint64_t>(records_written_, kRecords);
+  for (uint64_t i = records_written_ - n; i < records_written_; ++i) {
+    const Record& r = records_[i % kRecords];
+    const char* states[3] = {"waiting", "done", "failed"};
+    out.push_back({{"sequence", r.sequence},
+                   {"kind", coll_kind_name(r.kind)},
+                   {"label", r.label},
+                   {"count", r.count},
+                   {"dtype", elem_type_name(r.type)},
+                   {"state", states[r.state]},
+                   {"start_s", r.start_s},
+                   {"duration_s", r.duration_s}});
+  }
+  return out.dump(1);
+}
+
+// Start, then wait in slices until done or past the deadline. On a timeout the request stays in flight inside the
+// backend (no backend can cancel a collective), so its buffer must outlive the engine: abandoned_.
+void EngineComm::run(Collective& c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
+  count(counter, bytes, wire_bytes);
+  const auto begin = std::chrono::steady_clock::now();
+  Request request = nullptr;
+  try {
+    request = comm_->start(c);
+  } catch (const Error&) {
+    record_end(record_start(c), c.sequence, 2);
+    failed_ = true;
+    throw;
+  }
+  const size_t slot = record_start(c);
+  if (request == nullptr) {
+    record_end(slot, c.sequence, 1);
+    return;
+  }
+  const auto deadline = begin + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(timeout_s_));
+  try {
+    for (;;) {
+      const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) break;
+      if (comm_->wait(request, std::min(left, 0.25))) {
+        record_end(slot, c.sequence, 1);
+        return;
+      }
+    }
+  } catch (const Error&) {
+    record_end(slot, c.sequence, 2);
+    failed_ = abandoned_ = true;  // a failed wait may leave the backend's request (and our buffer) in flight
+    throw;
+  }
+  record_end(slot, c.sequence, 2);
+  failed_ = abandoned_ = true;
+  std::string what = c.label + ": collective #" + std::to_string(c.sequence) + " (" + coll_kind_name(c.kind) + " of " +
+                     std::to_string(c.count) + " " + elem_type_name(c.type) + ") did not complete within " +
+                     format_seconds(timeout_s_) + " s (libzero.timeout_s / ZERO_TIMEOUT_S)";
+  const std::string diagnosis = comm_->diagnose(c.sequence);
+  if (!diagnosis.empty()) what += ". " + diagnosis;
+  comm_->abort("rank " + std::to_string(rank()) + " timed out: " + what);
+  fail(ZERO_ERR_TIMEOUT, what);
+}
+
+void EngineComm::all_gather(void* buf, size_t block, ElemType type, const std::string& label) {
+  const uint64_t block_bytes = block * elem_size(type), n = size();
+  Collective c;
+  c.kind = CollKind::kAllGather;
+  c.type = type;
+  c.buf = buf;
+  c.count = block;
+  c.label = label;
+  run(c, Counter::kAllGather, block_bytes * n, block_bytes * (n - 1));
+}
+
+void EngineComm::reduce_scatter_sum(void* buf, size_t block, ElemType type, const std::string& label) {
+  const uint64_t block_bytes = block * elem_size(type), n = size();
+  Collective c;
+  c.kind = CollKind::kReduceScatter;
+  c.type = type;
+  c.buf = buf;
+  c.count = block;
+  c.label = label;
+  run(c, Counter::kReduceScatter, block_bytes * n, block_bytes * (n - 1));
+}
+
+void EngineComm::all_reduce_sum(void* buf, size_t n_elems, ElemType type, const std::string& label) {
+  const size_t n = static_cast<size_t>(size());
+  if (n_elems % n != 0) fail(ZERO_ERR_INTERNAL, label + ": all_reduce_sum of a length not divisible by the ranks");
+  const size_t block = n_elems / n;
+  const uint64_t bytes = n_elems * elem_size(type);
+  // Ring all-reduce: a reduce-scatter and an all-gather, each sending (N-1)/N of the buffer. Rounded down.
+  count(Counter::kAllReduce, bytes, 2 * bytes * (n - 1) / n);
+  Collective rs;
+  rs.kind = CollKind::kReduceScatter;
+  rs.type = type;
+  rs.buf = buf;
+  rs.count = block;
+  rs.label = label + " (reduce-scatter half)";
+  run(rs, Counter::kNone, 0, 0);
+  Collective ag = rs;
+  ag.kind = CollKind::kAllGather;
+  ag.label = label + " (all-gather half)";
+  run(ag, Counter::kNone, 0, 0);
+}
+
+void EngineComm::broadcast(void* buf, size_t n_elems, ElemType type, int root, const std::string& label) {
+  const uint64_t n = size(), bytes = n_elems * elem_size(type);
+  Collective c;
+  c.kind = CollKind::kBroadcast;
+  c.type = type;
+  c.root = root;
+  c.buf = buf;
+  c.count = n_elems;
+  c.label = label;
+  run(c, Counter::kBroadcast, bytes, bytes * (n - 1) / n);
+}
+
+void EngineComm::control_min(int64_t* values, size_t n, const std::string& label) {
+  Collective c;
+  c.kind = CollKind::kAllReduce;
+  c.type = ElemType::kI64;
+  c.op = ReduceOp::kMin;
+  c.buf = values;
+  c.count = n;
+  c.label = label;
+  run(c, Counter::kControl, n * 8, 2 * n * 8 * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+}
+
+void EngineComm::control_all_gather(void* buf, size_t block_bytes, const std::string& label) {
+  Collective c;
+  c.kind = CollKind::kAllGather;
+  c.type = ElemType::kU8;
+  c.buf = buf;
+  c.count = block_bytes;
+  c.label = label;
+  run(c, Counter::kControl, block_bytes * static_cast<uint64_t>(size()),
+      block_bytes * static_cast<uint64_t>(size() - 1));
+}
+
+void EngineComm::control_broadcast(void* buf, size_t n_bytes, int root, const std::string& label) {
+  Collective c;
+  c.kind = CollKind::kBroadcast;
+  c.type = ElemType::kU8;
+  c.root = root;
+  c.buf = buf;
+  c.count = n_bytes;
+  c.label = label;
+  run(c, Counter::kControl, n_bytes, n_bytes * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+}
+
+std::string EngineComm::broadcast_text(const std::string& text, int root, const std::string& label) {
+  int64_t length = static_cast<int64_t>(text.size());
+  control_broadcast(&length, sizeof length, root, label + " (length)");
+  std::string out = rank() == root ? text : std::string(static_cast<size_t>(length), '\0');
+  if (length > 0) control_broadcast(&out[0], static_cast<size_t>(length), root, label);
+  return out;
+}
+
+double EngineComm::sum_over_ranks(double local, const std::string& label) {
+  // A small fixed buffer covers the common case without allocating; more ranks take the heap.
+  double stack[64];
+  std::vector<double> heap;
+  const size_t n = static_cast<size_t>(size());
+  double* all = stack;
+  if (n > 64) heap.resize(n), all = heap.data();
+  all[rank()] = local;
+  control_all_gather(all, sizeof(double), label);
+  double sum = 0.0;
+  for (size_t r = 0; r < n; ++r) sum += all[r];
+  return sum;
+}
+
+// The exchange: one all-reduce (MIN) of [failed rank, then each compared field and its negation], so one call
+// yields the minimum and the maximum of every field. Equal minimum and maximum means every rank agrees.
+void EngineComm::agree(const char* call, const CallTag& tag, const Error* local_error,
+                       const ExplainCheck& explain_check, bool share_status) {
+  enum { kFailed, kSeq, kSeqNeg, kKind, kKindNeg, kId, kIdNeg, kCount, kCountNeg, kCheck, kCheckNeg, kN };
+  const int64_t sequence = static_cast<int64_t>(comm_->issued() + 1);
+  int64_t v[kN];
+  v[kFailed] = local_error != nullptr ? rank() : INT64_MAX;
+  v[kSeq] = sequence, v[kSeqNeg] = -sequence;
+  v[kKind] = static_cast<int64_t>(tag.kind), v[kKindNeg] = -v[kKind];
+  v[kId] = tag.id, v[kIdNeg] = -tag.id;
+  v[kCount] = tag.count, v[kCountNeg] = -tag.count;
+  v[kCheck] = tag.check, v[kCheckNeg] = -tag.check;
+  control_min(v, kN, std::string(call) + ": agreement before moving data");
+
+  if (v[kFailed] != INT64_MAX) {
+    const int root = static_cast<int>(v[kFailed]);
+    int64_t status = local_error != nullptr ? local_error->status() : 0;
+    control_broadcast(&status, sizeof status, root, std::string(call) + ": the failed rank's status");
+    const std::string message =
+        broadcast_text(local_error != nullptr ? local_error->what() : "", root, std::string(call) + ": its message");
+    if (local_error != nullptr) throw *local_error;
+    if (share_status) fail(static_cast<zero_status_t>(status), "rank " + std::to_string(root) + ": " + message);
+    fail(ZERO_ERR_REMOTE, "rank " + std::to_string(root) + " failed in " + call + " (" +
+                              status_name(static_cast<zero_status_t>(status)) + "): " + message);
+  }
+  const bool same_call =
+      v[kSeq] == -v[kSeqNeg] && v[kKind] == -v[kKindNeg] && v[kId] == -v[kIdNeg] && v[kCount] == -v[kCountNeg];
+  if (same_call && v[kCheck] == -v[kCheckNeg]) return;
+  if (same_call && explain_check) fail(ZERO_ERR_MISMATCH, explain_check());
+
+  // Which rank calls what: everyone's tag, for one message that every rank prints alike.
+  int64_t mine[5] = {sequence, static_cast<int64_t>(tag.kind), tag.id, tag.count, tag.check};
+  std::vector<int64_t> all(5 * static_cast<size_t>(size()));
+  std::memcpy(all.data() + 5 * rank(), mine, sizeof mine);
+  control_all_gather(all.data(), sizeof mine, std::string(call) + ": the ranks' calls, to explain a divergence");
+  std::ostringstream os;
+  os << "ranks diverged: they are not making the same collective call (the program runs different code on "
+        "different ranks): ";
+  for (int r = 0; r < size(); ++r) {
+    const int64_t* t = all.data() + 5 * r;
+    CallTag other{static_cast<CallKind>(t[1]), t[2], t[3], t[4]};
+    os << (r ? "; " : "") << "rank " << r << " is in " << describe_call(other);
+    if (t[0] != sequence) os << " as its collective #" << t[0];
+    if (same_call) os << " with check value " << t[4];
+  }
+  os << ". Every rank must make the same collective calls in the same order; this engine is unusable now";
+  fail(ZERO_ERR_MISMATCH, os.str());
+}
+
+}  // namespace zero

@@ -1,0 +1,144 @@
+// An engine's view of its communicator, and the one path every collective of the engine takes:
+//  - counting: calls, payload bytes and wire bytes per kind (the ZeRO traffic formulas), control messages apart;
+//  - the watchdog: every collective is started and then waited for with the engine's timeout; on expiry the
+//    backend is asked what it knows of the other ranks, the communicator is aborted (so the others learn it) and
+//    the call fails with ZERO_ERR_TIMEOUT naming the collective and the missing ranks;
+//  - the agreement (agree()): before a collective call moves data, every rank contributes its local status and a
+//    tag saying which collective it is about to run; a failure anywhere becomes an error on every rank
+//    (ZERO_ERR_REMOTE on the others, naming the rank and its message), and ranks that are about to run different
+//    collectives all get ZERO_ERR_MISMATCH naming what each one called — never mixed data or a hang;
+//  - a flight recorder of the last collectives, readable from any thread.
+// Counting here rather than in a backend keeps the statistics per engine and identical for every backend.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "error.hpp"
+
+namespace zero {
+
+struct CommKindStats {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;       // payload, as nccl-tests counts "size"
+  uint64_t wire_bytes = 0;  // sent by one rank in a bandwidth-optimal algorithm
+};
+
+struct CommStats {
+  uint64_t sequence = 0;  // every collective this engine issued, control included
+  CommKindStats all_gather, reduce_scatter, all_reduce, broadcast;
+  CommKindStats control;  // agreement and checks; not in the four kinds above
+};
+
+// Which collective call a rank is about to make, as the agreement compares it.
+enum class CallKind : int64_t {
+  kFinalize = 1,
+  kGather = 2,
+  kReduceBucket = 3,
+  kBackwardEnd = 4,
+  kStep = 5,
+  kSaveCheckpoint = 6,
+  kLoadCheckpoint = 7,
+  kCommFinalize = 8,
+};
+
+struct CallTag {
+  CallKind kind = CallKind::kFinalize;
+  int64_t id = -1;    // unit, bucket, micro-step or step number (kind-specific)
+  int64_t count = 0;  // elements the call moves
+  int64_t check = 0;  // a digest of other inputs that must agree (zero_step: the learning rates)
+};
+
+std::string describe_call(const CallTag& tag);
+
+class EngineComm {
+ public:
+  explicit EngineComm(std::shared_ptr<Communicator> comm);
+  EngineComm(const EngineComm&) = delete;
+  EngineComm& operator=(const EngineComm&) = delete;
+
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  int local_size() const { return comm_->local_size(); }
+  bool deterministic() const { return comm_->deterministic(); }
+  Communicator& backend() { return *comm_; }
+  const Communicator& backend() const { return *comm_; }
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
+
+  // ---- Data collectives (the ZeRO traffic). Blocking, with the timeout.
+  // `buf` holds size() blocks of `block` elements; this rank's block (at rank() * block) is the input.
+  void all_gather(void* buf, size_t block, ElemType type, const std::string& label);
+  // `buf` holds size() blocks of `block` elements; afterwards this rank's block holds the sum over ranks.
+  void reduce_scatter_sum(void* buf, size_t block, ElemType type, const std::string& label);
+  // Float sum of `n` elements (a multiple of size()) on every rank: a reduce-scatter and an all-gather, so every
+  // element is summed once (in rank order on a deterministic backend) and every rank gets the same bits.
+  void all_reduce_sum(void* buf, size_t n, ElemType type, const std::string& label);
+  void broadcast(void* buf, size_t n, ElemType type, int root, const std::string& label);
+
+  // ---- Control messages (counted apart).
+  void control_min(int64_t* values, size_t n, const std::string& label);
+  void control_all_gather(void* buf, size_t block_bytes, const std::string& label);
+  void control_broadcast(void* buf, size_t n_bytes, int root, const std::string& label);
+  // Rank `root`'s text on every rank.
+  std::string broadcast_text(const std::string& text, int root, const std::string& label);
+  // The sum of every rank's `local` value, added in rank order on every rank: the same bits everywhere, whatever
+  // the backend.
+  double sum_over_ranks(double local, const std::string& label);
+
+  // ---- The agreement before a collective call moves data. `local_error` is this rank's failure (or null).
+  // Throws: this rank's own error if it failed; ZERO_ERR_REMOTE naming the lowest failed rank and its message on
+  // the others; ZERO_ERR_MISMATCH on every rank if the tags differ. `explain_check`, if given, turns differing
+  // `check` values into a message (it runs on every rank and may use control collectives). With `share_status`
+  // the other ranks throw the failed rank's own status instead of ZERO_ERR_REMOTE (checkpoint files: a corrupt
+  // or unwritable checkpoint is the same news for every rank).
+  using ExplainCheck = std::function<std::string()>;
+  void agree(const char* call, const CallTag& tag, const Error* local_error, const ExplainCheck& explain_check = {},
+             bool share_status = false);
+
+  // Aborts the communicator (this rank stops; the others learn it). Any thread.
+  void abort(const std::string& reason) { comm_->abort(reason); }
+  // A collective was given up while still in flight: its buffer must never be freed.
+  bool abandoned_requests() const { return abandoned_; }
+  // A collective failed (backend error, timeout, a rank gone): the ranks' collective sequences no longer match.
+  bool failed() const { return failed_; }
+
+  const CommStats& stats() const { return stats_; }
+  // The flight recorder as JSON (zero_engine_recent_collectives). Any thread.
+  std::string recent_json() const;
+
+ private:
+  enum class Counter { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kControl, kNone };
+  void run(Collective& c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
+  void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
+
+  struct Record {
+    uint64_t sequence = 0;
+    CollKind kind = CollKind::kAllGather;
+    ElemType type = ElemType::kF32;
+    size_t count = 0;
+    std::string label;
+    int state = 0;  // 0 waiting, 1 done, 2 failed
+    double start_s = 0, duration_s = 0;
+  };
+  size_t record_start(const Collective& c);
+  void record_end(size_t slot, uint64_t sequence, int state);
+
+  std::shared_ptr<Communicator> comm_;
+  double timeout_s_ = 600.0;
+  CommStats stats_;
+  bool abandoned_ = false;
+  bool failed_ = false;
+  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  static constexpr size_t kRecords = 64;
+  mutable std::mutex records_mutex_;
+  std::vector<Record> records_;  // ring of kRecords
+  uint64_t records_written_ = 0;
+};
+
+}  // namespace zero
