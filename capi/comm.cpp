@@ -44,12 +44,7 @@ ZERO_API zero_status_t zero_comm_finalize(zero_comm_t* comm) {
   const char* call = "zero_comm_finalize";
   return guard(call, [&] {
     require_arg(comm != nullptr, call, "comm is NULL");
-    zero::Communicator& c = *handle(comm)->impl;
-    if (c.finalized()) zero::fail(ZERO_ERR_INVALID_STATE, "zero_comm_finalize: the communicator is already finalized");
-    // Every rank must be here before anything is freed; a rank that is not arrives at the timeout instead.
-    zero::EngineComm agreement(handle(comm)->impl);
-    agreement.agree(call, zero::CallTag{zero::CallKind::kCommFinalize, 0, 0, 0}, nullptr);
-    c.finalize();
+    zero::finalize_communicator(handle(comm)->impl);
   });
 }
 

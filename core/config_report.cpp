@@ -4,16 +4,12 @@
 #include <sstream>
 
 #include "config.hpp"
+#include "error.hpp"
 
 namespace zero {
 namespace {
 
-std::string number(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
+std::string number(double v) { return exact_decimal(v); }
 
 const char* optimizer_kind_name(OptimizerKind k) {
   switch (k) {

@@ -10,6 +10,7 @@
 #include "convert.hpp"
 #include "error.hpp"
 #include "log.hpp"
+#include "test_hooks.hpp"
 #include "utf8.hpp"
 
 namespace zero {
@@ -119,7 +120,7 @@ void Engine::check_unit(int unit, const char* call) const {
 void Engine::broken(const std::exception& e) {
   state_ = State::kBroken;
   broken_reason_ = e.what();
-  comm_.abort("rank " + std::to_string(comm_.rank()) + " failed: " + broken_reason_);
+  comm_.abort("it failed: " + broken_reason_);
   throw;
 }
 
@@ -135,7 +136,7 @@ void Engine::agree(const char* call, const CallTag& tag, const Error* local, con
 
 void Engine::abort() {
   aborted_.store(true);
-  comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));
+  comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));  // the rank, for the others
 }
 
 void Engine::set_num_threads(int threads) {
@@ -255,6 +256,7 @@ void Engine::allocate() {
   const int stage = config_.stage;
   const DType compute = config_.compute_dtype;
   units_.clear();
+  test_hooks::maybe_fail("finalize.alloc", rank);
   units_.resize(layout_.units.size());
   size_t largest_gathered = 0;
   uint64_t global_offset = 0;

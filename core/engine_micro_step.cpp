@@ -8,6 +8,7 @@
 #include "convert.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "test_hooks.hpp"
 
 namespace zero {
 namespace {
@@ -77,6 +78,8 @@ void Engine::gather(int unit) {
   try {
     if (us.gathered != nullptr)
       fail(ZERO_ERR_INVALID_STATE, "zero_gather: " + unit_name(unit) + " is already gathered; release it first");
+    test_hooks::maybe_fail("gather", comm_.rank());
+    if (!gathered_pool_.has_free()) test_hooks::maybe_fail("gather.alloc", comm_.rank());
     gathered_pool_.reserve(1);
     buffer = gathered_pool_.acquire();
   } catch (const Error& e) {
@@ -147,13 +150,14 @@ void Engine::reduce_bucket(int bucket, const char* call) {
   BucketState& bs = bucket_states_[bucket];
   const Bucket& b = buckets_[bucket];
   std::unique_ptr<Error> local;
-  if (bs.buffer == nullptr) {  // no gradient was asked for: this rank contributes zeros
-    try {
-      bucket_pool_.reserve(1);
-    } catch (const std::bad_alloc&) {
-      local = std::make_unique<Error>(
-          ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory for gradient bucket " + std::to_string(bucket));
-    }
+  try {
+    test_hooks::maybe_fail("bucket", comm_.rank());
+    if (bs.buffer == nullptr) bucket_pool_.reserve(1);  // no gradient was asked for: this rank contributes zeros
+  } catch (const Error& e) {
+    local = std::make_unique<Error>(e);
+  } catch (const std::bad_alloc&) {
+    local = std::make_unique<Error>(
+        ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory for gradient bucket " + std::to_string(bucket));
   }
   agree(call, CallTag{CallKind::kReduceBucket, bucket, static_cast<int64_t>(b.elems), 0}, local.get());
   moving_data([&] {
@@ -206,6 +210,7 @@ void Engine::backward_end() {
   std::unique_ptr<Error> local;
   try {
     check_window(call);
+    test_hooks::maybe_fail("backward_end", comm_.rank());
   } catch (const Error& e) {
     local = std::make_unique<Error>(e);
   }

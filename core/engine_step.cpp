@@ -8,6 +8,7 @@
 #include "engine.hpp"
 #include "error.hpp"
 #include "scheduler.hpp"
+#include "test_hooks.hpp"
 
 namespace zero {
 namespace {
@@ -38,6 +39,7 @@ StepResult Engine::step() {
       if (units_[u].gathered != nullptr)
         fail(ZERO_ERR_INVALID_STATE,
              "zero_step: unit " + std::to_string(u) + " is still gathered; release every unit first");
+    test_hooks::maybe_fail("step", comm_.rank());
   } catch (const Error& e) {
     local = std::make_unique<Error>(e);
   }
@@ -51,14 +53,14 @@ StepResult Engine::step() {
     std::memcpy(all.data() + lrs.size() * comm_.rank(), lrs.data(), lrs.size() * sizeof(double));
     comm_.control_all_gather(all.data(), lrs.size() * sizeof(double), "zero_step: the ranks' learning rates");
     std::ostringstream os;
-    os.precision(17);
     os << "the ranks set different learning rates (zero_set_lr must set the same value on every rank):";
     for (size_t g = 0; g < lrs.size(); ++g) {
       bool differs = false;
       for (int r = 1; r < comm_.size(); ++r) differs |= all[lrs.size() * r + g] != all[g];
       if (!differs) continue;
       os << " group " << g << " ('" << groups_[g].name << "'):";
-      for (int r = 0; r < comm_.size(); ++r) os << (r ? "," : "") << " rank " << r << " " << all[lrs.size() * r + g];
+      for (int r = 0; r < comm_.size(); ++r)
+        os << (r ? "," : "") << " rank " << r << " " << exact_decimal(all[lrs.size() * r + g]);
       os << ";";
     }
     std::string text = os.str();

@@ -1,5 +1,8 @@
 #include "error.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace zero {
 
 const char* status_name(zero_status_t status) {
@@ -36,6 +39,15 @@ const char* status_name(zero_status_t status) {
       break;
   }
   return "unknown";
+}
+
+std::string exact_decimal(double v) {
+  char text[40];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, v);
+    if (std::strtod(text, nullptr) == v) break;
+  }
+  return text;
 }
 
 }  // namespace zero

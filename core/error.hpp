@@ -24,4 +24,8 @@ const char* status_name(zero_status_t status);
 
 [[noreturn]] inline void fail(zero_status_t status, const std::string& message) { throw Error(status, message); }
 
+// The shortest decimal that reads back as exactly `v` ("0.0025", not "0.0025000000000000001"): messages that
+// compare values across ranks must show the values themselves, not a rounding of them.
+std::string exact_decimal(double v);
+
 }  // namespace zero

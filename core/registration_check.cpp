@@ -27,9 +27,9 @@ std::string describe(const ParamShape& p) {
 
 std::string describe(const GroupSpec& g) {
   std::ostringstream os;
-  os.precision(17);
-  os << "'" << g.name << "' lr " << g.hyper.lr << " weight_decay " << g.hyper.weight_decay << " betas ("
-     << g.hyper.beta1 << ", " << g.hyper.beta2 << ") eps " << g.hyper.eps;
+  os << "'" << g.name << "' lr " << exact_decimal(g.hyper.lr) << " weight_decay " << exact_decimal(g.hyper.weight_decay)
+     << " betas (" << exact_decimal(g.hyper.beta1) << ", " << exact_decimal(g.hyper.beta2) << ") eps "
+     << exact_decimal(g.hyper.eps);
   return os.str();
 }
 

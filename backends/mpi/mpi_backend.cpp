@@ -72,10 +72,12 @@ struct CtlMsg {
 };
 static_assert(sizeof(CtlMsg) == 256, "control messages are one fixed size");
 
+// A message's text, cut with "..." if it does not fit.
 void copy_text(char (&out)[224], const std::string& s) {
-  const size_t n = std::min(s.size(), sizeof out - 1);
-  std::memcpy(out, s.data(), n);
-  out[n] = '\0';
+  std::string text = s;
+  if (text.size() >= sizeof out) text = text.substr(0, sizeof out - 4) + "...";
+  std::memcpy(out, text.data(), text.size());
+  out[text.size()] = '\0';
 }
 
 struct Peer {
@@ -269,8 +271,9 @@ class Backend {
         return true;
       }
       poll_control();
-      if (abort_requested_.load()) {
+      if (abort_requested_.load()) {  // zero_engine_abort from another thread: tell the others from this one
         abandon(op);
+        say_goodbye(abort_reason());
         fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
       }
       try {
@@ -293,7 +296,7 @@ class Backend {
       abort_requested_.store(true);
     }
     // Tell the others now if this thread may call MPI; otherwise the next call on the libzero thread does.
-    if (may_call_mpi_now()) say_goodbye("it stopped: " + reason);
+    if (may_call_mpi_now()) say_goodbye(reason);
   }
 
   std::string abort_reason() const {
@@ -437,7 +440,7 @@ class Backend {
              "libzero from any one thread at a time");
     }
     caller_ = std::this_thread::get_id();
-    if (abort_requested_.load() && !goodbye_sent_) say_goodbye("it stopped: " + abort_reason());
+    if (abort_requested_.load() && !goodbye_sent_) say_goodbye(abort_reason());
   }
 
   bool may_call_mpi_now() const {

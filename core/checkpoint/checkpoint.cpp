@@ -22,6 +22,7 @@
 #include "convert.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "test_hooks.hpp"
 #include "zero/zero_version.h"
 
 namespace zero {
@@ -91,7 +92,7 @@ void Engine::require_step_boundary(const char* call) const {
 // function of the master).
 void Engine::write_shard_files(const std::string& dir, std::vector<int64_t>& record) {
   const int rank = comm_.rank(), world = comm_.size();
-  const ckpt::SaveFault fault = ckpt::save_fault_for_rank(rank);
+
   const int n_states = state_count(config_.optimizer);
   auto shard_ptr = [&](int u, const float* base) {
     return base + (rank * layout_.units[u].shard_elems - units_[u].update_begin);
@@ -99,7 +100,7 @@ void Engine::write_shard_files(const std::string& dir, std::vector<int64_t>& rec
   auto write_file = [&](const std::string& kind, std::vector<ckpt::TensorInfo> tensors, auto&& write_data, int slot) {
     ckpt::SafetensorsWriter w(dir + "/" + ckpt::shard_file_name(kind, rank, world), std::move(tensors),
                               {{"format", ckpt::kFormatName}, {"kind", kind}});
-    if (fault == ckpt::SaveFault::kEnospc)
+    if (test_hooks::active("save.enospc", rank))
       fail(ZERO_ERR_IO, "cannot write '" + w.file().path() + "': " + std::strerror(ENOSPC) + " (test hook)");
     write_data(w);
     w.finish();
@@ -147,7 +148,7 @@ void Engine::write_shard_files(const std::string& dir, std::vector<int64_t>& rec
         },
         2);
   }
-  if (fault == ckpt::SaveFault::kKill) ::_exit(9);  // test hook: die after writing, before the save completes
+  if (test_hooks::active("save.kill", rank)) ::_exit(9);  // die after writing, before the save completes
 }
 
 // The whole model in the compute dtype, one tensor per param, streamed one unit at a time (stage 3 gathers each
@@ -194,6 +195,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     std::unique_ptr<Error> error = capture([&] {
       require_step_boundary(call);
       check_tag(tag, call);
+      test_hooks::maybe_fail("save", rank);
     });
     agree_checkpoint(call, CallKind::kSaveCheckpoint, 0, error.get());
     if (rank == 0)
@@ -294,6 +296,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
     std::string path;
     std::unique_ptr<Error> error = capture([&] {
       require_step_boundary(call);
+      test_hooks::maybe_fail("load", rank);
       std::string tag = tag_in;
       if (tag.empty()) {
         const std::string latest = dir + "/latest";

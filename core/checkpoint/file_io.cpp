@@ -23,16 +23,6 @@ namespace {
 
 }  // namespace
 
-SaveFault save_fault_for_rank(int rank) {
-  const char* env = std::getenv("ZERO_TEST_SAVE_FAULT");
-  if (env == nullptr) return SaveFault::kNone;
-  std::string s = env;
-  size_t colon = s.find(':');
-  if (colon == std::string::npos || std::atoi(s.c_str() + colon + 1) != rank) return SaveFault::kNone;
-  std::string kind = s.substr(0, colon);
-  return kind == "enospc" ? SaveFault::kEnospc : kind == "kill" ? SaveFault::kKill : SaveFault::kNone;
-}
-
 FileWriter::FileWriter(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) io_fail("cannot create", path, errno);

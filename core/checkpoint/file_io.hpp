@@ -50,10 +50,5 @@ void rename_path(const std::string& from, const std::string& to);
 bool path_exists(const std::string& path);
 std::string hex64(uint64_t v);
 
-// Test hooks (docs/checkpoint-format.md): ZERO_TEST_SAVE_FAULT=enospc:<rank> makes that rank's shard writes fail
-// with ENOSPC; kill:<rank> makes it exit abruptly after writing its shard files, before the save completes.
-enum class SaveFault { kNone, kEnospc, kKill };
-SaveFault save_fault_for_rank(int rank);
-
 }  // namespace ckpt
 }  // namespace zero

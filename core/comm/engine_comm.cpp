@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_hooks.hpp"
+
 namespace zero {
 namespace {
 
@@ -64,6 +66,20 @@ std::string describe_call(const CallTag& tag) {
       break;
   }
   return os.str();
+}
+
+void finalize_communicator(const std::shared_ptr<Communicator>& comm) {
+  const char* call = "zero_comm_finalize";
+  if (comm->finalized()) fail(ZERO_ERR_INVALID_STATE, "zero_comm_finalize: the communicator is already finalized");
+  std::unique_ptr<Error> local;
+  try {
+    test_hooks::maybe_fail("comm_finalize", comm->rank());
+  } catch (const Error& e) {
+    local = std::make_unique<Error>(e);
+  }
+  EngineComm agreement(comm);
+  agreement.agree(call, CallTag{CallKind::kCommFinalize, 0, 0, 0}, local.get());
+  comm->finalize();
 }
 
 EngineComm::EngineComm(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) { records_.resize(kRecords); }
@@ -178,7 +194,8 @@ void EngineComm::run(Collective& c, Counter counter, uint64_t bytes, uint64_t wi
                      format_seconds(timeout_s_) + " s (libzero.timeout_s / ZERO_TIMEOUT_S)";
   const std::string diagnosis = comm_->diagnose(c.sequence);
   if (!diagnosis.empty()) what += ". " + diagnosis;
-  comm_->abort("rank " + std::to_string(rank()) + " timed out: " + what);
+  comm_->abort("it timed out after " + format_seconds(timeout_s_) + " s waiting in collective #" +
+               std::to_string(c.sequence) + " (" + c.label + ")");
   fail(ZERO_ERR_TIMEOUT, what);
 }
 

@@ -56,6 +56,10 @@ struct CallTag {
 
 std::string describe_call(const CallTag& tag);
 
+// zero_comm_finalize: every rank agrees that the communicator is done (a rank that does not arrive is reported,
+// not waited for forever), then the backend frees its collective resources.
+void finalize_communicator(const std::shared_ptr<Communicator>& comm);
+
 class EngineComm {
  public:
   explicit EngineComm(std::shared_ptr<Communicator> comm);

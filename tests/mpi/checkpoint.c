@@ -256,10 +256,10 @@ static void mode_faults(zero_comm_t* comm) {
 
   /* A full disk on one rank in the middle of a save: every rank fails, `latest` and "good" are untouched. */
   char fault[64];
-  snprintf(fault, sizeof fault, "enospc:%d", victim_rank);
-  setenv("ZERO_TEST_SAVE_FAULT", fault, 1);
+  snprintf(fault, sizeof fault, "save.enospc:%d", victim_rank);
+  setenv("ZERO_TEST_FAIL", fault, 1);
   zero_status_t s = zero_save_checkpoint(e, g_dir, "full-disk");
-  unsetenv("ZERO_TEST_SAVE_FAULT");
+  unsetenv("ZERO_TEST_FAIL");
   EXPECT(s == ZERO_ERR_IO, "full disk: rank %d got %s: %s", g_rank, zero_status_string(s), zero_last_error());
   EXPECT(strstr(zero_last_error(), "No space left on device") != NULL, "full disk message: %s", zero_last_error());
   if (g_rank == 0) printf("full disk: every rank got %s: %s\n", zero_status_string(s), zero_last_error());
@@ -323,7 +323,7 @@ static void mode_kill(zero_comm_t* comm) {
   train(e, ids, 1, kHalf);
   save(e, "before-kill");
   train(e, ids, kHalf + 1, kHalf + 1);
-  setenv("ZERO_TEST_SAVE_FAULT", "kill:1", 1); /* rank 1 exits abruptly after writing its shards */
+  setenv("ZERO_TEST_FAIL", "save.kill:1", 1); /* rank 1 exits abruptly after writing its shards */
   zero_save_checkpoint(e, g_dir, "during-kill");
   fprintf(stderr, "rank %d: the save should not have completed\n", g_rank);
   exit(3);

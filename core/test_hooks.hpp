@@ -1,0 +1,26 @@
+// Fault injection for the test suite. Compiled in only where ZERO_TEST_HOOKS is defined — the static library the
+// failure tests link (zero_core_testing in CMakeLists.txt) — so the shipped libzero.so contains none of it and reads
+// no test environment variable.
+//
+// ZERO_TEST_FAIL=<site>:<rank>[,<site>:<rank>...] makes `site` fail on `rank`. Sites: finalize.alloc (out of
+// memory allocating the buffers), gather, gather.alloc, bucket, backward_end, step, save, load, comm_finalize (a
+// local failure in the call's checks), save.enospc (no space writing the shard files), save.kill (the rank exits
+// abruptly after writing its shards).
+#pragma once
+
+#include <string>
+
+namespace zero {
+namespace test_hooks {
+
+#ifdef ZERO_TEST_HOOKS
+bool active(const char* site, int rank);
+// Throws zero::Error(ZERO_ERR_INTERNAL) naming the site when active; for ".alloc" sites std::bad_alloc.
+void maybe_fail(const char* site, int rank);
+#else
+inline bool active(const char*, int) { return false; }
+inline void maybe_fail(const char*, int) {}
+#endif
+
+}  // namespace test_hooks
+}  // namespace zero

@@ -1,0 +1,394 @@
+/*
+ * No rank waits forever, no rank silently diverges. One scenario per run:
+ *
+ *   mpirun -np N test_failures --scenario NAME [--stage S]
+ *
+ *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/test_hooks.hpp): finalize.alloc, gather,
+ *                    gather.alloc, bucket, backward_end, step, save, load, comm_finalize. It gets its own error,
+ *                    every other rank ZERO_ERR_REMOTE naming it, within seconds (the timeout is 60 s). No data
+ *                    moved, so the same call, retried without the fault, succeeds everywhere and training goes on.
+ *   exit-early       the last rank runs out of data: it skips the last zero_step, destroys its engine and
+ *                    communicator and returns from main; the others, waiting in zero_step, get ZERO_ERR_REMOTE
+ *                    naming it within seconds.
+ *   exit-silently    the same, but the rank returns from main without destroying anything (libzero's exit hook and
+ *                    MPI_Finalize hook tell the others).
+ *   skip-step        stage 3: the last rank skips zero_step and gathers the next micro-step's first unit:
+ *                    ZERO_ERR_MISMATCH on every rank, naming both calls.
+ *   different-unit   stage 3: rank 0 gathers unit 0, the others unit 1 (same size): ZERO_ERR_MISMATCH everywhere.
+ *   different-lr     zero_set_lr with a different value on the last rank: zero_step fails with ZERO_ERR_MISMATCH
+ *                    on every rank, naming both values in decimal.
+ *   stall            the last rank is stuck before zero_backward_end for 6 s; with a 2 s timeout the others get
+ *                    ZERO_ERR_TIMEOUT naming the collective and saying the last rank does not answer; when it
+ *                    arrives it gets ZERO_ERR_REMOTE at once.
+ *   abort-thread     rank 0 waits in zero_step for a rank that is late; another thread of rank 0 calls
+ *                    zero_engine_abort: the waiting call returns ZERO_ERR_ABORTED within a second, and the late rank
+ *                    gets ZERO_ERR_REMOTE when it arrives.
+ *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
+ *                    and loads it back.
+ *
+ * libzero initialises MPI itself here (the program never calls MPI_Init), which also covers the exit hooks.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <mpi.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static int g_rank = 0, g_world = 1, g_last = 0;
+static const char* g_scenario = "";
+static char g_dir[512];
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The call's status, its message (this thread's and the engine's must agree), and how long it took. */
+static void expect_status(zero_engine_t* engine, zero_status_t got, zero_status_t want, const char* fragment,
+                          double started, double max_seconds, const char* what) {
+  const double took = now() - started;
+  EXPECT(got == want, "%s: %s: rank %d got %s, expected %s: %s", g_scenario, what, g_rank, zero_status_string(got),
+         zero_status_string(want), zero_last_error());
+  if (fragment != NULL)
+    EXPECT(strstr(zero_last_error(), fragment) != NULL, "%s: %s: rank %d: the message lacks '%s': %s", g_scenario, what,
+           g_rank, fragment, zero_last_error());
+  if (engine != NULL && got != ZERO_OK)
+    EXPECT(strcmp(zero_engine_last_error(engine), zero_last_error()) == 0, "%s: engine error '%s' vs thread '%s'",
+           g_scenario, zero_engine_last_error(engine), zero_last_error());
+  EXPECT(took <= max_seconds, "%s: %s: rank %d took %.2f s (at most %.2f expected)", g_scenario, what, g_rank, took,
+         max_seconds);
+  printf("rank %d: %s: %s after %.2f s%s%s\n", g_rank, what, zero_status_string(got), took, got ? ": " : "",
+         got ? zero_last_error() : "");
+  fflush(stdout);
+}
+
+static zero_engine_t* make_engine(zero_comm_t* comm, int stage, double timeout_s, int32_t* ids, int finalize) {
+  char config[512];
+  snprintf(config, sizeof config,
+           "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
+           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 300,"
+           " \"stage3_param_persistence_threshold\": 0}, \"libzero\": {\"timeout_s\": %g}}",
+           stage, timeout_s);
+  zero_engine_t* engine = NULL;
+  CHECK(zero_engine_create(&engine, config, comm));
+  register_test_model(engine, ZERO_DTYPE_FP32, NULL, ids);
+  if (finalize) CHECK(zero_engine_finalize(engine));
+  return engine;
+}
+
+/* One micro-step: forward gathers, backward with gradients, backward_end. */
+static void micro_step(zero_engine_t* engine, const int32_t* ids) {
+  for (int u = 0; u < kNumUnits; ++u) {
+    CHECK(zero_gather(engine, u));
+    CHECK(zero_release(engine, u));
+  }
+  for (int u = kNumUnits - 1; u >= 0; --u) {
+    CHECK(zero_gather(engine, u));
+    for (int p = kNumParams - 1; p >= 0; --p) {
+      if (kModel[p].unit != u) continue;
+      float* g = NULL;
+      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
+      g[0] += 1.0f / 1024;
+      CHECK(zero_grad_ready(engine, ids[p]));
+    }
+    CHECK(zero_release(engine, u));
+  }
+  CHECK(zero_backward_end(engine));
+}
+
+static void set_fault(const char* site) {
+  char value[64];
+  snprintf(value, sizeof value, "%s:%d", site, g_last);
+  setenv("ZERO_TEST_FAIL", value, 1);
+}
+
+/* fail-at:SITE. The failing rank's status: the hook's injected error, or out of memory for .alloc sites. */
+static void fail_at(zero_comm_t* comm, const char* site, int stage) {
+  const int me_fails = g_rank == g_last;
+  const zero_status_t mine = strstr(site, ".alloc") ? ZERO_ERR_OUT_OF_MEMORY : ZERO_ERR_INTERNAL;
+  const zero_status_t want = me_fails ? mine : ZERO_ERR_REMOTE;
+  const char* fragment = me_fails ? NULL : (strstr(site, ".alloc") ? "out of memory" : "injected failure");
+  const double limit = 8.0; /* far below the 60 s timeout: the failure is reported, not waited out */
+  int32_t ids[kNumParams];
+  const int finalize_first = strcmp(site, "finalize.alloc") != 0;
+  zero_engine_t* engine = make_engine(comm, stage, 60.0, ids, finalize_first);
+  double t;
+  zero_status_t s;
+  if (strcmp(site, "finalize.alloc") == 0) {
+    set_fault(site);
+    t = now();
+    s = zero_engine_finalize(engine);
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(engine, s, want, fragment, t, limit, "zero_engine_finalize");
+    CHECK(zero_engine_finalize(engine)); /* nothing was allocated half-way: a retry works */
+  } else if (strcmp(site, "gather") == 0 || strcmp(site, "gather.alloc") == 0) {
+    if (strcmp(site, "gather.alloc") == 0) CHECK(zero_gather(engine, 2)); /* the preallocated buffer is in use */
+    set_fault(site);
+    t = now();
+    s = zero_gather(engine, 0);
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(engine, s, want, fragment, t, limit, "zero_gather");
+    CHECK(zero_gather(engine, 0));
+    CHECK(zero_release(engine, 0));
+    if (strcmp(site, "gather.alloc") == 0) CHECK(zero_release(engine, 2));
+  } else if (strcmp(site, "bucket") == 0) {
+    /* Stage 2, units in several buckets: the first bucket is reduced by the zero_grad_ready that completes it. */
+    set_fault(site);
+    s = ZERO_OK;
+    t = now();
+    for (int p = kNumParams - 1; p >= 0 && s == ZERO_OK; --p) {
+      float* g = NULL;
+      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
+      g[0] += 1.0f / 1024;
+      s = zero_grad_ready(engine, ids[p]);
+    }
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(engine, s, want, fragment, t, limit, "zero_grad_ready (bucket reduction)");
+    CHECK(zero_backward_end(engine)); /* flushes the bucket that could not be reduced */
+    CHECK(zero_step(NULL, engine));
+  } else if (strcmp(site, "backward_end") == 0) {
+    set_fault(site);
+    t = now();
+    s = zero_backward_end(engine);
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(engine, s, want, fragment, t, limit, "zero_backward_end");
+    CHECK(zero_backward_end(engine));
+    CHECK(zero_step(NULL, engine));
+  } else if (strcmp(site, "step") == 0) {
+    micro_step(engine, ids);
+    set_fault(site);
+    t = now();
+    s = zero_step(NULL, engine);
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(engine, s, want, fragment, t, limit, "zero_step");
+    CHECK(zero_step(NULL, engine));
+  } else if (strcmp(site, "save") == 0 || strcmp(site, "load") == 0) {
+    micro_step(engine, ids);
+    CHECK(zero_step(NULL, engine));
+    if (strcmp(site, "load") == 0) CHECK(zero_save_checkpoint(engine, g_dir, "first"));
+    set_fault(site);
+    t = now();
+    s = strcmp(site, "save") == 0 ? zero_save_checkpoint(engine, g_dir, "first")
+                                  : zero_load_checkpoint(engine, g_dir, NULL);
+    unsetenv("ZERO_TEST_FAIL");
+    /* Checkpoint phases keep the failed rank's status on every rank: the checkpoint is the same for all. */
+    expect_status(engine, s, mine, me_fails ? NULL : "injected failure", t, limit,
+                  strcmp(site, "save") == 0 ? "zero_save_checkpoint" : "zero_load_checkpoint");
+    if (strcmp(site, "save") == 0)
+      CHECK(zero_save_checkpoint(engine, g_dir, "first"));
+    else
+      CHECK(zero_load_checkpoint(engine, g_dir, NULL));
+  } else if (strcmp(site, "comm_finalize") == 0) {
+    micro_step(engine, ids);
+    CHECK(zero_step(NULL, engine));
+    zero_engine_destroy(engine);
+    engine = NULL;
+    set_fault(site);
+    t = now();
+    s = zero_comm_finalize(comm);
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(NULL, s, want, fragment, t, limit, "zero_comm_finalize");
+    return; /* main finalizes again, successfully */
+  } else {
+    EXPECT(0, "unknown site '%s'", site);
+  }
+  /* Training goes on: one more full step on every rank. */
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  zero_engine_destroy(engine);
+}
+
+/* The last rank stops early; the others are left in zero_step. */
+static int exit_early(zero_comm_t* comm, int silently) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  micro_step(engine, ids);
+  if (g_rank == g_last) {
+    printf("rank %d: out of data, leaving without the last zero_step%s\n", g_rank,
+           silently ? " and without destroying anything" : "");
+    fflush(stdout);
+    if (silently) return 1; /* main returns at once: exit (atexit) and MPI_Finalize tell the others */
+    zero_engine_destroy(engine);
+    zero_comm_destroy(comm);
+    return 1;
+  }
+  const double t = now();
+  const zero_status_t s = zero_step(NULL, engine);
+  char fragment[64];
+  snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
+  expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 8.0, "zero_step while a rank has left");
+  /* The engine is unusable now, and says why. */
+  EXPECT(zero_gather(engine, 0) == ZERO_ERR_INVALID_STATE && strstr(zero_last_error(), "unusable") != NULL,
+         "after a rank left: %s", zero_last_error());
+  zero_engine_destroy(engine);
+  return 0;
+}
+
+static void divergence(zero_comm_t* comm, const char* scenario) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
+  zero_status_t s;
+  const double t = now();
+  if (strcmp(scenario, "skip-step") == 0) {
+    micro_step(engine, ids);
+    if (g_rank == g_last) {
+      s = zero_gather(engine, 0); /* skipped zero_step */
+      expect_status(engine, s, ZERO_ERR_MISMATCH, "zero_step", t, 8.0, "zero_gather instead of zero_step");
+    } else {
+      s = zero_step(NULL, engine);
+      expect_status(engine, s, ZERO_ERR_MISMATCH, "zero_gather", t, 8.0, "zero_step while a rank gathers");
+    }
+  } else if (strcmp(scenario, "different-unit") == 0) {
+    /* Two units of the same size: the all-gathers would match in size and mix the units' weights silently. */
+    zero_engine_destroy(engine);
+    CHECK(zero_engine_create(&engine,
+                             "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 3,"
+                             " \"stage3_param_persistence_threshold\": 0}, \"libzero\": {\"timeout_s\": 60}}",
+                             comm));
+    for (int u = 0; u < 2; ++u) {
+      zero_param_desc_t d;
+      CHECK(zero_param_desc_init(&d, sizeof d));
+      int64_t shape[2] = {10, 10};
+      d.name = u == 0 ? "block0.w" : "block1.w";
+      d.ndim = 2;
+      d.shape = shape;
+      d.unit = u;
+      CHECK(zero_engine_add_param(&ids[u], engine, &d));
+    }
+    CHECK(zero_engine_finalize(engine));
+    const int unit = g_rank == 0 ? 0 : 1;
+    s = zero_gather(engine, unit);
+    expect_status(engine, s, ZERO_ERR_MISMATCH, "ranks diverged", t, 8.0, "zero_gather of different units");
+    EXPECT(strstr(zero_last_error(), "zero_gather of unit 0") && strstr(zero_last_error(), "zero_gather of unit 1"),
+           "names both units: %s", zero_last_error());
+  } else { /* different-lr */
+    CHECK(zero_set_lr(engine, -1, g_rank == g_last ? 0.0025 : 0.002));
+    micro_step(engine, ids);
+    s = zero_step(NULL, engine);
+    expect_status(engine, s, ZERO_ERR_MISMATCH, "different learning rates", t, 8.0, "zero_step after zero_set_lr");
+    EXPECT(strstr(zero_last_error(), "0.0025") && strstr(zero_last_error(), "0.002"), "names both rates: %s",
+           zero_last_error());
+  }
+  /* Divergence leaves the engine unusable on every rank. */
+  EXPECT(zero_gather(engine, 0) == ZERO_ERR_INVALID_STATE, "after a divergence: %s", zero_last_error());
+  zero_engine_destroy(engine);
+}
+
+static void stall(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 1, 2.0, ids, 1);
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  if (g_rank == g_last) {
+    sleep(6); /* stuck in the framework's code */
+    const double t = now();
+    const zero_status_t s = zero_backward_end(engine);
+    expect_status(engine, s, ZERO_ERR_REMOTE, "timed out", t, 1.0, "zero_backward_end after being stuck");
+  } else {
+    const double t = now();
+    const zero_status_t s = zero_backward_end(engine);
+    char fragment[96];
+    snprintf(fragment, sizeof fragment, "no answer within 3 s from rank %d", g_last);
+    expect_status(engine, s, ZERO_ERR_TIMEOUT, fragment, t, 7.0, "zero_backward_end while a rank is stuck");
+    EXPECT(strstr(zero_last_error(), "did not complete within 2.00 s") != NULL, "names the timeout: %s",
+           zero_last_error());
+    if (g_world > 2 && g_rank == 0)
+      EXPECT(strstr(zero_last_error(), "rank 1 waits in collective") != NULL ||
+                 strstr(zero_last_error(), "rank 1 has stopped"),
+             "says what rank 1 does: %s", zero_last_error());
+  }
+  zero_engine_destroy(engine);
+}
+
+static void* abort_later(void* engine) {
+  const struct timespec half_second = {0, 500 * 1000 * 1000};
+  nanosleep(&half_second, NULL);
+  zero_engine_abort((zero_engine_t*)engine);
+  return NULL;
+}
+
+static void abort_thread(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
+  micro_step(engine, ids);
+  if (g_rank == 0) {
+    pthread_t thread;
+    pthread_create(&thread, NULL, abort_later, engine);
+    const double t = now();
+    const zero_status_t s = zero_step(NULL, engine); /* the others are late */
+    expect_status(engine, s, ZERO_ERR_ABORTED, "aborted", t, 1.5, "zero_step aborted from another thread");
+    pthread_join(thread, NULL);
+    EXPECT(zero_step(NULL, engine) == ZERO_ERR_ABORTED, "later calls: %s", zero_last_error());
+  } else {
+    sleep(2);
+    const double t = now();
+    const zero_status_t s = zero_step(NULL, engine);
+    expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t, 2.0,
+                  "zero_step after rank 0 aborted");
+  }
+  zero_engine_destroy(engine);
+}
+
+static void emergency_save(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  set_fault("gather");
+  const double t = now();
+  const zero_status_t s = zero_gather(engine, 0);
+  unsetenv("ZERO_TEST_FAIL");
+  expect_status(engine, s, g_rank == g_last ? ZERO_ERR_INTERNAL : ZERO_ERR_REMOTE, NULL, t, 8.0, "zero_gather");
+  /* Every rank's error handler saves what it has. */
+  CHECK(zero_save_checkpoint(engine, g_dir, "emergency"));
+  CHECK(zero_load_checkpoint(engine, g_dir, "emergency"));
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  zero_engine_destroy(engine);
+}
+
+int main(int argc, char** argv) {
+  int stage = 3;
+  const char* dir = "failures-ckpt";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--scenario") == 0) g_scenario = argv[i + 1];
+    if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
+  }
+  zero_comm_t* comm = NULL;
+  CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  CHECK(zero_comm_rank(&g_rank, comm));
+  CHECK(zero_comm_size(&g_world, comm));
+  g_last = g_world - 1;
+  snprintf(g_dir, sizeof g_dir, "%s", dir);
+  int left = 0;
+  if (strncmp(g_scenario, "fail-at:", 8) == 0)
+    fail_at(comm, g_scenario + 8, stage);
+  else if (strcmp(g_scenario, "exit-early") == 0 || strcmp(g_scenario, "exit-silently") == 0)
+    left = exit_early(comm, strcmp(g_scenario, "exit-silently") == 0);
+  else if (strcmp(g_scenario, "skip-step") == 0 || strcmp(g_scenario, "different-unit") == 0 ||
+           strcmp(g_scenario, "different-lr") == 0)
+    divergence(comm, g_scenario);
+  else if (strcmp(g_scenario, "stall") == 0)
+    stall(comm);
+  else if (strcmp(g_scenario, "abort-thread") == 0)
+    abort_thread(comm);
+  else if (strcmp(g_scenario, "emergency-save") == 0)
+    emergency_save(comm);
+  else
+    EXPECT(0, "unknown scenario '%s'", g_scenario);
+  if (left) return 0;
+  const int clean = strncmp(g_scenario, "fail-at:", 8) == 0 || strcmp(g_scenario, "emergency-save") == 0;
+  if (clean) CHECK(zero_comm_finalize(comm)); /* the communicator is healthy: finalise it (and MPI) */
+  zero_comm_destroy(comm);
+  if (g_rank == 0) printf("%s: ok\n", g_scenario);
+  return 0; /* otherwise libzero finalises the MPI it initialised at exit */
+}
