@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
             a.state1 = states > 1 ? s1 : nullptr;
             a.copy = pat.copy ? copy : nullptr;
             a.n = n;
-            a.s = make_step_scalars(h, 2, 1.0);
+            a.s = make_step_scalars(h, 2, 2.0, 1.0);  // a real step divides and multiplies
             // Realistic values in every stream (garbage could mean denormals, which cost microcode assists).
             for (size_t i = 0; i < n; ++i) {
               float gi = 1e-3f * static_cast<float>(i % 97 + 1);

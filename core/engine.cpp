@@ -258,7 +258,7 @@ void Engine::allocate() {
   units_.clear();
   test_hooks::maybe_fail("finalize.alloc", rank);
   units_.resize(layout_.units.size());
-  size_t largest_gathered = 0;
+  size_t largest_gathered = 0, largest_norm_blocks = 0;
   uint64_t global_offset = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& ul = layout_.units[u];
@@ -278,7 +278,12 @@ void Engine::allocate() {
     us.global_offset = global_offset;
     global_offset += full;
     us.segments = layout_.segments(static_cast<int>(u), us.update_begin, us.update_elems, params_);
+    us.norm_begin = rank * shard;
+    us.norm_segments = layout_.segments(static_cast<int>(u), us.norm_begin, shard, params_);
+    for (const ShardSegment& s : us.norm_segments)
+      largest_norm_blocks = std::max(largest_norm_blocks, sum_squares_blocks(s.numel));
   }
+  norm_scratch_.assign(largest_norm_blocks, 0.0);
   // One gathered unit and one gradient bucket at a time is the documented footprint; both are allocated now, so
   // that no collective allocates (a rank that cannot would leave the others waiting).
   gathered_pool_.set_capacity(largest_gathered, compute);

@@ -115,6 +115,10 @@ class Engine {
     size_t update_elems = 0;             // how many
     uint64_t global_offset = 0;          // the unit's first element in the whole model (stochastic rounding keys)
     std::vector<ShardSegment> segments;  // what the optimizer updates on this rank, relative to update_begin
+    // What this rank adds to the squared gradient norm: its shard at every stage (stage 0 too, so that every rank
+    // computes the same norm from the same partial sums), relative to norm_begin.
+    size_t norm_begin = 0;
+    std::vector<ShardSegment> norm_segments;
   };
 
   // Stage 2-3 gradient bucket of the current micro-step.
@@ -193,6 +197,7 @@ class Engine {
   int threads_ = 1;                        // optimizer threads per rank
   int threads_requested_ = 0;              // zero_engine_set_num_threads / libzero.optimizer_threads; 0 = auto
   std::vector<StepScalars> step_scalars_;  // per group, reused: zero_step allocates nothing
+  std::vector<double> norm_scratch_;       // block sums of the norm (parallel_sum_squares)
   State state_ = State::kRegistering;
   std::atomic<bool> aborted_{false};
   std::vector<GroupSpec> groups_;

@@ -79,24 +79,33 @@ StepResult Engine::step() {
     if (stage <= 1)
       for (size_t u = 0; u < units_.size(); ++u) reduce_full_grads(static_cast<int>(u));
 
-    // 2. One pass over this rank's gradients: the sum of squares, in fp64, which is also the overflow test (an
-    //    inf or nan anywhere makes it non-finite; finite fp32 squares cannot overflow fp64). Squares of small
-    //    multiples of 2^-10 and their sums are exact in fp64, so the norm does not depend on how shards split
-    //    the sum. The ranks' partial sums are exchanged and added in rank order, so every rank computes the same
-    //    norm bit for bit (stage 0 holds every gradient already).
+    // 2. One pass over this rank's shard of the gradients: the sum of squares, in fp64, which is also the overflow
+    //    test (an inf or nan anywhere makes it non-finite; finite fp32 squares cannot overflow fp64). The ranks'
+    //    partial sums are exchanged and added in rank order, so every rank computes the same norm bit for bit, at
+    //    every stage (stage 0 holds every gradient, but sums only its shard: the same sums as stages 1-3). Squares
+    //    of small multiples of 2^-10 and their sums are exact in fp64, so for those the norm does not depend on
+    //    how shards split the sum.
     double sum_sq = 0.0;
     for (size_t u = 0; u < units_.size(); ++u) {
-      const char* g = static_cast<const char*>(grads_of(static_cast<int>(u)));
-      for (const ShardSegment& s : units_[u].segments)
+      const UnitState& us = units_[u];
+      const char* g = static_cast<const char*>(us.grads.data()) +
+                      (stage <= 1 ? us.norm_begin : 0) * grad_size();  // stages 2-3 keep only the shard
+      for (const ShardSegment& s : us.norm_segments)
         sum_sq += parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size(), grad_size(),
-                                       s.numel, threads_);
+                                       s.numel, threads_, norm_scratch_.data());
     }
-    if (stage != 0) sum_sq = comm_.sum_over_ranks(sum_sq, "zero_step: partial sums of squares");
+    sum_sq = comm_.sum_over_ranks(sum_sq, "zero_step: partial sums of squares");
 
-    // 3. Average (sum over ranks and micro-steps, divided once), unscale and clip, folded into one factor.
+    // 3. Average and unscale (the sum over ranks and micro-steps divided once by N x G x scale: a correctly rounded
+    //    division, exact whenever the average is representable, so N = 3 or G = 3 train exactly as N = 1 does on
+    //    the same averaged gradient), then clip with a separate multiply.
     const double samples = static_cast<double>(comm_.size()) * static_cast<double>(config_.gradient_accumulation_steps);
     const double scale = scaler_.scale();
-    result.grad_norm = std::sqrt(sum_sq) / (samples * scale);
+    // The norm of the averaged gradients: sum_sq / D^2 with D = N x G x scale is exact when the averaged values'
+    // squares are, so for the same averaged gradient every N and G compute the same norm (sqrt(sum_sq) / D would
+    // round differently for D = 3).
+    const double divisor = samples * scale;
+    result.grad_norm = std::sqrt(sum_sq / (divisor * divisor));
     result.skipped = !std::isfinite(sum_sq);
     scaler_.update(result.skipped);
     result.lr = scheduled_lr(config_.scheduler, groups_[0].base_lr, steps_ + 1);
@@ -104,7 +113,6 @@ StepResult Engine::step() {
       double clip = 1.0;
       if (config_.gradient_clipping > 0.0 && result.grad_norm > config_.gradient_clipping)
         clip = config_.gradient_clipping / (result.grad_norm + 1e-6);
-      const double factor = clip / (samples * scale);
       steps_ += 1;
 
       // 4. The fused optimizer pass over each run of one group's elements.
@@ -112,7 +120,7 @@ StepResult Engine::step() {
       for (size_t g = 0; g < groups_.size(); ++g) {
         OptimizerHyper h = groups_[g].hyper;
         h.lr = scheduled_lr(config_.scheduler, groups_[g].base_lr, steps_);
-        scalars[g] = make_step_scalars(h, steps_, factor);
+        scalars[g] = make_step_scalars(h, steps_, divisor, clip);
         scalars[g].seed = mix32(config_.stochastic_rounding_seed ^ static_cast<uint32_t>(steps_ * 0x9e3779b9u));
       }
       const StepKernel kernel_for_mode =

@@ -132,20 +132,23 @@ void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads) {
   }
 }
 
-double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads) {
+double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads,
+                            double* scratch) {
+  const size_t blocks = sum_squares_blocks(n);
+  const char* base = static_cast<const char*>(grad);
+  auto block_sum = [&](size_t b) {
+    const size_t begin = b * kSumBlockElems;
+    return kernel(base + begin * elem_size, std::min(kSumBlockElems, n - begin));
+  };
   const int threads = threads_for(n, max_threads);
-  if (threads == 1) return kernel(grad, n);
-  double partial[256] = {};
-  const int used = std::min(threads, 256);
-#pragma omp parallel num_threads(used)
-  {
-    const size_t t = static_cast<size_t>(omp_get_thread_num()), nt = static_cast<size_t>(omp_get_num_threads());
-    const size_t chunk = (n / nt + 63) / 64 * 64;
-    const size_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
-    if (begin < end) partial[t] = kernel(static_cast<const char*>(grad) + begin * elem_size, end - begin);
-  }
   double sum = 0.0;
-  for (int t = 0; t < used; ++t) sum += partial[t];  // fixed order: deterministic for a given thread count
+  if (threads == 1 || blocks == 1) {
+    for (size_t b = 0; b < blocks; ++b) sum += block_sum(b);
+    return sum;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (size_t b = 0; b < blocks; ++b) scratch[b] = block_sum(b);
+  for (size_t b = 0; b < blocks; ++b) sum += scratch[b];  // block order, as the sequential loop above
   return sum;
 }
 

@@ -33,9 +33,10 @@ const char* state_name(const OptimizerHyper& h, int index) {
   return "";
 }
 
-StepScalars make_step_scalars(const OptimizerHyper& h, int64_t step, double grad_factor) {
+StepScalars make_step_scalars(const OptimizerHyper& h, int64_t step, double grad_divisor, double grad_clip) {
   StepScalars s;
-  s.grad_factor = static_cast<float>(grad_factor);
+  s.grad_divisor = static_cast<float>(grad_divisor);
+  s.grad_clip = static_cast<float>(grad_clip);
   const double t = static_cast<double>(step);
   switch (h.kind) {
     case OptimizerKind::kAdamW:

@@ -23,8 +23,8 @@ int state_count(const OptimizerHyper& h);
 // Their names, as checkpoints store them.
 const char* state_name(const OptimizerHyper& h, int index);
 
-// Constants for step number `step` (1-based, counting steps taken) of a kernel whose gradients are multiplied by
-// `grad_factor` first. Computed in double, rounded to float once.
-StepScalars make_step_scalars(const OptimizerHyper& h, int64_t step, double grad_factor);
+// Constants for step number `step` (1-based, counting steps taken) of a kernel whose gradients are divided by
+// `grad_divisor` and then multiplied by `grad_clip` first. Computed in double, rounded to float once.
+StepScalars make_step_scalars(const OptimizerHyper& h, int64_t step, double grad_divisor, double grad_clip);
 
 }  // namespace zero

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstring>
+#include <type_traits>
 
 #include "optim/kernels.hpp"
 
@@ -41,7 +42,7 @@ ZERO_KERNEL_INLINE void step_vector(const KernelArgs& a, size_t i) {
   using F = typename V::F;
   const StepScalars& s = a.s;
   F p = V::load(a.master + i);
-  F g = V::mul(load_grad<V, G>(a.grad, i), V::set1(s.grad_factor));
+  F g = V::mul(V::div(load_grad<V, G>(a.grad, i), V::set1(s.grad_divisor)), V::set1(s.grad_clip));
   if constexpr (K == OptimizerKind::kAdamW || K == OptimizerKind::kAdamL2) {
     if constexpr (K == OptimizerKind::kAdamL2) g = V::add(g, V::mul(V::set1(s.h), p));
     F m = V::add(V::mul(V::set1(s.a), V::load(a.state0 + i)), V::mul(V::set1(s.b), g));
@@ -132,7 +133,8 @@ void step_loop(const KernelArgs& args) {
   if (tail == 0) return;
   // The last partial vector, on zero-padded copies of every stream.
   alignas(64) float master[W] = {}, s0[W] = {}, s1[W] = {};
-  alignas(64) uint32_t grad[W] = {};  // big enough for W elements of any grad dtype
+  // Of the gradient's own element type: a buffer of another type read through the kernel's loads would alias.
+  alignas(64) std::conditional_t<G == DType::kF32, float, uint16_t> grad[W] = {};
   alignas(64) uint16_t copy[W] = {};
   const size_t gsize = dtype_size(G);
   KernelArgs t = args;
@@ -172,16 +174,28 @@ void step_kernel(const KernelArgs& args) {
   }
 }
 
+// The sum of squares in fp64 over 16 lanes — element i goes to lane i mod 16 — combined at the end by one fixed
+// tree (lane j plus lane j + 8, then pairwise). Every SIMD path keeps exactly these 16 sums (AVX-512 in two
+// registers, AVX2 in four, the scalar path in an array), so the result is bit-identical whatever the path, and a
+// run's sum depends only on its elements.
+constexpr size_t kSquareLanes = 16;
+
 template <class V, DType G>
 double sum_squares_kernel(const void* grad, size_t n) {
   constexpr size_t W = V::W;
+  static_assert(kSquareLanes % W == 0, "a vector must divide the 16 lanes");
   typename V::D acc = V::dzero();
-  const size_t body = n / W * W;
-  for (size_t i = 0; i < body; i += W) acc = V::accumulate_squares(acc, load_grad<V, G>(grad, i));
-  if (body < n) {
-    alignas(64) uint32_t tail[W] = {};
+  const size_t body = n / kSquareLanes * kSquareLanes;
+  for (size_t i = 0; i < body; i += kSquareLanes)
+    for (size_t part = 0; part < kSquareLanes / W; ++part)
+      acc = V::accumulate_squares(acc, load_grad<V, G>(grad, i + part * W), part);
+  if (body < n) {  // a zero-padded last block: squares of zero add nothing
+    // Of the gradient's own element type, so that the loads below do not alias another type.
+    using Elem = std::conditional_t<G == DType::kF32, float, uint16_t>;
+    alignas(64) Elem tail[kSquareLanes] = {};
     std::memcpy(tail, static_cast<const char*>(grad) + body * dtype_size(G), (n - body) * dtype_size(G));
-    acc = V::accumulate_squares(acc, load_grad<V, G>(tail, 0));
+    for (size_t part = 0; part < kSquareLanes / W; ++part)
+      acc = V::accumulate_squares(acc, load_grad<V, G>(tail, part * W), part);
   }
   return V::dsum(acc);
 }

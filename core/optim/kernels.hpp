@@ -1,8 +1,10 @@
 // Fused optimizer kernels over a contiguous run of one param group's elements, and the fused gradient-norm pass.
 //
-// One pass per step reads the gradient (in the accumulation dtype), applies the combined factor (averaging x
-// unscale x clip), updates the fp32 master and the optimizer state, and writes the compute-dtype copy of the
-// param. Every element goes through the same float operations whatever its position (vector body or tail) and
+// One pass per step reads the gradient (in the accumulation dtype), averages and unscales it with one correctly
+// rounded division (by world size x accumulation steps x loss scale: exact whenever the average is representable,
+// so every rank count and accumulation count gives the same weights for the same averaged gradient), applies the
+// clip with a separate multiply, updates the fp32 master and the optimizer state, and writes the compute-dtype copy
+// of the param. Every element goes through the same float operations whatever its position (vector body or tail) and
 // whichever SIMD path runs: there is no FMA anywhere, and sqrt and division are IEEE-exact, so the scalar, AVX2
 // and AVX-512 paths produce bit-identical results.
 #pragma once
@@ -28,7 +30,8 @@ constexpr int kNumCopyModes = 4;
 
 // Per-step constants, computed once in double and rounded to float (see optim/hyper.cpp).
 struct StepScalars {
-  float grad_factor = 1.0f;  // averaging x unscale x clip, applied to every gradient first
+  float grad_divisor = 1.0f;  // world size x accumulation steps x loss scale: every gradient is divided by it first
+  float grad_clip = 1.0f;     // then multiplied by the clip coefficient (1 when clipping does not engage)
   float a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0, h = 0, i = 0;  // meaning depends on the optimizer
   bool first_step = false;                                              // SGD: the momentum buffer starts as g
   uint32_t seed = 0;                                                    // stochastic rounding
@@ -67,6 +70,13 @@ const KernelTable& kernel_table_avx512();
 // Runs `kernel` over [0, n) split into contiguous chunks across at most `max_threads` OpenMP threads (0: OpenMP's
 // default) when n is large enough to pay for it; every element is computed identically whatever the split.
 void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads = 0);
-double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads = 0);
+
+// The sum of squares of a run, the same bits whatever the thread count: the run is cut into blocks of
+// kSumBlockElems elements (the last one shorter), each summed by `kernel`, and the block sums are added in block
+// order. `scratch` holds at least sum_squares_blocks(n) doubles (the caller allocates it once, not per step).
+constexpr size_t kSumBlockElems = size_t{1} << 16;
+inline size_t sum_squares_blocks(size_t n) { return (n + kSumBlockElems - 1) / kSumBlockElems; }
+double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads,
+                            double* scratch);
 
 }  // namespace zero

@@ -11,7 +11,7 @@ struct Avx2V {
   static constexpr size_t W = 8;
   using F = __m256;
   struct D {
-    __m256d lo, hi;
+    __m256d lanes[4];  // the 16 fp64 lanes of kernel_body.hpp's sum of squares, 4 per register
   };
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
@@ -75,15 +75,19 @@ struct Avx2V {
   static void store_fp16_rne(uint16_t* p, F v) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
-  static D dzero() { return D{_mm256_setzero_pd(), _mm256_setzero_pd()}; }
-  static D accumulate_squares(D acc, F x) {
+  static D dzero() { return D{{_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()}}; }
+  // Vector `part` (0 or 1) of a 16-element block: its elements go to lanes 8 x part .. 8 x part + 7.
+  static D accumulate_squares(D acc, F x, size_t part) {
     __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-    return D{_mm256_add_pd(acc.lo, _mm256_mul_pd(lo, lo)), _mm256_add_pd(acc.hi, _mm256_mul_pd(hi, hi))};
+    acc.lanes[2 * part] = _mm256_add_pd(acc.lanes[2 * part], _mm256_mul_pd(lo, lo));
+    acc.lanes[2 * part + 1] = _mm256_add_pd(acc.lanes[2 * part + 1], _mm256_mul_pd(hi, hi));
+    return acc;
   }
-  static double dsum(D acc) {
-    alignas(32) double lanes[4];
-    _mm256_store_pd(lanes, _mm256_add_pd(acc.lo, acc.hi));
-    return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  static double dsum(const D& acc) {
+    alignas(32) double t[8];
+    _mm256_store_pd(t, _mm256_add_pd(acc.lanes[0], acc.lanes[2]));
+    _mm256_store_pd(t + 4, _mm256_add_pd(acc.lanes[1], acc.lanes[3]));
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
   }
 };
 

@@ -85,12 +85,13 @@ struct Avx512V {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
   static D dzero() { return D{_mm512_setzero_pd(), _mm512_setzero_pd()}; }
-  static D accumulate_squares(D acc, F x) {
+  // One vector is a whole 16-element block (`part` is always 0): elements 0-7 to lo, 8-15 to hi.
+  static D accumulate_squares(D acc, F x, size_t /*part*/) {
     __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
     __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
     return D{_mm512_add_pd(acc.lo, _mm512_mul_pd(lo, lo)), _mm512_add_pd(acc.hi, _mm512_mul_pd(hi, hi))};
   }
-  static double dsum(D acc) {
+  static double dsum(const D& acc) {
     alignas(64) double lanes[8];
     _mm512_store_pd(lanes, _mm512_add_pd(acc.lo, acc.hi));
     return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));

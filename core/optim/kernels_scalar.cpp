@@ -9,7 +9,9 @@ namespace {
 struct ScalarV {
   static constexpr size_t W = 1;
   using F = float;
-  using D = double;
+  struct D {
+    double lane[16];
+  };
   static F load(const float* p) { return *p; }
   static void store(float* p, F v) { *p = v; }
   static F set1(float v) { return v; }
@@ -27,9 +29,17 @@ struct ScalarV {
     *p = float_to_bf16_sr(v, mix32(index ^ seed));
   }
   static void store_fp16_rne(uint16_t* p, F v) { *p = float_to_fp16_rne(v); }
-  static D dzero() { return 0.0; }
-  static D accumulate_squares(D acc, F x) { return acc + static_cast<double>(x) * static_cast<double>(x); }
-  static double dsum(D acc) { return acc; }
+  // The sum of squares' 16 fp64 lanes (kernel_body.hpp): element i of a 16-element block goes to lane i.
+  static D dzero() { return D{}; }
+  static D accumulate_squares(D acc, F x, size_t part) {
+    acc.lane[part] = acc.lane[part] + static_cast<double>(x) * static_cast<double>(x);
+    return acc;
+  }
+  static double dsum(const D& acc) {
+    double t[8];
+    for (int j = 0; j < 8; ++j) t[j] = acc.lane[j] + acc.lane[j + 8];
+    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+  }
 };
 
 }  // namespace

@@ -123,7 +123,7 @@ static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_
     if (u == 0 || b + n > (uint64_t)kBucketElems) buckets += 1, b = 0;
     b += n;
   }
-  uint64_t want_control = 1 /* step */ + 1 /* backward_end */ + (stage != 0) /* norm */ + (stage >= 2 ? buckets : 0) +
+  uint64_t want_control = 1 /* step */ + 1 /* backward_end */ + 1 /* norm */ + (stage >= 2 ? buckets : 0) +
                           (stage == 3 ? 2 * kNumUnits : 0);
   EXPECT(control_calls == want_control, "stage %d: %llu control messages per step, expected %llu", stage,
          (unsigned long long)control_calls, (unsigned long long)want_control);

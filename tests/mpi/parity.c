@@ -17,9 +17,11 @@
  * partial sum within 8 significant bits (bf16) to stay exact; fp16 gradients carry the loss scale 2^16.
  *
  * Gradients are small multiples of 2^-10, so every sum over ranks and micro-steps is exact in any order. The
- * averaging is defined as: sum everything, then multiply once by a float factor = clip / (N x G) computed in
- * double. The global norm is accumulated in double over the summed gradients, exact in any order. The reference
- * below does the same arithmetic on the full model, independently of the engine's code. Every gathered view is
+ * averaging is defined as: sum everything, divide once by D = N x G x loss scale (a correctly rounded float
+ * division), then multiply by the clip coefficient float(max_norm / (norm + 1e-6)) when the norm exceeds max_norm.
+ * The global norm is sqrt(sum of squares / D^2), the squares accumulated in double over the summed gradients, exact
+ * in any order. The reference below does the same arithmetic on the full model, independently of the engine's
+ * code. Every gathered view is
  * also compared against the reference's weights, so stage 3's all-gathers are checked at every use.
  */
 #include <math.h>
@@ -95,10 +97,10 @@ static double reference_step(Reference* ref, int t, int world, int gas, double s
   double sum_sq = 0.0;
   for (int p = 0; p < kNumParams; ++p)
     for (size_t i = 0; i < test_param_numel(p); ++i) sum_sq += (double)ref->g[p][i] * (double)ref->g[p][i];
-  double samples = (double)world * (double)gas;
-  double norm = sqrt(sum_sq) / (samples * scale);
+  double divisor = (double)world * (double)gas * scale;
+  double norm = sqrt(sum_sq / (divisor * divisor));
   double clip = norm > g_clip ? g_clip / (norm + 1e-6) : 1.0;
-  float factor = (float)(clip / (samples * scale));
+  float divisor_f = (float)divisor, clip_f = (float)clip;
   for (int p = 0; p < kNumParams; ++p) {
     const Hyper* h = &kGroups[kModel[p].group];
     double bc1 = 1.0 - pow(h->beta1, t), bc2 = 1.0 - pow(h->beta2, t);
@@ -107,7 +109,7 @@ static double reference_step(Reference* ref, int t, int world, int gas, double s
     float decay = (float)(1.0 - h->lr * h->weight_decay);
     for (size_t i = 0; i < test_param_numel(p); ++i) {
       float w = ref->w[p][i];
-      float g = ref->g[p][i] * factor;
+      float g = (ref->g[p][i] / divisor_f) * clip_f;
       g = g + 0.0f * w;
       float m = b1 * ref->m[p][i] + omb1 * g;
       float v = b2 * ref->v[p][i] + omb2 * (g * g);

@@ -152,7 +152,7 @@ KernelArgs args_for(Streams& s, const Case& c, const OptimizerHyper& h, int64_t 
   a.copy = c.copy == CopyMode::kNone ? nullptr : s.copy.data();
   a.n = s.master.size();
   a.first_index = 1000;
-  a.s = make_step_scalars(h, step, 0.5);
+  a.s = make_step_scalars(h, step, 4.0, 2.0);  // the gradient / 4 x 2: the reference's factor 0.5
   a.s.seed = 99;
   return a;
 }
@@ -335,7 +335,7 @@ TEST(Kernels, SpecialValuesRoundTheSameOnEveryPath) {
       a.grad = grad.data();
       a.copy = out.data();
       a.n = bits.size();
-      a.s = make_step_scalars(h, 1, 1.0);
+      a.s = make_step_scalars(h, 1, 1.0, 1.0);
       kernels(isa).step[static_cast<int>(OptimizerKind::kSgd)][0][static_cast<int>(copy)](a);
       for (size_t i = 0; i < bits.size(); ++i) {
         if (copy == CopyMode::kBf16Rne) {
@@ -364,6 +364,38 @@ TEST(Kernels, SumOfSquaresDetectsNonFiniteGradients) {
     EXPECT_EQ(kernels(isa).sum_squares[1](h.data(), h.size()), 132.0);
     h.assign(33, float_to_fp16_rne(-3.0f));
     EXPECT_EQ(kernels(isa).sum_squares[2](h.data(), h.size()), 297.0);
+  }
+}
+
+}  // namespace
+}  // namespace zero
+
+namespace zero {
+namespace {
+
+// The gradient norm must be the same bits on every rank whatever its SIMD path and thread count (stage 0 replicas,
+// and the skip decision of every rank, depend on it): the 16-lane sum is identical across paths for any data and
+// length, and the block sums are combined in block order whatever the threads.
+TEST(Kernels, SumOfSquaresIsTheSameOnEveryPathAndThreadCount) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{1000003}, kSumBlockElems * 3 + 5}) {
+    std::vector<float> g(n);
+    for (auto& x : g) x = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    std::vector<uint16_t> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = float_to_bf16_rne(g[i]);
+    std::vector<double> scratch(sum_squares_blocks(n));
+    const double want = parallel_sum_squares(kernel_table_scalar().sum_squares[0], g.data(), 4, n, 1, scratch.data());
+    const double want16 = parallel_sum_squares(kernel_table_scalar().sum_squares[1], h.data(), 2, n, 1, scratch.data());
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (!isa_supported(isa)) continue;
+      for (int threads : {1, 2, 3, 4}) {
+        const double got = parallel_sum_squares(kernels(isa).sum_squares[0], g.data(), 4, n, threads, scratch.data());
+        EXPECT_EQ(got, want) << isa_name(isa) << " n " << n << " threads " << threads;
+        const double got16 = parallel_sum_squares(kernels(isa).sum_squares[1], h.data(), 2, n, threads, scratch.data());
+        EXPECT_EQ(got16, want16) << isa_name(isa) << " bf16 n " << n << " threads " << threads;
+      }
+    }
   }
 }
 
