@@ -86,6 +86,10 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
     const zero_param_desc_t d = zero::read_input_struct(desc, sizeof(zero_param_desc_t), defaults, call,
                                                         "zero_param_desc_t", "zero_param_desc_init");
     require_arg(d.name != nullptr, call, "desc->name is NULL");
+    if (d.reserved != 0)
+      zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) +
+                                           ": desc->reserved is not 0 (a field this libzero does not "
+                                           "know; initialise the struct with zero_param_desc_init)");
     require_arg(d.ndim >= 0 && d.ndim <= ZERO_MAX_NDIM, call, "desc->ndim must be in 0..ZERO_MAX_NDIM (8)");
     require_arg(d.ndim == 0 || d.shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
     require_arg(d.dtype == -1 || valid_param_dtype(d.dtype), call,
@@ -187,20 +191,15 @@ ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double 
 ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* dir, const char* tag) {
   const char* call = "zero_save_checkpoint";
   return guard(call, handle_or_null(engine), [&] {
-    zero::Engine& e = engine_of(engine, call);
-    require_arg(dir != nullptr, call, "dir is NULL");
-    require_arg(tag != nullptr, call, "tag is NULL");
-    e.save_checkpoint(dir, tag);
+    // NULL arguments are checked inside, where a failing rank still tells the others.
+    engine_of(engine, call).save_checkpoint(dir != nullptr ? dir : "", tag != nullptr ? tag : "");
   });
 }
 
 ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* dir, const char* tag) {
   const char* call = "zero_load_checkpoint";
-  return guard(call, handle_or_null(engine), [&] {
-    zero::Engine& e = engine_of(engine, call);
-    require_arg(dir != nullptr, call, "dir is NULL");
-    e.load_checkpoint(dir, tag != nullptr ? tag : "");
-  });
+  return guard(call, handle_or_null(engine),
+               [&] { engine_of(engine, call).load_checkpoint(dir != nullptr ? dir : "", tag != nullptr ? tag : ""); });
 }
 
 }  // extern "C"

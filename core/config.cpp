@@ -453,12 +453,27 @@ void resolve_batch(const Section& top, Config& cfg, int world) {
 
 }  // namespace
 
+double timeout_from_environment(double fallback) {
+  const char* env = std::getenv("ZERO_TIMEOUT_S");
+  if (env == nullptr || env[0] == '\0') return fallback;
+  char* end = nullptr;
+  const double t = std::strtod(env, &end);
+  if (end == env || *end != '\0' || !(t >= 1e-3 && t <= 1e9))
+    fail(ZERO_ERR_CONFIG, std::string("the environment variable ZERO_TIMEOUT_S is '") + env +
+                              "'; it must be a number of seconds in [0.001, 1e9]");
+  return t;
+}
+
 Config parse_config(const std::string& json_text, int world_size) {
   json root;
   try {
     root = json::parse(json_text);
   } catch (const json::parse_error& e) {
     fail(ZERO_ERR_CONFIG, std::string("the config is not valid JSON: ") + e.what());
+  } catch (const json::out_of_range& e) {  // a number beyond double's range, such as 1e400
+    fail(ZERO_ERR_CONFIG, std::string("the config has a number out of range: ") + e.what());
+  } catch (const json::exception& e) {
+    fail(ZERO_ERR_CONFIG, std::string("the config cannot be read: ") + e.what());
   }
   Config cfg;
   cfg.source_json = json_text;
@@ -531,14 +546,7 @@ Config parse_config(const std::string& json_text, int world_size) {
     cfg.timeout_s = l.get_number("timeout_s", cfg.timeout_s, 1e-3, 1e9);
     cfg.optimizer_threads = static_cast<int>(l.get_int("optimizer_threads", 0, 0, 4096));
   }
-  if (const char* env = std::getenv("ZERO_TIMEOUT_S"); env != nullptr && env[0] != '\0') {
-    char* end = nullptr;
-    const double t = std::strtod(env, &end);
-    if (end == env || *end != '\0' || !(t >= 1e-3 && t <= 1e9))
-      fail(ZERO_ERR_CONFIG, std::string("the environment variable ZERO_TIMEOUT_S is '") + env +
-                                "'; it must be a number of seconds in [0.001, 1e9]");
-    cfg.timeout_s = t;
-  }
+  cfg.timeout_s = timeout_from_environment(cfg.timeout_s);
   // Logging, profiling, framework-side and I/O-tuning blocks: they cannot change the trained weights.
   top.get_int("steps_per_print", 10, 0, kMaxInt);
   for (const char* k :

@@ -70,6 +70,10 @@ std::vector<std::string> result_settings(const Config& config);
 // What libzero will do with a config: the text of `zero-config check` and zero_config_check().
 std::string config_report(const Config& config, int world_size);
 
+// The collective timeout: ZERO_TIMEOUT_S when set (a ZERO_ERR_CONFIG error if it is not a number of seconds in
+// [0.001, 1e9]), else `fallback`.
+double timeout_from_environment(double fallback);
+
 // Levenshtein distance, for "did you mean" suggestions.
 size_t edit_distance(const std::string& a, const std::string& b);
 

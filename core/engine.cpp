@@ -1,6 +1,7 @@
 // Registration, layout, allocation, initial values and what the engine reports about itself.
 #include "engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,14 @@ uint64_t Engine::Pool::allocated_bytes() const {
   uint64_t total = 0;
   for (const auto& b : all_) total += b->n_bytes();
   return total;
+}
+
+void Engine::Pool::trim(size_t keep) {
+  if (free_.size() != all_.size()) return;  // some are in use: never free those
+  while (all_.size() > keep) {
+    free_.erase(std::find(free_.begin(), free_.end(), all_.back()->data()));
+    all_.pop_back();
+  }
 }
 
 void Engine::Pool::leak() {
@@ -140,7 +149,8 @@ void Engine::abort() {
 }
 
 void Engine::set_num_threads(int threads) {
-  if (threads < 0) fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_set_num_threads: threads must be >= 0");
+  if (threads < 0 || threads > 4096)  // the range of libzero.optimizer_threads
+    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_set_num_threads: threads must be in [0, 4096]");
   threads_requested_ = threads;
   threads_ = threads > 0 ? threads : automatic_threads(comm_.local_size());
 }
@@ -222,8 +232,13 @@ UnitInfo Engine::unit_info(int unit) const {
 
 void Engine::finalize() {
   const char* call = "zero_engine_finalize";
-  require_state(State::kRegistering, call);
-  verify_registration_across_ranks();
+  std::unique_ptr<Error> local = local_checks(call, [&] { require_state(State::kRegistering, call); });
+  try {
+    verify_registration_across_ranks(local.get());
+  } catch (const Error& e) {
+    if (comm_.failed()) broken(e);  // the exchange itself failed: the collective sequences are apart
+    throw;
+  }
   std::unique_ptr<Error> allocation_error;
   try {
     allocate();
@@ -248,6 +263,8 @@ void Engine::finalize() {
   }
   moving_data([&] { load_initial_values(); });
   param_ready_.assign(params_.size(), 0);
+  param_touched_.assign(params_.size(), 0);
+  param_expected_.assign(params_.size(), 1);
   state_ = State::kReady;
 }
 
@@ -299,6 +316,7 @@ void Engine::allocate() {
         units_[u].bucket = static_cast<int>(b);
         units_[u].offset_in_bucket = buckets_[b].unit_offsets[i];
         bucket_states_[b].params_total += layout_.units[u].params.size();
+        bucket_states_[b].params_expected += layout_.units[u].params.size();
       }
     }
     bucket_pool_.set_capacity(largest_bucket, config_.grad_accum_dtype);
@@ -369,8 +387,8 @@ void Engine::set_lr(int group, double lr) {
   if (aborted_.load() || state_ == State::kBroken) require_state(State::kReady, call);
   if (config_.scheduler.kind != SchedulerConfig::Kind::kNone)
     fail(ZERO_ERR_INVALID_STATE, "zero_set_lr: the config has a 'scheduler'; it sets the learning rate every step");
-  if (!(lr >= 0.0 && std::isfinite(lr)))
-    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_set_lr: lr must be a finite number >= 0, got " + std::to_string(lr));
+  if (!(lr >= 0.0 && lr < 1e6))  // the range zero_engine_add_param_group and the config accept
+    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_set_lr: lr must be in [0, 1e6), got " + exact_decimal(lr));
   if (group != -1 && (group < 0 || group >= static_cast<int>(groups_.size())))
     fail(ZERO_ERR_INVALID_ARGUMENT, "zero_set_lr: no param group " + std::to_string(group));
   for (int g = 0; g < static_cast<int>(groups_.size()); ++g)

@@ -121,10 +121,15 @@ class Engine {
     std::vector<ShardSegment> norm_segments;
   };
 
-  // Stage 2-3 gradient bucket of the current micro-step.
+  // Stage 2-3 gradient bucket of the current micro-step. A bucket is reduced as soon as every param it expects is
+  // declared ready; it expects the params that had a gradient (on any rank) in the previous micro-step — all of
+  // them in the first one — so that an unused or frozen param does not hold its bucket, and every later one, back
+  // until zero_backward_end. A gradient that arrives after its bucket was reduced (a param unused last time) goes
+  // into a fresh buffer that zero_backward_end reduces again.
   struct BucketState {
-    void* buffer = nullptr;  // from the bucket pool while the bucket is being filled
-    size_t params_ready = 0;
+    void* buffer = nullptr;      // from the bucket pool while it holds gradients not reduced yet
+    size_t params_ready = 0;     // expected params declared ready
+    size_t params_expected = 0;  // params the bucket waits for
     size_t params_total = 0;
     bool reduced = false;
   };
@@ -139,7 +144,8 @@ class Engine {
     void* acquire();  // reserve() first
     void give_back(void* buffer) { free_.push_back(buffer); }
     uint64_t allocated_bytes() const;
-    void leak();  // after a timeout a backend may still write into the buffers
+    void trim(size_t keep);  // frees buffers beyond `keep` (all of them back in the pool)
+    void leak();             // after a timeout a backend may still write into the buffers
 
    private:
     size_t capacity_ = 0;
@@ -149,6 +155,26 @@ class Engine {
   };
 
   void require_state(State wanted, const char* call) const;
+  // Whether this rank can take part in an agreement at all: not after an abort, a failure after data moved, or
+  // zero_comm_finalize (the other ranks learn of those through the communicator).
+  bool can_agree() const {
+    return !aborted_.load() && state_ != State::kBroken && !comm_.backend().aborted() && !comm_.backend().finalized();
+  }
+  // The local checks of a collective call, argument and state checks included: a failure is returned, to be
+  // shared through the agreement — so that a rank whose call is wrong still tells the others — unless this rank
+  // cannot agree (can_agree()), which throws at once.
+  template <typename Checks>
+  std::unique_ptr<Error> local_checks(const char* call, Checks&& checks) {
+    if (!can_agree()) require_state(State::kReady, call);
+    try {
+      checks();
+    } catch (const Error& e) {
+      return std::make_unique<Error>(e);
+    } catch (const std::bad_alloc&) {
+      return std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory");
+    }
+    return nullptr;
+  }
   void check_param(int param, const char* call) const;
   void check_unit(int unit, const char* call) const;
   void check_window(const char* call) const;
@@ -157,11 +183,12 @@ class Engine {
   bool separate_master() const { return config_.compute_dtype != DType::kF32; }
   size_t compute_size() const { return dtype_size(config_.compute_dtype); }
   size_t grad_size() const { return dtype_size(config_.grad_accum_dtype); }
-  void verify_registration_across_ranks();
+  void verify_registration_across_ranks(const Error* local_error);
   void allocate();
   void load_initial_values();
   void reduce_ready_buckets(const char* call);
-  void reduce_bucket(int bucket, const char* call);
+  void reduce_bucket(int bucket, bool again, const char* call);
+  void reduce_pending_buckets(const char* call);
   void reduce_full_grads(int unit);
   float* master_of(int unit);
   void* copy_of(int unit);
@@ -184,7 +211,8 @@ class Engine {
   // failure breaks the engine.
   void agree(const char* call, const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain = {},
              bool share_status = false);
-  void agree_checkpoint(const char* call, CallKind kind, int phase, const Error* local);
+  void agree_checkpoint(const char* call, CallKind kind, int phase, const Error* local, int64_t check = 0,
+                        const std::string& what = "");
   void require_step_boundary(const char* call) const;
   void write_shard_files(const std::string& dir, std::vector<int64_t>& record);
   void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);
@@ -207,7 +235,9 @@ class Engine {
   std::vector<Bucket> buckets_;
   std::vector<UnitState> units_;
   std::vector<BucketState> bucket_states_;
-  std::vector<char> param_ready_;  // per param, this micro-step
+  std::vector<char> param_ready_;     // per param, this micro-step
+  std::vector<char> param_touched_;   // per param: zero_grad_data was called in this micro-step
+  std::vector<char> param_expected_;  // per param: its bucket waits for it (BucketState)
   Pool gathered_pool_;
   Pool bucket_pool_;
   LossScaler scaler_;

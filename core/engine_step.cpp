@@ -27,10 +27,10 @@ uint64_t digest_doubles(const std::vector<double>& values) {
 
 StepResult Engine::step() {
   const char* call = "zero_step";
-  require_state(State::kReady, call);
-  // Local checks; a failing rank still joins the agreement so that the others return instead of waiting.
-  std::unique_ptr<Error> local;
-  try {
+  // Local checks, state and window included; a failing rank still joins the agreement so that the others return
+  // instead of waiting.
+  std::unique_ptr<Error> local = local_checks(call, [&] {
+    require_state(State::kReady, call);
     if (micro_steps_ != config_.gradient_accumulation_steps)
       fail(ZERO_ERR_INVALID_STATE,
            "zero_step: expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
@@ -40,9 +40,7 @@ StepResult Engine::step() {
         fail(ZERO_ERR_INVALID_STATE,
              "zero_step: unit " + std::to_string(u) + " is still gathered; release every unit first");
     test_hooks::maybe_fail("step", comm_.rank());
-  } catch (const Error& e) {
-    local = std::make_unique<Error>(e);
-  }
+  });
   // The learning rates are set locally (zero_set_lr); ranks that set different ones would silently train
   // different replicas, so they are part of what the ranks agree on.
   std::vector<double> lrs(groups_.size());

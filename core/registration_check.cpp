@@ -75,17 +75,17 @@ Difference first_difference(EngineComm& comm, const std::vector<std::string>& de
 
 }  // namespace
 
-void Engine::verify_registration_across_ranks() {
+void Engine::verify_registration_across_ranks(const Error* precheck) {
   EngineComm& comm = comm_;
-  std::string local_error;
-  zero_status_t local_status = ZERO_OK;
-  try {
-    if (params_.empty()) fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: no params were registered");
-    layout_ = build_layout(params_, comm.size());
-  } catch (const Error& e) {
-    local_error = e.what();
-    local_status = e.status();
-  }
+  std::string local_error = precheck != nullptr ? precheck->what() : "";
+  zero_status_t local_status = precheck != nullptr ? precheck->status() : ZERO_OK;
+  if (precheck == nullptr) try {
+      if (params_.empty()) fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: no params were registered");
+      layout_ = build_layout(params_, comm.size());
+    } catch (const Error& e) {
+      local_error = std::string("zero_engine_finalize: ") + e.what();
+      local_status = e.status();
+    }
 
   std::vector<std::string> param_text, group_text;
   for (const auto& p : params_) param_text.push_back(describe(p));

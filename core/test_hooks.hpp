@@ -4,8 +4,9 @@
 //
 // ZERO_TEST_FAIL=<site>:<rank>[,<site>:<rank>...] makes `site` fail on `rank`. Sites: finalize.alloc (out of
 // memory allocating the buffers), gather, gather.alloc, bucket, backward_end, step, save, load, comm_finalize (a
-// local failure in the call's checks), save.enospc (no space writing the shard files), save.kill (the rank exits
-// abruptly after writing its shards).
+// local failure in the call's checks), save.enospc (no space writing the shard files), save.manifest-enospc and
+// save.latest-enospc (no space writing the manifest, or `latest`, on rank 0), save.kill (the rank exits abruptly
+// after writing its shards).
 #pragma once
 
 #include <string>

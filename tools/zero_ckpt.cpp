@@ -46,7 +46,7 @@ Checkpoint open_checkpoint(const std::string& dir, std::string tag) {
   }
   Checkpoint c;
   c.path = dir + "/" + tag;
-  c.manifest = ckpt::Manifest::parse(ckpt::read_text_file(c.path + "/manifest.json"), c.path + "/manifest.json");
+  c.manifest = ckpt::read_manifest(c.path);
   return c;
 }
 

@@ -318,7 +318,7 @@ class Backend {
     flush_sends(1.0);
   }
 
-  std::string diagnose(uint64_t sequence) {
+  std::string diagnose(uint64_t sequence, double grace_s) {
     enter();
     InCall in(this);
     for (auto& p : peers_) p.replied = false;
@@ -329,7 +329,7 @@ class Backend {
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, q);
     const auto begin = Clock::now();
-    while (seconds_since(begin) < 3.0) {
+    while (seconds_since(begin) < grace_s) {
       poll_control();
       bool all = true;
       for (int r = 0; r < size_; ++r)
@@ -362,7 +362,9 @@ class Backend {
       }
     }
     if (!silent.empty()) {
-      out += " no answer within 3 s from rank";
+      char within[32];
+      std::snprintf(within, sizeof within, "%.1f", grace_s);
+      out += std::string(" no answer within ") + within + " s from rank";
       out += silent.size() > 1 ? "s " : " ";
       for (size_t i = 0; i < silent.size(); ++i) out += (i ? ", " : "") + std::to_string(silent[i]);
       out +=
@@ -613,10 +615,10 @@ void op_abort(void* ud, const char* reason) {
   }
 }
 
-zero_status_t op_diagnose(void* ud, uint64_t sequence, char* out, size_t capacity) {
+zero_status_t op_diagnose(char* out, size_t capacity, void* ud, uint64_t sequence, double grace_s) {
   Backend* b = as_backend(ud);
   return b->guarded([&] {
-    const std::string text = b->diagnose(sequence);
+    const std::string text = b->diagnose(sequence, grace_s);
     if (capacity == 0) return;
     const size_t n = std::min(text.size(), capacity - 1);
     std::memcpy(out, text.data(), n);

@@ -22,6 +22,7 @@
 #include "convert.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "log.hpp"
 #include "test_hooks.hpp"
 #include "zero/zero_version.h"
 
@@ -73,9 +74,27 @@ std::unique_ptr<Error> capture(Body&& body) {
 
 // A checkpoint phase's agreement: a failure on one rank (a file it cannot write or read) is the same news for all,
 // so every rank reports that rank's status (EngineComm::agree's share_status).
-void Engine::agree_checkpoint(const char* call, CallKind kind, int phase, const Error* local) {
-  agree(call, CallTag{kind, phase, 0, 0}, local, {}, true);
+void Engine::agree_checkpoint(const char* call, CallKind kind, int phase, const Error* local, int64_t check,
+                              const std::string& what) {
+  // `check` is a digest of what every rank must agree on (where it saves, which checkpoint it loaded); on a
+  // difference every rank learns each rank's `what`.
+  auto explain = [&]() {
+    std::string text = std::string(call) + ": the ranks do not agree on the checkpoint:";
+    for (int r = 0; r < comm_.size(); ++r)
+      text += (r ? "; " : " ") + std::string("rank ") + std::to_string(r) + " " +
+              comm_.broadcast_text(what, r, std::string(call) + ": what each rank has");
+    return text + ". Every rank must save to the same directory and tag, and load the same checkpoint.";
+  };
+  agree(call, CallTag{kind, phase, 0, check}, local, explain, true);
 }
+
+namespace {
+int64_t digest(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 1);
+}
+}  // namespace
 
 void Engine::require_step_boundary(const char* call) const {
   if (micro_steps_ != 0)
@@ -186,18 +205,21 @@ void Engine::write_consolidated(const std::string& path, uint64_t& bytes, uint64
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
   const char* call = "zero_save_checkpoint";
-  require_state(State::kReady, call);
   const int rank = comm_.rank(), world = comm_.size();
   const std::string final_dir = dir + "/" + tag, tmp_dir = dir + "/.tmp." + tag;
   {
-    // 0. Every rank checks the call (a rank in the middle of an accumulation window must not leave the others
-    //    waiting), 1. rank 0 prepares a fresh temporary directory next to the final one.
-    std::unique_ptr<Error> error = capture([&] {
+    // 0. Every rank checks the call — its state, arguments and step boundary — and that all ranks save to the same
+    //    place (a rank whose call is wrong must not leave the others waiting), 1. rank 0 prepares a fresh
+    //    temporary directory next to the final one.
+    std::unique_ptr<Error> error = local_checks(call, [&] {
+      require_state(State::kReady, call);
+      if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
       require_step_boundary(call);
       check_tag(tag, call);
       test_hooks::maybe_fail("save", rank);
     });
-    agree_checkpoint(call, CallKind::kSaveCheckpoint, 0, error.get());
+    agree_checkpoint(call, CallKind::kSaveCheckpoint, 0, error.get(), digest(dir + '\0' + tag),
+                     "saves to '" + final_dir + "'");
     if (rank == 0)
       error = capture([&] {
         ckpt::make_directories(dir);
@@ -225,10 +247,17 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
 
     // 3. Optionally the consolidated weights, unit by unit.
     uint64_t consolidated_bytes = 0, consolidated_xxh = 0;
-    if (config_.gather_16bit_weights_on_save)
-      write_consolidated(tmp_dir + "/model.safetensors", consolidated_bytes, consolidated_xxh);
+    try {
+      if (config_.gather_16bit_weights_on_save)
+        write_consolidated(tmp_dir + "/model.safetensors", consolidated_bytes, consolidated_xxh);
+    } catch (const Error&) {
+      if (rank == 0) ckpt::remove_tree(tmp_dir);
+      throw;
+    }
 
-    // 4. Rank 0: the manifest, then the directory and `latest` move into place atomically.
+    // 4. Rank 0: the manifest (with its checksum), then the directory moves into place atomically. Until the
+    //    rename, a failure leaves nothing behind.
+    bool renamed = false;
     if (rank == 0)
       error = capture([&] {
         Manifest m;
@@ -265,12 +294,31 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         if (config_.gather_16bit_weights_on_save)
           m.files.push_back({"model.safetensors", "consolidated", -1, consolidated_bytes, consolidated_xxh});
         m.config_json = config_.source_json;
-        ckpt::write_text_file_atomically(tmp_dir + "/manifest.json", m.to_json());
+        if (test_hooks::active("save.manifest-enospc", rank))
+          fail(ZERO_ERR_IO, "cannot write '" + tmp_dir + "/manifest.json': " + std::strerror(ENOSPC) + " (test hook)");
+        ckpt::write_manifest(tmp_dir, m);
         ckpt::fsync_directory(tmp_dir);
         ckpt::rename_path(tmp_dir, final_dir);
+        renamed = true;
         ckpt::fsync_directory(dir);
+      });
+    if (rank == 0 && error && !renamed) ckpt::remove_tree(tmp_dir);
+    // 5. `latest`, before the agreement so that no rank returns before it names the new checkpoint. The
+    //    checkpoint is complete and loadable by its tag whatever happens now, so a failure to point `latest` at it
+    //    (a full disk) is reported, not returned as a failed save.
+    if (rank == 0 && renamed) {
+      std::unique_ptr<Error> latest_error = capture([&] {
+        if (test_hooks::active("save.latest-enospc", rank))
+          fail(ZERO_ERR_IO, "cannot write '" + dir + "/latest': " + std::strerror(ENOSPC) + " (test hook)");
         ckpt::write_text_file_atomically(dir + "/latest", tag + "\n");
       });
+      if (latest_error)
+        log_message(ZERO_LOG_ERROR, rank,
+                    std::string(call) + ": checkpoint '" + final_dir + "' is complete, but '" + dir +
+                        "/latest' could not be updated (" + latest_error->what() +
+                        "); it still names the previous checkpoint: load this one by its tag",
+                    true);
+    }
     agree_checkpoint(call, CallKind::kSaveCheckpoint, 3, error.get());
   }
 }
@@ -288,58 +336,72 @@ void Engine::publish_params_from_master() {
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
   const char* call = "zero_load_checkpoint";
-  require_state(State::kReady, call);
   const int rank = comm_.rank(), world = comm_.size();
   {
-    // 1. The call's preconditions, the manifest, and whether it fits what this engine registered.
+    // 1. The call's preconditions, the manifest, and whether it fits what this engine registered; every rank must
+    //    have read the same manifest (the same checkpoint: a digest of its text).
     Manifest m;
-    std::string path;
-    std::unique_ptr<Error> error = capture([&] {
-      require_step_boundary(call);
-      test_hooks::maybe_fail("load", rank);
-      std::string tag = tag_in;
-      if (tag.empty()) {
-        const std::string latest = dir + "/latest";
-        if (!ckpt::path_exists(latest))
-          fail(ZERO_ERR_CHECKPOINT_CORRUPT,
-               std::string(call) + ": '" + latest + "' does not exist (no checkpoint saved in '" + dir + "'?)");
-        tag = ckpt::read_text_file(latest);
-        while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
-      }
-      check_tag(tag, call);
-      path = dir + "/" + tag;
-      const std::string manifest_path = path + "/manifest.json";
-      if (!ckpt::path_exists(manifest_path))
-        fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": '" + manifest_path + "' does not exist");
-      m = Manifest::parse(ckpt::read_text_file(manifest_path), manifest_path);
-      if (m.params.size() != params_.size())
-        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.params.size()) +
-                                    " params, this engine registered " + std::to_string(params_.size()));
-      for (size_t p = 0; p < params_.size(); ++p) {
-        const ckpt::ManifestParam& mp = m.params[p];
-        if (mp.name != params_[p].name || mp.shape != params_[p].dims || mp.unit != params_[p].unit ||
-            mp.offset_in_unit != layout_.params[p].offset)
-          fail(ZERO_ERR_MISMATCH, std::string(call) + ": param #" + std::to_string(p) + " is '" + mp.name + "' (unit " +
-                                      std::to_string(mp.unit) + ") in the checkpoint but '" + params_[p].name +
-                                      "' (unit " + std::to_string(params_[p].unit) +
-                                      ") in this engine; register the same params in the same order");
-      }
-      if (m.optimizer != optimizer_name(config_.optimizer))
-        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint holds " + m.optimizer +
-                                    " state, this engine runs " + optimizer_name(config_.optimizer));
-      if (m.groups.size() != groups_.size())
-        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.groups.size()) +
-                                    " param groups, this engine " + std::to_string(groups_.size()));
-      if (m.units.size() != units_.size())
-        fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.units.size()) +
-                                    " units, this engine " + std::to_string(units_.size()));
-      for (int r = 0; r < m.world_size; ++r)
-        for (const char* kind : {"master", "optimizer"})
-          if (m.file(kind, r) == nullptr)
-            fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": the manifest of '" + path + "' lists no " + kind +
-                                                  " file for rank " + std::to_string(r));
-    });
-    agree_checkpoint(call, CallKind::kLoadCheckpoint, 0, error.get());
+    std::string path, manifest_text;
+    std::unique_ptr<Error> error = local_checks(call, [&] { require_state(State::kReady, call); });
+    if (!error)
+      error = capture([&] {
+        if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
+        require_step_boundary(call);
+        test_hooks::maybe_fail("load", rank);
+        std::string tag = tag_in;
+        if (tag.empty()) {
+          const std::string latest = dir + "/latest";
+          if (!ckpt::path_exists(latest))
+            fail(ZERO_ERR_CHECKPOINT_CORRUPT,
+                 std::string(call) + ": '" + latest + "' does not exist (no checkpoint saved in '" + dir + "'?)");
+          tag = ckpt::read_text_file(latest);
+          while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+        }
+        check_tag(tag, call);
+        path = dir + "/" + tag;
+        m = ckpt::read_manifest(path, &manifest_text);
+        if (m.params.size() != params_.size())
+          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.params.size()) +
+                                      " params, this engine registered " + std::to_string(params_.size()));
+        auto shape_text = [](const std::vector<int64_t>& dims) {
+          std::string t = "[";
+          for (size_t i = 0; i < dims.size(); ++i) t += (i ? ", " : "") + std::to_string(dims[i]);
+          return t + "]";
+        };
+        for (size_t p = 0; p < params_.size(); ++p) {
+          const ckpt::ManifestParam& mp = m.params[p];
+          std::string differs;
+          if (mp.name != params_[p].name)
+            differs = "name '" + mp.name + "' in the checkpoint, '" + params_[p].name + "' in this engine";
+          else if (mp.shape != params_[p].dims)
+            differs = "shape " + shape_text(mp.shape) + " in the checkpoint, " + shape_text(params_[p].dims) +
+                      " in this engine";
+          else if (mp.unit != params_[p].unit)
+            differs = "unit " + std::to_string(mp.unit) + " in the checkpoint, " + std::to_string(params_[p].unit) +
+                      " in this engine";
+          else if (mp.offset_in_unit != layout_.params[p].offset)
+            differs = "its place in the unit (the params before it differ)";
+          if (!differs.empty())
+            fail(ZERO_ERR_MISMATCH, std::string(call) + ": param #" + std::to_string(p) + " '" + params_[p].name +
+                                        "': " + differs + "; register the same params in the same order");
+        }
+        if (m.optimizer != optimizer_name(config_.optimizer))
+          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint holds " + m.optimizer +
+                                      " state, this engine runs " + optimizer_name(config_.optimizer));
+        if (m.groups.size() != groups_.size())
+          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.groups.size()) +
+                                      " param groups, this engine " + std::to_string(groups_.size()));
+        if (m.units.size() != units_.size())
+          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.units.size()) +
+                                      " units, this engine " + std::to_string(units_.size()));
+        for (int r = 0; r < m.world_size; ++r)
+          for (const char* kind : {"master", "optimizer"})
+            if (m.file(kind, r) == nullptr)
+              fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": the manifest of '" + path + "' lists no " +
+                                                    kind + " file for rank " + std::to_string(r));
+      });
+    agree_checkpoint(call, CallKind::kLoadCheckpoint, 0, error.get(), error ? 0 : digest(manifest_text),
+                     "loads '" + path + "' (step " + std::to_string(m.step) + ")");
 
     // 2. Sizes and checksums, each rank verifying every world-th file, before anything is read.
     error = capture([&] {

@@ -138,12 +138,15 @@ void rename_path(const std::string& from, const std::string& to) {
 void write_text_file_atomically(const std::string& path, const std::string& text) {
   // A name of our own: two jobs saving into one directory must not share the temporary file.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
+  try {
     FileWriter w(tmp);
     w.write(text.data(), text.size());
     w.close_and_sync();
+    rename_path(tmp, path);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // a full disk must not leave the temporary file behind
+    throw;
   }
-  rename_path(tmp, path);
   const size_t slash = path.find_last_of('/');
   fsync_directory(slash == std::string::npos ? "." : path.substr(0, slash));
 }
@@ -162,9 +165,17 @@ void make_directories(const std::string& path) {
 }
 
 void remove_tree(const std::string& path) {
-  DIR* dir = ::opendir(path.c_str());
+  // Never follow a symbolic link: removing a checkpoint's temporary directory must not remove what a link inside
+  // it (or the directory itself, if it is one) points to.
+  // O_NOFOLLOW | O_DIRECTORY opens a real directory only, in one step (no check-then-use race).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOTDIR || errno == ELOOP) ::unlink(path.c_str());  // a file, or a link: remove the entry itself
+    return;
+  }
+  DIR* dir = ::fdopendir(fd);
   if (dir == nullptr) {
-    ::unlink(path.c_str());
+    ::close(fd);
     return;
   }
   while (dirent* e = ::readdir(dir)) {

@@ -1,5 +1,8 @@
 #include "checkpoint/manifest.hpp"
 
+#include <xxhash.h>
+
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -83,8 +86,9 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
   try {
     json j = json::parse(text);
     if (j.at("format").get<std::string>() != kFormatName) throw std::runtime_error("not a libzero checkpoint");
-    if (j.at("format_version").get<int>() != kFormatVersion)
-      throw std::runtime_error("format_version " + std::to_string(j.at("format_version").get<int>()) +
+    m.format_version = j.at("format_version").get<int>();
+    if (m.format_version < 1 || m.format_version > kFormatVersion)
+      throw std::runtime_error("format_version " + std::to_string(m.format_version) +
                                " is not supported by this library");
     m.library_version = j.at("library_version").get<std::string>();
     m.tag = j.at("tag").get<std::string>();
@@ -119,9 +123,92 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
       m.files.push_back(file);
     }
     m.config_json = j.at("config").get<std::string>();
+    m.validate();
   } catch (const std::exception& e) {
     fail(ZERO_ERR_CHECKPOINT_CORRUPT, "checkpoint manifest '" + path + "' is invalid: " + e.what());
   }
+  return m;
+}
+
+// Values no save writes are corruption, not settings: a manifest is loaded into a running engine, so a negative
+// step, an lr of 1e300 or a zero loss scale must not get that far.
+void Manifest::validate() const {
+  auto bad = [](const std::string& what) { throw std::runtime_error(what); };
+  auto finite_in = [&](double v, double lo, double hi, const std::string& what) {
+    if (!(std::isfinite(v) && v >= lo && v < hi)) bad(what + " is " + std::to_string(v));
+  };
+  if (world_size < 1 || world_size > (1 << 24)) bad("world_size is " + std::to_string(world_size));
+  if (stage < 0 || stage > 3) bad("stage is " + std::to_string(stage));
+  if (step < 0) bad("step is " + std::to_string(step));
+  if (param_dtype != "fp32" && param_dtype != "bf16" && param_dtype != "fp16") bad("param_dtype is " + param_dtype);
+  const size_t states = optimizer == "AdamW" || optimizer == "Adam" ? 2 : optimizer == "SGD" ? state_names.size() : 1;
+  if (optimizer != "AdamW" && optimizer != "Adam" && optimizer != "Adagrad" && optimizer != "Lion" &&
+      optimizer != "SGD")
+    bad("optimizer is " + optimizer);
+  if (state_names.size() != states || state_names.size() > (optimizer == "SGD" ? 1u : 2u))
+    bad("the optimizer's state_names do not fit it");
+  finite_in(loss_scale, 1e-38, 1e38, "loss_scaler.scale");
+  if (hysteresis_left < 0) bad("loss_scaler.hysteresis_left is negative");
+  if (scaler_iteration < 0 || scaler_last_overflow < -1) bad("loss_scaler's iterations are negative");
+  for (const auto& g : groups) {
+    finite_in(g.lr, 0, 1e6, "group '" + g.name + "' lr");
+    finite_in(g.weight_decay, 0, 1e6, "group '" + g.name + "' weight_decay");
+    finite_in(g.beta1, 0, 1, "group '" + g.name + "' beta1");
+    finite_in(g.beta2, 0, 1, "group '" + g.name + "' beta2");
+    finite_in(g.eps, 0, 1, "group '" + g.name + "' eps");
+  }
+  if (groups.empty()) bad("there are no groups");
+  uint64_t offset = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ManifestUnit& mu = units[u];
+    if (mu.index != static_cast<int>(u)) bad("unit #" + std::to_string(u) + " has index " + std::to_string(mu.index));
+    if (mu.shard_elems == 0 || mu.shard_elems > (uint64_t{1} << 56) / static_cast<uint64_t>(world_size) ||
+        mu.shard_elems * static_cast<uint64_t>(world_size) != mu.padded_elems)
+      bad("unit " + std::to_string(u) + "'s shards do not tile it");
+    if (mu.global_offset != offset) bad("unit " + std::to_string(u) + "'s global_offset does not follow the units");
+    offset += mu.padded_elems;
+  }
+  for (const auto& p : params) {
+    if (p.unit < 0 || p.unit >= static_cast<int>(units.size())) bad("param '" + p.name + "' is in no unit");
+    if (p.group < 0 || p.group >= static_cast<int>(groups.size())) bad("param '" + p.name + "' is in no group");
+    uint64_t numel = 1;
+    for (int64_t d : p.shape) {
+      if (d <= 0 || static_cast<uint64_t>(d) > (uint64_t{1} << 56) / numel)
+        bad("param '" + p.name + "' has a bad shape");
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (numel != p.numel || p.offset_in_unit > units[p.unit].padded_elems ||
+        p.numel > units[p.unit].padded_elems - p.offset_in_unit)
+      bad("param '" + p.name + "' does not fit its unit");
+  }
+  for (const auto& f : files)
+    if (f.rank < -1 || f.rank >= world_size || f.name.empty() || f.name.find('/') != std::string::npos)
+      bad("file entry '" + f.name + "' is not a file of this checkpoint");
+}
+
+void write_manifest(const std::string& dir, const Manifest& m) {
+  const std::string text = m.to_json();
+  write_text_file_atomically(dir + "/manifest.json", text);
+  write_text_file_atomically(dir + "/manifest.json.xxh64", hex64(XXH64(text.data(), text.size(), 0)) + "\n");
+}
+
+Manifest read_manifest(const std::string& dir, std::string* text_out) {
+  const std::string path = dir + "/manifest.json", sum_path = path + ".xxh64";
+  if (!path_exists(path)) fail(ZERO_ERR_CHECKPOINT_CORRUPT, "'" + path + "' does not exist");
+  const std::string text = read_text_file(path);
+  const bool has_sum = path_exists(sum_path);
+  if (has_sum) {
+    std::string sum = read_text_file(sum_path);
+    while (!sum.empty() && (sum.back() == '\n' || sum.back() == ' ')) sum.pop_back();
+    const std::string actual = hex64(XXH64(text.data(), text.size(), 0));
+    if (sum != actual)
+      fail(ZERO_ERR_CHECKPOINT_CORRUPT, "checkpoint manifest '" + path + "' fails its checksum (xxh64 " + actual +
+                                            ", " + sum_path + " says " + sum + ")");
+  }
+  Manifest m = Manifest::parse(text, path);
+  if (!has_sum && m.format_version >= 2)
+    fail(ZERO_ERR_CHECKPOINT_CORRUPT, "'" + sum_path + "' is missing (format version 2 requires it)");
+  if (text_out != nullptr) *text_out = text;
   return m;
 }
 

@@ -10,7 +10,8 @@ namespace zero {
 namespace ckpt {
 
 constexpr const char* kFormatName = "libzero-checkpoint";
-constexpr int kFormatVersion = 1;
+// 2: manifest.json has a checksum beside it (manifest.json.xxh64). Version 1 (libzero 0.2) still loads.
+constexpr int kFormatVersion = 2;
 
 struct ManifestUnit {
   int index = 0;
@@ -38,6 +39,7 @@ struct ManifestGroup {
 };
 
 struct Manifest {
+  int format_version = kFormatVersion;
   std::string library_version, tag, config_json;
   int world_size = 1, stage = 0;
   int64_t step = 0;
@@ -53,13 +55,22 @@ struct Manifest {
   std::vector<ManifestFile> files;
 
   std::string to_json() const;
-  // Throws ZERO_ERR_CHECKPOINT_CORRUPT naming `path` if the text is not a valid manifest.
+  // Throws ZERO_ERR_CHECKPOINT_CORRUPT naming `path` if the text is not a valid manifest, including values no
+  // save would write (a negative step, a zero loss scale, shards that do not tile their units, ...).
   static Manifest parse(const std::string& text, const std::string& path);
   const ManifestFile* file(const std::string& kind, int rank) const;
+  void validate() const;  // throws std::runtime_error naming the first impossible value
 };
 
 // File names inside a checkpoint directory.
 std::string shard_file_name(const std::string& kind, int rank, int world_size);
+
+// Writes `dir`/manifest.json and its checksum, `dir`/manifest.json.xxh64 (the XXH64 of manifest.json's bytes, 16
+// hex digits and a newline), each durably.
+void write_manifest(const std::string& dir, const Manifest& m);
+// Reads and checks `dir`/manifest.json: the checksum (required from format version 2 on), then parse(). Also
+// returns the text (ranks compare digests of it). Throws ZERO_ERR_CHECKPOINT_CORRUPT.
+Manifest read_manifest(const std::string& dir, std::string* text = nullptr);
 
 }  // namespace ckpt
 }  // namespace zero

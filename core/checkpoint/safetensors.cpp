@@ -75,6 +75,18 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     fail(err == ENOENT ? ZERO_ERR_CHECKPOINT_CORRUPT : ZERO_ERR_IO,
          "cannot open checkpoint file '" + path + "': " + std::strerror(err));
   }
+  // A constructor that throws runs no destructor: close the file here, or every corrupt file read leaks a
+  // descriptor.
+  try {
+    read_header(path);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
+}
+
+void SafetensorsReader::read_header(const std::string& path) {
   struct stat st;
   if (::fstat(fd_, &st) != 0) fail(ZERO_ERR_IO, "cannot stat '" + path + "'");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);

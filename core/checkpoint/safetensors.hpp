@@ -58,6 +58,7 @@ class SafetensorsReader {
   uint64_t header_bytes() const { return data_start_; }
 
  private:
+  void read_header(const std::string& path);
   std::string path_;
   int fd_ = -1;
   uint64_t data_start_ = 0;

@@ -73,8 +73,8 @@ class Communicator {
   void abort(const std::string& reason);
   bool aborted() const { return aborted_.load(); }
   std::string abort_reason() const;
-  // After a timeout: what the backend knows of the other ranks, for the error message.
-  virtual std::string diagnose(uint64_t /*sequence*/) { return ""; }
+  // After a timeout: what the backend knows of the other ranks, for the error message, within about grace_s.
+  virtual std::string diagnose(uint64_t /*sequence*/, double /*grace_s*/) { return ""; }
   // Collective teardown (zero_comm_finalize); the caller has already agreed with every rank.
   void finalize();
   bool finalized() const { return finalized_; }

@@ -35,10 +35,10 @@ class CustomCommunicator final : public Communicator {
     return done != 0;
   }
 
-  std::string diagnose(uint64_t sequence) override {
+  std::string diagnose(uint64_t sequence, double grace_s) override {
     if (ops_.diagnose == nullptr) return "";
     std::vector<char> text(8192, '\0');
-    if (ops_.diagnose(user_data_, sequence, text.data(), text.size()) != ZERO_OK) return "";
+    if (ops_.diagnose(text.data(), text.size(), user_data_, sequence, grace_s) != ZERO_OK) return "";
     text.back() = '\0';
     return text.data();
   }
@@ -117,6 +117,10 @@ class CustomCommunicator final : public Communicator {
     std::string text = message != nullptr && message[0] != '\0'
                            ? std::string(message)
                            : std::string("the communicator's ") + what + " callback returned " + status_name(status);
+    if (!(status == ZERO_ERR_REMOTE || status == ZERO_ERR_TIMEOUT || status == ZERO_ERR_ABORTED ||
+          status == ZERO_ERR_OUT_OF_MEMORY || status == ZERO_ERR_INVALID_STATE || status == ZERO_ERR_MISMATCH ||
+          status == ZERO_ERR_COMM))
+      text += std::string(" (the backend returned ") + status_name(status) + ")";
     // A backend may report any status; keep the ones that mean something to the caller.
     fail(status == ZERO_ERR_REMOTE || status == ZERO_ERR_TIMEOUT || status == ZERO_ERR_ABORTED ||
                  status == ZERO_ERR_OUT_OF_MEMORY || status == ZERO_ERR_INVALID_STATE || status == ZERO_ERR_MISMATCH
@@ -141,9 +145,10 @@ std::shared_ptr<Communicator> make_custom_communicator(const zero_comm_ops_t* op
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->rank must be in [0, size)");
   if (ops.local_size < 0 || ops.local_size > ops.size)
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->local_size must be in [0, size]");
-  if (ops.run == nullptr) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->run is NULL (it is required)");
   if ((ops.start == nullptr) != (ops.wait == nullptr))
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->start and ops->wait go together (set both or neither)");
+  if (ops.run == nullptr && ops.start == nullptr)
+    fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->run is NULL and there is no start/wait pair");
   if ((ops.flags & ~static_cast<uint32_t>(ZERO_COMM_DETERMINISTIC)) != 0)
     fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": ops->flags has bits this version does not know");
   return std::make_shared<CustomCommunicator>(ops, user_data);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "config.hpp"
 #include "test_hooks.hpp"
 
 namespace zero {
@@ -50,7 +51,11 @@ std::string describe_call(const CallTag& tag) {
       os << " of unit " << tag.id << " (" << tag.count << " elements)";
       break;
     case CallKind::kReduceBucket:
-      os << ": bucket " << tag.id << " (" << tag.count << " elements)";
+      if (tag.id < 0)
+        os << ": bucket " << -tag.id - 1 << " again, for gradients that came after its reduction (" << tag.count
+           << " elements)";
+      else
+        os << ": bucket " << tag.id << " (" << tag.count << " elements)";
       break;
     case CallKind::kBackwardEnd:
       os << " ending micro-step " << tag.id;
@@ -78,7 +83,14 @@ void finalize_communicator(const std::shared_ptr<Communicator>& comm) {
     local = std::make_unique<Error>(e);
   }
   EngineComm agreement(comm);
-  agreement.agree(call, CallTag{CallKind::kCommFinalize, 0, 0, 0}, local.get());
+  agreement.set_timeout(timeout_from_environment(agreement.timeout()));
+  try {
+    agreement.agree(call, CallTag{CallKind::kCommFinalize, 0, 0, 0}, local.get());
+  } catch (const Error& e) {
+    // A failed exchange leaves the ranks' collective sequences apart: the communicator cannot be used again.
+    if (agreement.failed()) comm->abort("zero_comm_finalize failed: " + std::string(e.what()));
+    throw;
+  }
   comm->finalize();
 }
 
@@ -161,10 +173,10 @@ void EngineComm::run(Collective& c, Counter counter, uint64_t bytes, uint64_t wi
   Request request = nullptr;
   try {
     request = comm_->start(c);
-  } catch (const Error&) {
+  } catch (const Error& e) {
     record_end(record_start(c), c.sequence, 2);
     failed_ = true;
-    throw;
+    fail(e.status(), c.label + ": " + e.what());
   }
   const size_t slot = record_start(c);
   if (request == nullptr) {
@@ -181,18 +193,22 @@ void EngineComm::run(Collective& c, Counter counter, uint64_t bytes, uint64_t wi
         record_end(slot, c.sequence, 1);
         return;
       }
+      // zero_engine_abort from another thread: return now even if the backend would keep waiting.
+      if (comm_->aborted())
+        fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank (" + comm_->abort_reason() + ")");
     }
-  } catch (const Error&) {
+  } catch (const Error& e) {
     record_end(slot, c.sequence, 2);
     failed_ = abandoned_ = true;  // a failed wait may leave the backend's request (and our buffer) in flight
-    throw;
+    fail(e.status(), c.label + ": " + e.what());
   }
   record_end(slot, c.sequence, 2);
   failed_ = abandoned_ = true;
   std::string what = c.label + ": collective #" + std::to_string(c.sequence) + " (" + coll_kind_name(c.kind) + " of " +
                      std::to_string(c.count) + " " + elem_type_name(c.type) + ") did not complete within " +
                      format_seconds(timeout_s_) + " s (libzero.timeout_s / ZERO_TIMEOUT_S)";
-  const std::string diagnosis = comm_->diagnose(c.sequence);
+  // The others get a few seconds to answer: a tenth of the timeout, between half a second and three.
+  const std::string diagnosis = comm_->diagnose(c.sequence, std::min(3.0, std::max(0.5, timeout_s_ / 10)));
   if (!diagnosis.empty()) what += ". " + diagnosis;
   comm_->abort("it timed out after " + format_seconds(timeout_s_) + " s waiting in collective #" +
                std::to_string(c.sequence) + " (" + c.label + ")");
@@ -325,14 +341,17 @@ void EngineComm::agree(const char* call, const CallTag& tag, const Error* local_
 
   if (v[kFailed] != INT64_MAX) {
     const int root = static_cast<int>(v[kFailed]);
-    int64_t status = local_error != nullptr ? local_error->status() : 0;
-    control_broadcast(&status, sizeof status, root, std::string(call) + ": the failed rank's status");
+    // Its status and which call it was in (the others may have reached this agreement from another call).
+    int64_t status_and_kind[2] = {local_error != nullptr ? local_error->status() : 0, static_cast<int64_t>(tag.kind)};
+    control_broadcast(status_and_kind, sizeof status_and_kind, root, std::string(call) + ": the failed rank's status");
     const std::string message =
         broadcast_text(local_error != nullptr ? local_error->what() : "", root, std::string(call) + ": its message");
     if (local_error != nullptr) throw *local_error;
-    if (share_status) fail(static_cast<zero_status_t>(status), "rank " + std::to_string(root) + ": " + message);
-    fail(ZERO_ERR_REMOTE, "rank " + std::to_string(root) + " failed in " + call + " (" +
-                              status_name(static_cast<zero_status_t>(status)) + "): " + message);
+    const zero_status_t status = static_cast<zero_status_t>(status_and_kind[0]);
+    if (share_status) fail(status, "rank " + std::to_string(root) + ": " + message);
+    fail(ZERO_ERR_REMOTE, "rank " + std::to_string(root) + " failed in " +
+                              call_name(static_cast<CallKind>(status_and_kind[1])) + " (" + status_name(status) +
+                              "): " + message);
   }
   const bool same_call =
       v[kSeq] == -v[kSeqNeg] && v[kKind] == -v[kKindNeg] && v[kId] == -v[kIdNeg] && v[kCount] == -v[kCountNeg];

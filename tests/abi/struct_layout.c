@@ -62,6 +62,7 @@ OFFSET(zero_param_desc_t, unit, 36);
 OFFSET(zero_param_desc_t, group, 40);
 OFFSET(zero_param_desc_t, init_data, 48);
 OFFSET(zero_param_desc_t, init_dtype, 56);
+OFFSET(zero_param_desc_t, reserved, 60);
 
 SIZE(zero_param_info_t, 128);
 OFFSET(zero_param_info_t, struct_size, 0);

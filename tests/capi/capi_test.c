@@ -6,6 +6,8 @@
  * leak nothing.
  */
 #define ZERO_EXPERIMENTAL_API
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -291,7 +294,7 @@ static void test_wrong_order(void** state) {
   info.struct_size = 1;
   assert_fails(zero_step(&info, engine), ZERO_ERR_INVALID_ARGUMENT, "zero_step_info_init");
   assert_fails(zero_set_lr(engine, 4, 0.1), ZERO_ERR_INVALID_ARGUMENT, "no param group 4");
-  assert_fails(zero_engine_set_num_threads(engine, -2), ZERO_ERR_INVALID_ARGUMENT, "threads must be >= 0");
+  assert_fails(zero_engine_set_num_threads(engine, -2), ZERO_ERR_INVALID_ARGUMENT, "threads must be in [0, 4096]");
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 }
@@ -491,7 +494,8 @@ static void test_custom_communicator(void** state) {
   zero_comm_ops_t ops;
   zero_comm_t* comm = NULL;
   assert_int_equal(zero_comm_ops_init(&ops, sizeof ops), ZERO_OK);
-  assert_fails(zero_comm_create_custom(&comm, &ops, &cs), ZERO_ERR_INVALID_ARGUMENT, "ops->run is NULL");
+  assert_fails(zero_comm_create_custom(&comm, &ops, &cs), ZERO_ERR_INVALID_ARGUMENT,
+               "ops->run is NULL and there is no start/wait");
   ops.run = custom_run;
   ops.destroy = custom_destroy;
   ops.rank = 1;
@@ -528,12 +532,83 @@ static void test_custom_communicator(void** state) {
   assert_int_equal(cs.destroyed, 1);
 }
 
+/* A start/wait backend whose collectives never complete (a peer that never arrives): the watchdog fires with the
+ * timeout, and zero_engine_abort from another thread interrupts the wait at once, whether or not the backend has an
+ * abort callback. */
+static zero_status_t never_start(void** out_request, void* user_data, const zero_collective_t* coll) {
+  (void)user_data;
+  *out_request = (void*)coll; /* any non-NULL handle */
+  return ZERO_OK;
+}
+static zero_status_t never_wait(int32_t* out_done, void* user_data, void* request, double timeout_s) {
+  (void)user_data, (void)request;
+  const struct timespec slice = {0, (long)(timeout_s * 0.5e9)};
+  nanosleep(&slice, NULL);
+  *out_done = 0;
+  return ZERO_OK;
+}
+static void* abort_soon(void* engine) {
+  const struct timespec t = {0, 300 * 1000 * 1000};
+  nanosleep(&t, NULL);
+  zero_engine_abort((zero_engine_t*)engine);
+  return NULL;
+}
+static double seconds_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void test_custom_backend_that_never_completes(void** state) {
+  (void)state;
+  zero_comm_ops_t ops;
+  assert_int_equal(zero_comm_ops_init(&ops, sizeof ops), ZERO_OK);
+  ops.start = never_start;
+  ops.wait = never_wait; /* no run, no abort callback */
+  zero_comm_t* comm = NULL;
+  assert_int_equal(zero_comm_create_custom(&comm, &ops, NULL), ZERO_OK);
+  zero_engine_t* engine = NULL;
+  assert_int_equal(
+      zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"libzero\": {\"timeout_s\": 0.5}}", comm),
+      ZERO_OK);
+  add_param(engine, "w", 10, 0);
+  double t = seconds_now();
+  assert_fails(zero_engine_finalize(engine), ZERO_ERR_TIMEOUT, "did not complete within 0.50 s");
+  assert_true(seconds_now() - t < 3.0);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+
+  /* A long timeout, and an abort from another thread 0.3 s in. */
+  assert_int_equal(zero_comm_create_custom(&comm, &ops, NULL), ZERO_OK);
+  assert_int_equal(
+      zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"libzero\": {\"timeout_s\": 60}}", comm),
+      ZERO_OK);
+  add_param(engine, "w", 10, 0);
+  pthread_t thread;
+  pthread_create(&thread, NULL, abort_soon, engine);
+  t = seconds_now();
+  assert_fails(zero_engine_finalize(engine), ZERO_ERR_ABORTED, "aborted");
+  assert_true(seconds_now() - t < 1.5);
+  pthread_join(thread, NULL);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+}
+
 /* zero_comm_finalize: afterwards only destroy is valid. */
 static void test_comm_finalize(void** state) {
   (void)state;
   zero_comm_t* comm = NULL;
   assert_int_equal(zero_comm_create_single(&comm), ZERO_OK);
+  zero_engine_t* early = NULL;
+  assert_int_equal(zero_engine_create(&early, kConfig, comm), ZERO_OK);
+  add_param(early, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(early), ZERO_OK);
   assert_int_equal(zero_comm_finalize(comm), ZERO_OK);
+  /* Engines made before the finalize are unusable now, local calls included. */
+  assert_fails(zero_gather(early, 0), ZERO_ERR_INVALID_STATE, "communicator was finalized");
+  void* p = NULL;
+  assert_fails(zero_grad_data(&p, early, 0), ZERO_ERR_INVALID_STATE, "communicator was finalized");
+  zero_engine_destroy(early);
   assert_fails(zero_comm_finalize(comm), ZERO_ERR_INVALID_STATE, "already finalized");
   zero_engine_t* engine = NULL;
   assert_fails(zero_engine_create(&engine, kConfig, comm), ZERO_ERR_INVALID_STATE, "finalized");
@@ -627,6 +702,7 @@ int main(void) {
       cmocka_unit_test(test_views),
       cmocka_unit_test(test_abort),
       cmocka_unit_test(test_custom_communicator),
+      cmocka_unit_test(test_custom_backend_that_never_completes),
       cmocka_unit_test(test_comm_finalize),
       cmocka_unit_test(test_training_run),
   };

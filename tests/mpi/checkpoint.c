@@ -273,6 +273,47 @@ static void mode_faults(zero_comm_t* comm) {
   EXPECT(n >= 4 && strncmp(latest, "good", 4) == 0, "latest is '%.*s' after a failed save", (int)n, latest);
   free(latest);
 
+  /* A full disk when rank 0 writes the manifest: every rank fails, and nothing is left behind (no .tmp.TAG). */
+  setenv("ZERO_TEST_FAIL", "save.manifest-enospc:0", 1);
+  s = zero_save_checkpoint(e, g_dir, "manifest-full");
+  unsetenv("ZERO_TEST_FAIL");
+  EXPECT(s == ZERO_ERR_IO, "manifest on a full disk: rank %d got %s: %s", g_rank, zero_status_string(s),
+         zero_last_error());
+  barrier();
+  snprintf(path, sizeof path, "%s/.tmp.manifest-full", g_dir);
+  EXPECT(stat(path, &st) != 0, "a failed manifest write left %s", path);
+  snprintf(path, sizeof path, "%s/manifest-full", g_dir);
+  EXPECT(stat(path, &st) != 0, "a failed manifest write left %s", path);
+
+  /* A full disk when rank 0 updates `latest`: the checkpoint is complete, so the save succeeds (with an error
+   * logged), `latest` still names the previous checkpoint, no latest.tmp.* is left, and the tag loads. */
+  setenv("ZERO_TEST_FAIL", "save.latest-enospc:0", 1);
+  s = zero_save_checkpoint(e, g_dir, "latest-full");
+  unsetenv("ZERO_TEST_FAIL");
+  EXPECT(s == ZERO_OK, "latest on a full disk: rank %d got %s: %s", g_rank, zero_status_string(s), zero_last_error());
+  barrier();
+  snprintf(path, sizeof path, "%s/latest", g_dir);
+  latest = read_file(path, &n);
+  EXPECT(n >= 4 && strncmp(latest, "good", 4) == 0, "latest is '%.*s' after its update failed", (int)n, latest);
+  free(latest);
+  if (g_rank == 0) {
+    char cmd[768];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q 'latest.tmp'", g_dir);
+    EXPECT(system(cmd) != 0, "a failed update of latest left a latest.tmp.* file in %s", g_dir);
+  }
+  CHECK(zero_load_checkpoint(e, g_dir, "latest-full"));
+
+  /* The manifest has its own checksum: one changed byte (here in the step count) is caught. */
+  if (g_rank == 0) {
+    copy_checkpoint("good", "manifest-edited");
+    char cmd[768];
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"step\": \\([0-9]\\)/\"step\": 9\\1/' '%s/manifest-edited/manifest.json'",
+             g_dir);
+    EXPECT(system(cmd) == 0, "%s", cmd);
+  }
+  barrier();
+  expect_load_fails(e, ids, "manifest-edited", ZERO_ERR_CHECKPOINT_CORRUPT, "fails its checksum", "edited manifest");
+
   /* An existing tag is never overwritten. */
   EXPECT(zero_save_checkpoint(e, g_dir, "good") == ZERO_ERR_INVALID_ARGUMENT, "overwriting a tag: %s",
          zero_last_error());

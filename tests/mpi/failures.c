@@ -25,6 +25,12 @@
  *                    gets ZERO_ERR_REMOTE when it arrives.
  *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
  *                    and loads it back.
+ *   bad-unit         stage 3: the last rank calls zero_gather with a unit id that does not exist: its argument
+ *                    error reaches the others (ZERO_ERR_REMOTE), it does not leave them waiting.
+ *   early-step       the last rank calls zero_step before zero_backward_end: the others, in zero_backward_end,
+ *                    get ZERO_ERR_REMOTE naming zero_step and its message.
+ *   different-tag    the last rank saves under another tag: ZERO_ERR_MISMATCH on every rank naming both.
+ *   different-checkpoint  the last rank loads another checkpoint (same step): ZERO_ERR_MISMATCH naming both.
  *
  * libzero initialises MPI itself here (the program never calls MPI_Init), which also covers the exit hooks.
  */
@@ -296,7 +302,7 @@ static void stall(zero_comm_t* comm) {
     const double t = now();
     const zero_status_t s = zero_backward_end(engine);
     char fragment[96];
-    snprintf(fragment, sizeof fragment, "no answer within 3 s from rank %d", g_last);
+    snprintf(fragment, sizeof fragment, "s from rank %d: not inside a libzero collective", g_last);
     expect_status(engine, s, ZERO_ERR_TIMEOUT, fragment, t, 7.0, "zero_backward_end while a rank is stuck");
     EXPECT(strstr(zero_last_error(), "did not complete within 2.00 s") != NULL, "names the timeout: %s",
            zero_last_error());
@@ -333,6 +339,55 @@ static void abort_thread(zero_comm_t* comm) {
     const zero_status_t s = zero_step(NULL, engine);
     expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t, 2.0,
                   "zero_step after rank 0 aborted");
+  }
+  zero_engine_destroy(engine);
+}
+
+static void wrong_call(zero_comm_t* comm, const char* scenario) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
+  const int me = g_rank == g_last;
+  const double t = now();
+  zero_status_t s;
+  if (strcmp(scenario, "bad-unit") == 0) {
+    s = zero_gather(engine, me ? 99 : 0);
+    expect_status(engine, s, me ? ZERO_ERR_INVALID_ARGUMENT : ZERO_ERR_REMOTE, "no unit 99", t, 8.0,
+                  "zero_gather with a unit id one rank does not have");
+    CHECK(zero_gather(engine, 0)); /* nothing moved: the call works when every rank makes it right */
+    CHECK(zero_release(engine, 0));
+  } else { /* early-step */
+    for (int u = 0; u < kNumUnits; ++u) {
+      CHECK(zero_gather(engine, u));
+      CHECK(zero_release(engine, u));
+    }
+    s = me ? zero_step(NULL, engine) : zero_backward_end(engine);
+    expect_status(engine, s, me ? ZERO_ERR_INVALID_STATE : ZERO_ERR_REMOTE, "calls of zero_backward_end", t, 8.0,
+                  me ? "zero_step before zero_backward_end" : "zero_backward_end while a rank steps early");
+    if (!me) EXPECT(strstr(zero_last_error(), "failed in zero_step") != NULL, "names zero_step: %s", zero_last_error());
+  }
+  zero_engine_destroy(engine);
+}
+
+static void checkpoint_mismatch(zero_comm_t* comm, const char* scenario) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
+  const int me = g_rank == g_last;
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  zero_status_t s;
+  const double t = now();
+  if (strcmp(scenario, "different-tag") == 0) {
+    s = zero_save_checkpoint(engine, g_dir, me ? "B" : "A");
+    expect_status(engine, s, ZERO_ERR_MISMATCH, "do not agree on the checkpoint", t, 8.0, "saving under two tags");
+    EXPECT(strstr(zero_last_error(), "/A'") && strstr(zero_last_error(), "/B'"), "names both tags: %s",
+           zero_last_error());
+  } else { /* different-checkpoint: two checkpoints of the same step (another lr), then each rank loads its own */
+    CHECK(zero_save_checkpoint(engine, g_dir, "A"));
+    CHECK(zero_set_lr(engine, -1, 0.0005));
+    CHECK(zero_save_checkpoint(engine, g_dir, "B"));
+    s = zero_load_checkpoint(engine, g_dir, me ? "B" : "A");
+    expect_status(engine, s, ZERO_ERR_MISMATCH, "do not agree on the checkpoint", t, 8.0, "loading two checkpoints");
+    EXPECT(strstr(zero_last_error(), "/A'") && strstr(zero_last_error(), "/B'"), "names both: %s", zero_last_error());
   }
   zero_engine_destroy(engine);
 }
@@ -383,6 +438,10 @@ int main(int argc, char** argv) {
     abort_thread(comm);
   else if (strcmp(g_scenario, "emergency-save") == 0)
     emergency_save(comm);
+  else if (strcmp(g_scenario, "bad-unit") == 0 || strcmp(g_scenario, "early-step") == 0)
+    wrong_call(comm, g_scenario);
+  else if (strcmp(g_scenario, "different-tag") == 0 || strcmp(g_scenario, "different-checkpoint") == 0)
+    checkpoint_mismatch(comm, g_scenario);
   else
     EXPECT(0, "unknown scenario '%s'", g_scenario);
   if (left) return 0;

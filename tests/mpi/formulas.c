@@ -18,7 +18,8 @@
  * 0, 4 Psi / N at stages 1-3. The fp32 master copy aliases fp32 params (master_param_bytes = 0). Traffic per step, in
  * elements sent by one rank: stages 0-2 2 Psi (N-1)/N (all-reduce = reduce-scatter + all-gather), stage 3 3 Psi (N-1)/N
  * (gather in forward and backward, reduce-scatter of gradients). The small messages of the failure-safety mechanism
- * (the agreement before each collective call) and the exchange of the squared norm's partial sums are counted apart,
+ * (the agreement before each collective call), the exchange of the squared norm's partial sums and, at stages 2-3,
+ * of which params had gradients in the micro-step are counted apart,
  * as control traffic: this test bounds them too (a few per collective call, each at most a few hundred bytes).
  */
 #include <string.h>
@@ -124,6 +125,7 @@ static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_
     b += n;
   }
   uint64_t want_control = 1 /* step */ + 1 /* backward_end */ + 1 /* norm */ + (stage >= 2 ? buckets : 0) +
+                          (stage >= 2) /* which params had gradients (what each bucket expects next) */ +
                           (stage == 3 ? 2 * kNumUnits : 0);
   EXPECT(control_calls == want_control, "stage %d: %llu control messages per step, expected %llu", stage,
          (unsigned long long)control_calls, (unsigned long long)want_control);

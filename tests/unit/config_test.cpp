@@ -277,3 +277,23 @@ TEST(Config, EditDistance) {
 
 }  // namespace
 }  // namespace zero
+
+namespace zero {
+namespace {
+
+// A number beyond double's range is a config error, not an internal one.
+TEST(Config, NumbersOutOfRangeAreConfigErrors) {
+  for (const char* json : {R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e309}}})",
+                           R"({"optimizer": {"type": "AdamW"}, "libzero": {"timeout_s": 1e400}})"}) {
+    try {
+      parse_config(json, 1);
+      ADD_FAILURE() << "accepted " << json;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), ZERO_ERR_CONFIG) << e.what();
+      EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zero

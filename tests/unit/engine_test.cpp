@@ -185,7 +185,8 @@ TEST(Engine, SetLrChangesTheUpdate) {
   e->step();
   EXPECT_NEAR(read_param(*e, 0, 0, 1)[0], -0.5f, 1e-6);
   expect_status(ZERO_ERR_INVALID_ARGUMENT, "no param group 3", [&] { e->set_lr(3, 0.1); });
-  expect_status(ZERO_ERR_INVALID_ARGUMENT, "finite", [&] { e->set_lr(0, -1.0); });
+  expect_status(ZERO_ERR_INVALID_ARGUMENT, "must be in [0, 1e6)", [&] { e->set_lr(0, -1.0); });
+  expect_status(ZERO_ERR_INVALID_ARGUMENT, "must be in [0, 1e6)", [&] { e->set_lr(0, 1e300); });
 }
 
 TEST(Engine, ParamGroupsOverrideOnlyWhatTheySet) {

@@ -11,22 +11,33 @@
  *  - Output parameters come first and are named out_*. What comes back through T** belongs to the caller and has
  *    its own destroy function, which accepts NULL. Pointers returned by value are borrowed from their parent.
  *  - Every type that crosses the ABI has a fixed width: enumerations below only name int32_t constants, and
- *    structs hold int32_t, int64_t, uint64_t, double, size_t and pointers, never an enum type.
+ *    structs hold int32_t, uint32_t (bit flags), int64_t, uint64_t, double, size_t and pointers, never an enum
+ *    type. Ids, and counts of registered objects (params, units, groups), are int32_t like the ids themselves.
  *  - Structs lead with `size_t struct_size`. Initialise them with their init function (zero_*_init(&s,
  *    sizeof s), usable from any language) or, in C, their *_INIT macro. The library accepts a struct_size from
  *    the size the struct had when it appeared up to any larger size, provided every byte it does not know is
  *    zero (otherwise ZERO_ERR_UNSUPPORTED names the first unknown field's offset): a program built against an
  *    older header keeps working, and a newer program's settings are never silently dropped. Output structs are
  *    filled up to the smaller of the two sizes and their struct_size is set to the number of bytes filled.
+ *    (Records nested inside a struct, like zero_comm_kind_stats_t, have no struct_size: they never grow; a new
+ *    record becomes a new field of the struct that holds them.)
  *  - Counts in calls are size_t, in structs uint64_t; dimensions are int64_t; strings are UTF-8, NUL-terminated.
  *  - Thread safety: an engine (and the communicator it uses) is used by one thread at a time; separate engines
  *    are independent. The exceptions are zero_engine_abort() and the experimental
- *    zero_engine_recent_collectives(), which any thread may call at any time.
+ *    zero_engine_recent_collectives(), which any thread may call at any time while the engine exists (never
+ *    concurrently with zero_engine_destroy: a binding's finalizer must not destroy an engine another thread may
+ *    still abort). Calls that have no engine (communicator creation, zero_engine_create, zero_config_check,
+ *    zero_comm_finalize) report their message through zero_last_error() only, which is per OS thread: a Go
+ *    binding locks the OS thread around them (runtime.LockOSThread), as git2go does.
  *  - "Collective" calls must be made by every rank of the communicator, in the same order, with matching
- *    arguments where stated. A collective call never waits forever: if another rank fails, diverges (calls a
- *    different collective), leaves or stalls, every rank returns an error naming it (ZERO_ERR_REMOTE,
- *    ZERO_ERR_MISMATCH or, after the engine's timeout, ZERO_ERR_TIMEOUT). See docs/architecture.md, "Failure
- *    safety".
+ *    arguments where stated. A collective call never waits forever: if another rank fails (even in its argument
+ *    checks), diverges (calls a different collective), leaves (destroys its communicator, calls MPI_Finalize or
+ *    exits) or stalls, every rank returns an error naming it (ZERO_ERR_REMOTE, ZERO_ERR_MISMATCH or, after the
+ *    engine's timeout plus a few seconds of diagnosis, ZERO_ERR_TIMEOUT). This needs a backend that can wait with
+ *    a timeout: the MPI and single-process ones, or a custom one with start/wait (a blocking custom backend gets
+ *    every check but the timeout). Destroying only an engine tells no one. After ZERO_ERR_TIMEOUT or
+ *    ZERO_ERR_ABORTED the communicator is unusable: only destroy calls remain. See docs/architecture.md,
+ *    "Failure safety".
  *  - "Local" calls never communicate and never block on other ranks.
  *
  * The section guarded by ZERO_EXPERIMENTAL_API (at the end) holds calls that may still change between minor
@@ -195,22 +206,24 @@ enum zero_comm_flags {
   ZERO_COMM_DETERMINISTIC = 1
 };
 
-/* A backend as a table of callbacks; `user_data` is passed to each. Every callback returns ZERO_OK or an error
- * status; `error_message` (if set) then tells why. Required: run. Optional (NULL): the rest; start and wait go
- * together. */
+/* A backend as a table of callbacks; `user_data` is passed to each (after any out-parameter). Every callback
+ * returns ZERO_OK or an error status; `error_message` (if set) then tells why, and libzero reports it with the
+ * collective it was for. Required: run, or start and wait (then run is never called); the rest is optional (NULL). */
 typedef struct zero_comm_ops {
   size_t struct_size;
   int32_t rank;
   int32_t size;
   int32_t local_size; /* ranks of this communicator on this node, sharing its cores (0: unknown, taken as 1) */
   uint32_t flags;     /* zero_comm_flags */
-  /* Runs a collective to completion. */
+  /* Runs a collective to completion (used only when start is NULL). */
   zero_status_t (*run)(void* user_data, const zero_collective_t* coll);
-  /* Starts a collective; *out_request identifies it until wait reports it done. `coll` and its buffer stay
-   * valid until then. With start/wait, libzero's timeout covers the collective even if a rank never arrives. */
+  /* Starts a collective; *out_request identifies it until wait reports it done (NULL: it already completed).
+   * `coll` and its buffer stay valid until then. With start/wait, libzero's timeout covers the collective even
+   * if a rank never arrives, and zero_engine_abort interrupts the wait. */
   zero_status_t (*start)(void** out_request, void* user_data, const zero_collective_t* coll);
   /* Waits up to `timeout_s` seconds (0: just test). *out_done = 1 when the collective completed (the request is
-   * then gone), 0 if still in flight. A failure also ends the request. */
+   * then gone), 0 if still in flight. After a failure libzero never waits for the request again; it keeps the
+   * buffer alive (a backend such as MPI cannot cancel a collective). */
   zero_status_t (*wait)(int32_t* out_done, void* user_data, void* request, double timeout_s);
   /* The reason for this backend's last failure, valid until its next call; NULL if unknown. */
   const char* (*error_message)(void* user_data);
@@ -218,9 +231,10 @@ typedef struct zero_comm_ops {
    * (`reason` says why). Called from any thread, possibly while another thread waits in the backend; must not
    * block. */
   void (*abort)(void* user_data, const char* reason);
-  /* After a timeout: write into out_text (capacity bytes, NUL-terminated) what the backend knows of the other
-   * ranks (which collective each waits in, who does not answer). May take a few seconds. */
-  zero_status_t (*diagnose)(void* user_data, uint64_t sequence, char* out_text, size_t capacity);
+  /* After a timeout in collective `sequence`: write into out_text (capacity bytes, NUL-terminated) what the
+   * backend knows of the other ranks (which collective each waits in, who does not answer), within about
+   * `grace_s` seconds. */
+  zero_status_t (*diagnose)(char* out_text, size_t capacity, void* user_data, uint64_t sequence, double grace_s);
   /* Collective teardown (zero_comm_finalize), after every rank agreed to finalize. */
   zero_status_t (*finalize)(void* user_data);
   /* Called once, when the last reference to the communicator goes (zero_comm_destroy and every engine on it
@@ -343,10 +357,11 @@ typedef struct zero_param_desc {
   /* The zero_dtype_t of init_data, or -1 (the default) for the param's dtype. fp32 values while training in
    * bf16/fp16 start the fp32 master weights exact. */
   int32_t init_dtype;
+  int32_t reserved; /* 0: keeps a future field from landing in padding the library would not see */
 } zero_param_desc_t;
 
 #define ZERO_PARAM_DESC_INIT \
-  { sizeof(zero_param_desc_t), NULL, 0, NULL, -1, 0, 0, NULL, -1 }
+  { sizeof(zero_param_desc_t), NULL, 0, NULL, -1, 0, 0, NULL, -1, 0 }
 
 ZERO_API zero_status_t zero_param_desc_init(zero_param_desc_t* desc, size_t struct_size);
 
@@ -356,8 +371,10 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
 /* Collective. Checks that every rank registered the same params and groups and parsed the same config (every
  * setting that changes results; on a difference every rank returns ZERO_ERR_MISMATCH naming the first differing
  * param, group or config key with both values), lays out the flat per-unit buffers, allocates everything this
- * rank keeps for the configured stage (including the buffers collectives use later: no training call allocates),
- * agrees that every rank succeeded, and broadcasts rank 0's initial values unit by unit. */
+ * rank keeps for the configured stage (including one gathered-unit buffer and one gradient bucket: no collective
+ * allocates; a program that holds more at once — several units gathered, gradients of several buckets written
+ * before they are reduced — gets more, allocated by local calls before any agreement), agrees that every rank
+ * succeeded, and broadcasts rank 0's initial values unit by unit. */
 ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine);
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -436,8 +453,11 @@ ZERO_API zero_status_t zero_gather(zero_engine_t* engine, int32_t unit);
 ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit);
 
 /* Declares the param's gradient for this micro-step complete. At stages 2-3 a gradient bucket is reduce-scattered
- * as soon as all its params are ready (collective then: declare params ready in the same order on all ranks).
- * At most once per param per micro-step; params never declared are flushed by zero_backward_end. */
+ * as soon as every param it expects is ready (collective then: declare params ready in the same order on all
+ * ranks). A bucket expects the params that had a gradient on any rank in the previous micro-step (all of them in
+ * the first), so unused or frozen params do not hold it back; a gradient written into a bucket after its
+ * reduction is reduced again by zero_backward_end. At most once per param per micro-step; params never declared
+ * are flushed by zero_backward_end. */
 ZERO_API zero_status_t zero_grad_ready(zero_engine_t* engine, int32_t param);
 
 /* Ends the micro-step: reduces every bucket still pending. Collective. */

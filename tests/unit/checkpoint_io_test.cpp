@@ -1,0 +1,167 @@
+// The checkpoint files' readers and writers on their own: no descriptor leaks on corrupt files, cleanup that never
+// follows a symbolic link, no temporary file left by a failed write, and a manifest whose impossible values and
+// changed bytes are refused as corruption.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "checkpoint/file_io.hpp"
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/safetensors.hpp"
+#include "error.hpp"
+
+namespace zero {
+namespace {
+
+std::string make_temp_dir() {
+  char name[] = "/tmp/zero-ckpt-io.XXXXXX";
+  const char* dir = ::mkdtemp(name);
+  EXPECT_NE(dir, nullptr);
+  return dir != nullptr ? dir : "";
+}
+
+void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+size_t open_descriptors() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+template <typename F>
+zero_status_t status_of(F&& f, std::string* message = nullptr) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (message != nullptr) *message = e.what();
+    return e.status();
+  }
+  return ZERO_OK;
+}
+
+TEST(CheckpointIo, CorruptSafetensorsHeadersLeakNoDescriptor) {
+  const std::string dir = make_temp_dir();
+  const std::string bad = dir + "/bad.safetensors";
+  // A header length that fits the file, then text that is not JSON: the reader fails after opening the file.
+  write_file(bad, std::string("\x08\x00\x00\x00\x00\x00\x00\x00not json", 16));
+  const size_t before = open_descriptors();
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(status_of([&] { ckpt::SafetensorsReader r(bad); }), ZERO_ERR_CHECKPOINT_CORRUPT);
+  EXPECT_EQ(open_descriptors(), before);
+  ckpt::remove_tree(dir);
+}
+
+TEST(CheckpointIo, RemovingATreeNeverFollowsSymbolicLinks) {
+  const std::string dir = make_temp_dir(), precious = make_temp_dir();
+  write_file(precious + "/weights.bin", "keep me");
+  ASSERT_EQ(::mkdir((dir + "/.tmp.tag").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(precious.c_str(), (dir + "/.tmp.tag/link-to-dir").c_str()), 0);
+  ASSERT_EQ(::symlink((precious + "/weights.bin").c_str(), (dir + "/.tmp.tag/link-to-file").c_str()), 0);
+  ckpt::remove_tree(dir + "/.tmp.tag");
+  EXPECT_FALSE(ckpt::path_exists(dir + "/.tmp.tag"));
+  EXPECT_TRUE(ckpt::path_exists(precious + "/weights.bin"));
+  // A temporary directory that is itself a link: the link goes, not what it points to.
+  ASSERT_EQ(::symlink(precious.c_str(), (dir + "/.tmp.other").c_str()), 0);
+  ckpt::remove_tree(dir + "/.tmp.other");
+  EXPECT_TRUE(ckpt::path_exists(precious + "/weights.bin"));
+  struct stat st;
+  EXPECT_NE(::lstat((dir + "/.tmp.other").c_str(), &st), 0);
+  ckpt::remove_tree(dir);
+  ckpt::remove_tree(precious);
+}
+
+TEST(CheckpointIo, AFailedAtomicWriteLeavesNoTemporaryFile) {
+  const std::string dir = make_temp_dir();
+  // The rename fails: the target is a non-empty directory.
+  ASSERT_EQ(::mkdir((dir + "/latest").c_str(), 0755), 0);
+  write_file(dir + "/latest/x", "x");
+  EXPECT_EQ(status_of([&] { ckpt::write_text_file_atomically(dir + "/latest", "tag\n"); }), ZERO_ERR_IO);
+  DIR* d = ::opendir(dir.c_str());
+  while (dirent* e = ::readdir(d)) EXPECT_EQ(std::string(e->d_name).find(".tmp."), std::string::npos) << e->d_name;
+  ::closedir(d);
+  ckpt::remove_tree(dir);
+}
+
+ckpt::Manifest valid_manifest() {
+  ckpt::Manifest m;
+  m.library_version = "test";
+  m.tag = "t";
+  m.world_size = 2;
+  m.stage = 1;
+  m.step = 3;
+  m.param_dtype = "fp32";
+  m.optimizer = "AdamW";
+  m.state_names = {"exp_avg", "exp_avg_sq"};
+  m.loss_scale = 1.0;
+  m.hysteresis_left = 2;
+  m.groups.push_back({"default", 0.001, 0.01, 0.9, 0.999, 1e-8});
+  m.units.push_back({0, 64, 32, 0});
+  m.params.push_back({"w", {7, 5}, 0, 0, 0, 35, 0});
+  m.files.push_back({ckpt::shard_file_name("master", 0, 2), "master", 0, 100, 1});
+  m.config_json = "{}";
+  return m;
+}
+
+TEST(CheckpointIo, ManifestValuesNoSaveWritesAreCorruption) {
+  EXPECT_EQ(status_of([&] { ckpt::Manifest::parse(valid_manifest().to_json(), "m"); }), ZERO_OK);
+  struct Case {
+    const char* what;
+    void (*edit)(ckpt::Manifest&);
+  };
+  const Case cases[] = {
+      {"step", [](ckpt::Manifest& m) { m.step = -1; }},
+      {"world_size", [](ckpt::Manifest& m) { m.world_size = 0; }},
+      {"loss_scaler.scale", [](ckpt::Manifest& m) { m.loss_scale = 0.0; }},
+      {"lr", [](ckpt::Manifest& m) { m.groups[0].lr = 1e300; }},
+      {"beta1", [](ckpt::Manifest& m) { m.groups[0].beta1 = 1.5; }},
+      {"stage", [](ckpt::Manifest& m) { m.stage = 7; }},
+      {"tile", [](ckpt::Manifest& m) { m.units[0].shard_elems = 31; }},
+      {"does not fit its unit",
+       [](ckpt::Manifest& m) {
+         m.params[0].shape = {13, 5}, m.params[0].numel = 65;
+       }},
+      {"bad shape",
+       [](ckpt::Manifest& m) {
+         m.params[0].shape = {int64_t{1} << 40, int64_t{1} << 40};
+       }},
+      {"optimizer is", [](ckpt::Manifest& m) { m.optimizer = "Shampoo"; }},
+      {"not a file of this checkpoint", [](ckpt::Manifest& m) { m.files[0].name = "../../etc/passwd"; }},
+  };
+  for (const Case& c : cases) {
+    ckpt::Manifest m = valid_manifest();
+    c.edit(m);
+    std::string message;
+    EXPECT_EQ(status_of([&] { ckpt::Manifest::parse(m.to_json(), "m"); }, &message), ZERO_ERR_CHECKPOINT_CORRUPT)
+        << c.what;
+    EXPECT_NE(message.find(c.what), std::string::npos) << message;
+  }
+}
+
+TEST(CheckpointIo, TheManifestHasAChecksum) {
+  const std::string dir = make_temp_dir();
+  ckpt::write_manifest(dir, valid_manifest());
+  EXPECT_EQ(status_of([&] { ckpt::read_manifest(dir); }), ZERO_OK);
+  // One changed byte.
+  std::string text = ckpt::read_text_file(dir + "/manifest.json");
+  text[text.find("\"step\": 3")] = ' ';
+  write_file(dir + "/manifest.json", text);
+  std::string message;
+  EXPECT_EQ(status_of([&] { ckpt::read_manifest(dir); }, &message), ZERO_ERR_CHECKPOINT_CORRUPT);
+  EXPECT_NE(message.find("fails its checksum"), std::string::npos) << message;
+  // No checksum at all (format version 2 requires one).
+  ckpt::write_manifest(dir, valid_manifest());
+  ::unlink((dir + "/manifest.json.xxh64").c_str());
+  EXPECT_EQ(status_of([&] { ckpt::read_manifest(dir); }, &message), ZERO_ERR_CHECKPOINT_CORRUPT);
+  EXPECT_NE(message.find("manifest.json.xxh64' is missing"), std::string::npos) << message;
+  ckpt::remove_tree(dir);
+}
+
+}  // namespace
+}  // namespace zero
