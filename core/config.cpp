@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "config_keys.hpp"
 #include "error.hpp"
 
 namespace zero {
@@ -52,7 +53,9 @@ class Section {
   }
 
   bool has(const std::string& key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
-  std::string qualified(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  std::string qualified(const std::string& key) const {
+    return as_written(cfg_.spelled_as, path_.empty() ? key : path_ + "." + key);
+  }
   Section child(const std::string& key) const { return Section(obj_.at(key), qualified(key), cfg_); }
   const json& raw(const std::string& key) const { return obj_.at(key); }
 
@@ -126,85 +129,35 @@ class Section {
 
 constexpr int64_t kMaxInt = INT64_C(1) << 53;  // beyond this a JSON number may not be exact
 
+// The honoured keys of zero_optimization (config_keys.cpp has already checked every key, resolved the stage3_
+// aliases, and refused what libzero does not implement).
 void parse_zero_optimization(const Section& z, Config& cfg) {
-  z.require_known({"stage",
-                   "reduce_bucket_size",
-                   "allgather_bucket_size",
-                   "contiguous_gradients",
-                   "overlap_comm",
-                   "reduce_scatter",
-                   "allgather_partitions",
-                   "stage3_param_persistence_threshold",
-                   "stage3_prefetch_bucket_size",
-                   "stage3_max_live_parameters",
-                   "stage3_max_reuse_distance",
-                   "stage3_gather_16bit_weights_on_model_save",
-                   "stage3_gather_fp16_weights_on_model_save",
-                   "sub_group_size",
-                   "round_robin_gradients",
-                   "elastic_checkpoint",
-                   "load_from_fp32_weights",
-                   "ignore_unused_parameters",
-                   "memory_efficient_linear",
-                   "use_multi_rank_bucket_allreduce",
-                   "offload_param",
-                   "offload_optimizer",
-                   "cpu_offload",
-                   "cpu_offload_params",
-                   "cpu_offload_use_pin_memory",
-                   "zero_hpz_partition_size",
-                   "zero_quantized_weights",
-                   "zero_quantized_gradients",
-                   "mics_shard_size",
-                   "mics_hierarchical_params_gather"});
   cfg.stage = static_cast<int>(z.get_int("stage", 0, 0, 3));
   cfg.reduce_bucket_size = z.get_int("reduce_bucket_size", cfg.reduce_bucket_size, 1, kMaxInt);
+  cfg.param_persistence_threshold =
+      z.get_int("param_persistence_threshold", cfg.param_persistence_threshold, 0, kMaxInt);
+  cfg.gather_16bit_weights_on_save = z.get_bool("gather_16bit_weights_on_model_save", false);
+  // Valid, no effect here: still type-checked, so that a typo in a value is caught.
   cfg.allgather_bucket_size = z.get_int("allgather_bucket_size", cfg.allgather_bucket_size, 1, kMaxInt);
   cfg.contiguous_gradients = z.get_bool("contiguous_gradients", true);
   cfg.overlap_comm = z.get_bool("overlap_comm", false);
-  cfg.param_persistence_threshold =
-      z.get_int("stage3_param_persistence_threshold", cfg.param_persistence_threshold, 0, kMaxInt);
-
-  // Knobs that only trade speed for memory or tune scheduling; validated, and named in the warning.
-  z.get_bool("reduce_scatter", true);
-  z.get_bool("allgather_partitions", true);
-  z.get_int("stage3_prefetch_bucket_size", 0, 0, kMaxInt);
-  z.get_int("stage3_max_live_parameters", 0, 0, kMaxInt);
-  z.get_int("stage3_max_reuse_distance", 0, 0, kMaxInt);
-  z.get_int("sub_group_size", 0, 0, kMaxInt);
-  z.get_bool("round_robin_gradients", false);
-  z.get_bool("elastic_checkpoint", false);
-  z.get_bool("load_from_fp32_weights", true);
-  z.get_bool("ignore_unused_parameters", true);
-  z.get_bool("memory_efficient_linear", true);
-  z.get_bool("use_multi_rank_bucket_allreduce", true);
-  for (const char* k : {"allgather_bucket_size", "overlap_comm", "reduce_scatter", "allgather_partitions",
-                        "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-                        "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "load_from_fp32_weights",
-                        "ignore_unused_parameters", "memory_efficient_linear", "use_multi_rank_bucket_allreduce"})
-    z.no_effect(k);
-
-  // Keys that change where memory lives or what is computed: refused until their feature lands.
+  for (const char* k : {"reduce_scatter", "allgather_partitions", "round_robin_gradients", "elastic_checkpoint",
+                        "ignore_unused_parameters", "memory_efficient_linear", "use_multi_rank_bucket_allreduce",
+                        "cpu_offload_use_pin_memory", "use_all_reduce_for_fetch_params", "allgather_sequential"})
+    z.get_bool(k, false);
+  for (const char* k : {"prefetch_bucket_size", "max_live_parameters", "max_reuse_distance", "sub_group_size",
+                        "model_persistence_threshold", "module_granularity_threshold"})
+    z.get_int(k, 0, 0, kMaxInt);
+  // Offload: device "none" only, for now (the block's other keys are accepted with no effect).
   for (const char* k : {"offload_param", "offload_optimizer"}) {
     if (!z.has(k)) continue;
-    Section off = z.child(k);
-    off.require_known({"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu",
-                       "pipeline_read", "pipeline_write", "fast_init", "ratio"});
-    std::string device = off.get_string("device", "none");
+    const Section off = z.child(k);
+    const std::string device = off.get_string("device", "none");
+    if (device != "none" && device != "cpu" && device != "nvme")
+      fail(ZERO_ERR_CONFIG, "config key 'zero_optimization." + std::string(k) + ".device' is \"" + device +
+                                "\"; valid values: \"none\", \"cpu\", \"nvme\"");
     if (device != "none") z.unsupported(k, "offload to '" + device + "' is not implemented in this version");
   }
-  cfg.gather_16bit_weights_on_save = z.get_bool("stage3_gather_16bit_weights_on_model_save", false) ||
-                                     z.get_bool("stage3_gather_fp16_weights_on_model_save", false);
-  for (const char* k : {"cpu_offload", "cpu_offload_params", "zero_quantized_weights", "zero_quantized_gradients",
-                        "mics_hierarchical_params_gather"}) {
-    if (z.get_bool(k, false)) z.unsupported(k, "this feature is not implemented in this version");
-  }
-  z.get_bool("cpu_offload_use_pin_memory", false);
-  z.no_effect("cpu_offload_use_pin_memory");
-  if (z.get_int("zero_hpz_partition_size", 1, 1, kMaxInt) != 1)
-    z.unsupported("zero_hpz_partition_size", "hierarchical partitioning (ZeRO++) is not implemented");
-  if (z.get_int("mics_shard_size", -1, -1, kMaxInt) > 0)
-    z.unsupported("mics_shard_size", "MiCS sharding is not implemented");
 }
 
 std::string lowercase(std::string s) {
@@ -223,9 +176,10 @@ void parse_betas(const Section& p, OptimizerHyper& opt) {
     fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") + "' is " + b.dump() + "; both must be in [0, 1)");
 }
 
-// DeepSpeed's optimizer types and parameter names; defaults are those of DeepSpeed's CPU optimizers and torch.
+// DeepSpeed's optimizer types and parameter names, with the defaults of the optimizer DeepSpeed 0.19.8 builds for
+// each (tests/deepspeed/fixtures.json, "optimizers"): FusedAdam for Adam/AdamW (weight_decay 0), torch.optim.AdamW
+// with torch_adam (weight_decay 0.01), DeepSpeedCPULion (lr 1e-3, betas (0.9, 0.999)), torch's Adagrad and SGD.
 void parse_optimizer(const Section& o, Config& cfg) {
-  o.require_known({"type", "params"});
   if (!o.has("type"))
     fail(ZERO_ERR_CONFIG,
          "config key 'optimizer.type' is missing; use one of \"Adam\", \"AdamW\", \"Adagrad\", \"Lion\", \"SGD\"");
@@ -237,21 +191,20 @@ void parse_optimizer(const Section& o, Config& cfg) {
   if (lower == "adam" || lower == "adamw") {
     p.require_known(
         {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam", "fused"});
-    const bool adamw_type = lower == "adamw";
     opt.lr = p.get_number("lr", 1e-3, 0.0, 1e6);
     parse_betas(p, opt);
     opt.eps = p.get_number("eps", 1e-8, 0.0, 1.0);
-    // torch.optim.AdamW's default weight decay is 0.01; Adam's is 0.
-    opt.weight_decay = p.get_number("weight_decay", adamw_type ? 0.01 : 0.0, 0.0, 1e6);
+    // DeepSpeed: type AdamW always decouples the weight decay; type Adam does too unless adam_w_mode is false.
+    const bool decoupled = lower == "adamw" || p.get_bool("adam_w_mode", true);
+    const bool torch_adam = p.get_bool("torch_adam", false);
+    // FusedAdam's default weight decay is 0; with torch_adam DeepSpeed builds torch.optim.AdamW (0.01) when
+    // decoupled and torch.optim.Adam (0) otherwise.
+    opt.weight_decay = p.get_number("weight_decay", torch_adam && decoupled ? 0.01 : 0.0, 0.0, 1e6);
     opt.bias_correction = p.get_bool("bias_correction", true);
-    // DeepSpeed's "Adam" means decoupled weight decay unless adam_w_mode is false.
-    const bool adam_w_mode = p.get_bool("adam_w_mode", true);
     if (p.get_bool("amsgrad", false)) p.unsupported("amsgrad", "AMSGrad is not implemented");
-    p.get_bool("torch_adam", false);
     p.get_bool("fused", true);
-    p.no_effect("torch_adam");
     p.no_effect("fused");
-    opt.kind = (adamw_type || adam_w_mode) ? OptimizerKind::kAdamW : OptimizerKind::kAdamL2;
+    opt.kind = decoupled ? OptimizerKind::kAdamW : OptimizerKind::kAdamL2;
   } else if (lower == "adagrad") {
     p.require_known({"lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value", "amsgrad"});
     opt.kind = OptimizerKind::kAdagrad;
@@ -265,17 +218,15 @@ void parse_optimizer(const Section& o, Config& cfg) {
   } else if (lower == "lion") {
     p.require_known({"lr", "betas", "weight_decay"});
     opt.kind = OptimizerKind::kLion;
-    opt.lr = p.get_number("lr", 1e-4, 0.0, 1e6);
+    opt.lr = p.get_number("lr", 1e-3, 0.0, 1e6);
     opt.beta1 = 0.9;
-    opt.beta2 = 0.99;
+    opt.beta2 = 0.999;
     parse_betas(p, opt);
     opt.weight_decay = p.get_number("weight_decay", 0.0, 0.0, 1e6);
   } else if (lower == "sgd") {
     p.require_known({"lr", "momentum", "dampening", "weight_decay", "nesterov"});
     opt.kind = OptimizerKind::kSgd;
-    if (!p.has("lr"))
-      fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.lr' is required for SGD (torch has no default)");
-    opt.lr = p.get_number("lr", 0.0, 0.0, 1e6);
+    opt.lr = p.get_number("lr", 1e-3, 0.0, 1e6);  // torch.optim.SGD's default
     opt.momentum = p.get_number("momentum", 0.0, 0.0, 1.0);
     opt.dampening = p.get_number("dampening", 0.0, 0.0, 1.0);
     opt.weight_decay = p.get_number("weight_decay", 0.0, 0.0, 1e6);
@@ -306,8 +257,6 @@ void parse_precision(const Section& top, Config& cfg) {
   bool fp16 = false, bf16 = false;
   if (top.has("fp16")) {
     Section s = top.child("fp16");
-    s.require_known({"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                     "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"});
     fp16 = s.get_bool("enabled", false);
     LossScaleConfig& ls = cfg.loss_scale;
     ls.static_scale = s.get_number("loss_scale", 0.0, 0.0, 1e38);
@@ -316,26 +265,14 @@ void parse_precision(const Section& top, Config& cfg) {
     ls.hysteresis = static_cast<int>(s.get_int("hysteresis", 2, 1, 1 << 30));
     ls.consecutive_hysteresis = s.get_bool("consecutive_hysteresis", false);
     ls.min_scale = s.get_number("min_loss_scale", 1.0, 1e-38, 1e38);
-    if (s.get_bool("auto_cast", false)) s.unsupported("auto_cast", "casting inputs is the framework's business");
-    if (s.get_bool("fp16_master_weights_and_grads", false))
-      s.unsupported("fp16_master_weights_and_grads", "the master weights are always fp32");
   }
   if (top.has("bf16")) {
     Section s = top.child("bf16");
-    s.require_known(
-        {"enabled", "immediate_grad_update", "check_grad_overflow", "stochastic_rounding", "stochastic_rounding_seed"});
     bf16 = s.get_bool("enabled", false);
     s.get_bool("immediate_grad_update", false);
     s.get_bool("check_grad_overflow", false);
-    s.no_effect("immediate_grad_update");
-    s.no_effect("check_grad_overflow");
     cfg.stochastic_rounding = s.get_bool("stochastic_rounding", false);
     cfg.stochastic_rounding_seed = static_cast<uint32_t>(s.get_int("stochastic_rounding_seed", 0, 0, 0xffffffffll));
-  }
-  if (top.has("amp")) {
-    Section s = top.child("amp");
-    s.require_known({"enabled", "opt_level"});
-    if (s.get_bool("enabled", false)) s.unsupported("enabled", "NVIDIA Apex AMP; use \"bf16\" or \"fp16\"");
   }
   if (fp16 && bf16) fail(ZERO_ERR_CONFIG, "config enables both 'fp16' and 'bf16'; choose one");
   cfg.compute_dtype = bf16 ? DType::kBF16 : fp16 ? DType::kF16 : DType::kF32;
@@ -345,7 +282,6 @@ void parse_precision(const Section& top, Config& cfg) {
   cfg.grad_accum_dtype = DType::kF32;
   if (top.has("data_types")) {
     Section d = top.child("data_types");
-    d.require_known({"grad_accum_dtype"});
     cfg.grad_accum_dtype = parse_dtype_name(d, "grad_accum_dtype", DType::kF32);
   }
   // Reductions run in place in the gradient buffers, so the communication dtype may not be wider than them.
@@ -358,7 +294,6 @@ void parse_precision(const Section& top, Config& cfg) {
 }
 
 void parse_scheduler(const Section& sch, Config& cfg) {
-  sch.require_known({"type", "params"});
   const std::string type = sch.get_string("type", "");
   const json empty = json::object();
   const Section p = sch.has("params") ? sch.child("params") : Section(empty, "scheduler.params", cfg);
@@ -377,8 +312,11 @@ void parse_scheduler(const Section& sch, Config& cfg) {
                        "last_batch_iteration"});
     s.kind = type == "WarmupLR" ? SchedulerConfig::Kind::kWarmupLR : SchedulerConfig::Kind::kWarmupDecayLR;
     s.warmup_min_lr = p.get_number("warmup_min_lr", 0.0, 0.0, 1e6);
+    // Without warmup_max_lr, DeepSpeed's WarmupLR warms each group up to its own lr; WarmupDecayLR's default is
+    // 0.001 (its signature's).
+    s.warmup_max_lr_given = p.has("warmup_max_lr") || type == "WarmupDecayLR";
     s.warmup_max_lr = p.get_number("warmup_max_lr", 0.001, 0.0, 1e6);
-    s.warmup_num_steps = p.get_int("warmup_num_steps", 1000, 0, kMaxInt);
+    s.warmup_num_steps = p.get_int("warmup_num_steps", 1000, 1, kMaxInt);
     s.warmup_log = warmup_type();
     if (type == "WarmupDecayLR") {
       if (!p.has("total_num_steps"))
@@ -393,7 +331,7 @@ void parse_scheduler(const Section& sch, Config& cfg) {
       fail(ZERO_ERR_CONFIG, "config key 'scheduler.params.total_num_steps' is required for WarmupCosineLR");
     s.total_num_steps = p.get_int("total_num_steps", 0, 1, kMaxInt);
     s.warmup_min_ratio = p.get_number("warmup_min_ratio", 0.0, 0.0, 1.0);
-    s.warmup_num_steps = p.get_int("warmup_num_steps", 1000, 0, kMaxInt);
+    s.warmup_num_steps = p.get_int("warmup_num_steps", 1000, 1, kMaxInt);
     s.cos_min_ratio = p.get_number("cos_min_ratio", 0.0001, 0.0, 1.0);
     s.warmup_log = warmup_type();
   } else if (type == "LRRangeTest" || type == "OneCycle") {
@@ -403,6 +341,11 @@ void parse_scheduler(const Section& sch, Config& cfg) {
     fail(ZERO_ERR_CONFIG, "config key 'scheduler.type' is \"" + type +
                               "\"; valid values: \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\"");
   }
+  if (s.kind != SchedulerConfig::Kind::kWarmupLR && s.total_num_steps < std::max<int64_t>(2, s.warmup_num_steps))
+    cfg.warnings.push_back("scheduler.params.total_num_steps (" + std::to_string(s.total_num_steps) +
+                           ") is less than warmup_num_steps (" +
+                           std::to_string(std::max<int64_t>(2, s.warmup_num_steps)) +
+                           "): the schedule ends at the end of its warmup (DeepSpeed accepts this too)");
   if (p.get_int("last_batch_iteration", -1, -1, kMaxInt) != -1)
     p.unsupported("last_batch_iteration", "resuming a schedule comes with checkpoints");
 }
@@ -475,49 +418,16 @@ Config parse_config(const std::string& json_text, int world_size) {
   } catch (const json::exception& e) {
     fail(ZERO_ERR_CONFIG, std::string("the config cannot be read: ") + e.what());
   }
+  check_duplicate_keys(json_text);
   Config cfg;
   cfg.source_json = json_text;
+  // Every key first (unknown ones all at once, then refused ones), so that a typo is never hidden behind a later
+  // complaint about a missing block.
+  check_config_keys(root, cfg.no_effect_keys, cfg.spelled_as);
   Section top(root, "", cfg);
-  top.require_known({"train_batch_size",
-                     "train_micro_batch_size_per_gpu",
-                     "gradient_accumulation_steps",
-                     "optimizer",
-                     "scheduler",
-                     "fp16",
-                     "bf16",
-                     "amp",
-                     "zero_optimization",
-                     "gradient_clipping",
-                     "prescale_gradients",
-                     "gradient_predivide_factor",
-                     "communication_data_type",
-                     "data_types",
-                     "sparse_gradients",
-                     "steps_per_print",
-                     "wall_clock_breakdown",
-                     "memory_breakdown",
-                     "dump_state",
-                     "zero_allow_untested_optimizer",
-                     "zero_force_ds_cpu_optimizer",
-                     "activation_checkpointing",
-                     "aio",
-                     "checkpoint",
-                     "tensorboard",
-                     "wandb",
-                     "csv_monitor",
-                     "comet",
-                     "flops_profiler",
-                     "comms_logger",
-                     "elasticity",
-                     "compression_training",
-                     "curriculum_learning",
-                     "data_efficiency",
-                     "sparse_attention",
-                     "autotuning",
-                     "libzero"});
 
   resolve_batch(top, cfg, world_size);
-  cfg.gradient_clipping = top.get_number("gradient_clipping", 0.0, 0.0, 1e30);
+  cfg.gradient_clipping = top.get_number("gradient_clipping", 1.0, 0.0, 1e30);
 
   if (!top.has("optimizer"))
     fail(ZERO_ERR_CONFIG,
@@ -527,33 +437,14 @@ Config parse_config(const std::string& json_text, int world_size) {
   if (top.has("zero_optimization")) parse_zero_optimization(top.child("zero_optimization"), cfg);
   parse_precision(top, cfg);
   if (top.has("scheduler")) parse_scheduler(top.child("scheduler"), cfg);
+  top.get_int("steps_per_print", 10, 0, kMaxInt);
 
-  if (top.get_bool("prescale_gradients", false))
-    top.unsupported("prescale_gradients", "gradients are summed, then averaged once");
-  if (top.get_number("gradient_predivide_factor", 1.0, 1e-30, 1e30) != 1.0)
-    top.unsupported("gradient_predivide_factor", "gradients are summed, then averaged once");
-  if (top.get_bool("sparse_gradients", false)) top.unsupported("sparse_gradients", "sparse gradients");
-  for (const char* k :
-       {"elasticity", "compression_training", "curriculum_learning", "data_efficiency", "sparse_attention"}) {
-    if (!top.has(k)) continue;
-    const json& block = top.raw(k);
-    bool enabled = !block.is_object() || !block.contains("enabled") || block.at("enabled") != json(false);
-    if (enabled) top.unsupported(k, "this feature changes what is trained and is not implemented");
-  }
   if (top.has("libzero")) {
     const Section l = top.child("libzero");
-    l.require_known({"timeout_s", "optimizer_threads"});
     cfg.timeout_s = l.get_number("timeout_s", cfg.timeout_s, 1e-3, 1e9);
     cfg.optimizer_threads = static_cast<int>(l.get_int("optimizer_threads", 0, 0, 4096));
   }
   cfg.timeout_s = timeout_from_environment(cfg.timeout_s);
-  // Logging, profiling, framework-side and I/O-tuning blocks: they cannot change the trained weights.
-  top.get_int("steps_per_print", 10, 0, kMaxInt);
-  for (const char* k :
-       {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "zero_allow_untested_optimizer",
-        "zero_force_ds_cpu_optimizer", "activation_checkpointing", "aio", "checkpoint", "tensorboard", "wandb",
-        "csv_monitor", "comet", "flops_profiler", "comms_logger", "autotuning"})
-    top.no_effect(k);
   return cfg;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct SchedulerConfig {
   enum class Kind { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
   Kind kind = Kind::kNone;
   double warmup_min_lr = 0.0, warmup_max_lr = 0.001;  // WarmupLR, WarmupDecayLR
+  bool warmup_max_lr_given = true;                    // false: WarmupLR warms each group up to its own lr
   int64_t warmup_num_steps = 1000;
   bool warmup_log = true;                                 // warmup_type "log" (default) or "linear"
   int64_t total_num_steps = 0;                            // WarmupDecayLR, WarmupCosineLR
@@ -43,7 +45,7 @@ struct Config {
   int64_t gradient_accumulation_steps = 1;
   int64_t train_micro_batch_size_per_gpu = 0;  // 0: not given and not derivable
   int64_t train_batch_size = 0;                // 0: not given and not derivable
-  double gradient_clipping = 0.0;              // 0: off
+  double gradient_clipping = 1.0;              // 0: off. DeepSpeed's default is 1.0, so it is libzero's too
   OptimizerHyper optimizer;
   DType compute_dtype = DType::kF32;     // bf16.enabled / fp16.enabled
   DType comm_dtype = DType::kF32;        // communication_data_type (default: the compute dtype)
@@ -56,8 +58,12 @@ struct Config {
   double timeout_s = 600.0;                   // libzero.timeout_s (ZERO_TIMEOUT_S overrides): every collective's
   int optimizer_threads = 0;                  // libzero.optimizer_threads; 0: automatic
   std::string source_json;                    // the config as given, stored in checkpoints
-  // Keys present in the config that are valid but change nothing yet (for the one warning on rank 0).
+  // Keys present in the config that are valid but change nothing here (for the one warning on rank 0).
   std::vector<std::string> no_effect_keys;
+  // What DeepSpeed would warn about too (a schedule whose total is shorter than its warmup): logged by rank 0.
+  std::vector<std::string> warnings;
+  // Keys the config wrote with one of DeepSpeed's aliases: canonical path -> path as written (for messages).
+  std::map<std::string, std::string> spelled_as;
 };
 
 // Throws zero::Error (ZERO_ERR_CONFIG or ZERO_ERR_UNSUPPORTED) naming the offending key.

@@ -77,6 +77,7 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
   comm_.set_timeout(config_.timeout_s);
   threads_requested_ = config_.optimizer_threads;
   threads_ = threads_requested_ > 0 ? threads_requested_ : automatic_threads(comm_.local_size());
+  for (const std::string& w : config_.warnings) log_message(ZERO_LOG_WARNING, comm_.rank(), w);
   if (!config_.no_effect_keys.empty()) {
     std::string keys;
     for (const auto& k : config_.no_effect_keys) keys += (keys.empty() ? "" : ", ") + k;

@@ -217,6 +217,7 @@ class Engine {
   void write_shard_files(const std::string& dir, std::vector<int64_t>& record);
   void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);
   void publish_params_from_master();
+  void report_skipped_step(const StepResult& result);
   std::string label(const char* call, const std::string& what) const { return std::string(call) + ": " + what; }
 
   Config config_;
@@ -245,6 +246,7 @@ class Engine {
   int64_t micro_steps_ = 0;       // completed in the current accumulation window
   int64_t micro_step_count_ = 0;  // completed since finalize (the agreement's micro-step number)
   int64_t steps_ = 0;             // optimizer steps taken (skipped ones excluded)
+  int consecutive_skips_ = 0;     // skipped steps in a row that count toward giving up (report_skipped_step)
   std::string broken_reason_;
 };
 

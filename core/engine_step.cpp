@@ -7,6 +7,7 @@
 
 #include "engine.hpp"
 #include "error.hpp"
+#include "log.hpp"
 #include "scheduler.hpp"
 #include "test_hooks.hpp"
 
@@ -155,7 +156,33 @@ StepResult Engine::step() {
   });
   micro_steps_ = 0;
   result.step = steps_;
+  if (result.skipped)
+    report_skipped_step(result);
+  else
+    consecutive_skips_ = 0;
   return result;
+}
+
+// A skipped step is news, and many in a row end the run: training must never skip steps forever without a word.
+// With fp16 the scaler lowers the scale, and only overflows at the minimum scale count (DeepSpeed stops at the
+// first); in bf16 and fp32 there is no scale to lower, so every non-finite step counts. Every rank takes the same
+// decision (the norm is the same everywhere), after the step, with the engine consistent.
+void Engine::report_skipped_step(const StepResult& result) {
+  const bool fp16 = config_.compute_dtype == DType::kF16 && config_.loss_scale.static_scale == 0.0;
+  consecutive_skips_ = fp16 ? scaler_.skips_at_minimum() : consecutive_skips_ + 1;
+  if (consecutive_skips_ == 0) return;
+  const int limit = LossScaler::kMaxSkipsAtMinimum;
+  const std::string what = fp16 ? "the gradients overflow even at the minimum loss scale (fp16.min_loss_scale = " +
+                                      exact_decimal(config_.loss_scale.min_scale) + ")"
+                                : "the gradients are not finite (inf or nan) and there is no loss scale to lower";
+  if (consecutive_skips_ >= limit)
+    fail(ZERO_ERR_INVALID_STATE, "zero_step: " + what + " for " + std::to_string(limit) +
+                                     " consecutive steps, all skipped; training cannot go on (DeepSpeed stops at the "
+                                     "first such step). The weights are those of step " +
+                                     std::to_string(result.step));
+  log_message(ZERO_LOG_WARNING, comm_.rank(),
+              "zero_step: step skipped: " + what + " (" + std::to_string(consecutive_skips_) + " in a row; zero_step " +
+                  "gives up after " + std::to_string(limit) + ")");
 }
 
 }  // namespace zero

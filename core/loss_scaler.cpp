@@ -15,14 +15,19 @@ LossScaler::LossScaler(const LossScaleConfig& config, bool enabled) : config_(co
 void LossScaler::update(bool overflow) {
   if (!dynamic_) return;
   if (overflow) {
-    if (hysteresis_left_ <= 1)
+    if (config_.hysteresis == 1 || hysteresis_left_ <= 1) {
+      skips_at_minimum_ = scale_ == config_.min_scale ? skips_at_minimum_ + 1 : 0;
       scale_ = std::max(scale_ / 2.0, config_.min_scale);
-    else
+    } else {
       hysteresis_left_ -= 1;
+    }
     last_overflow_iteration_ = iteration_;
   } else {
+    skips_at_minimum_ = 0;
     if (config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
-    if ((iteration_ - last_overflow_iteration_) % config_.window == 0) {
+    // DeepSpeed's stable interval: the steps without overflow before this one.
+    const int64_t stable = iteration_ - last_overflow_iteration_ - 1;
+    if (stable > 0 && stable % config_.window == 0) {
       if (!config_.consecutive_hysteresis) hysteresis_left_ = config_.hysteresis;
       scale_ *= 2.0;
     }

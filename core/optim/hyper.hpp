@@ -10,7 +10,7 @@ namespace zero {
 struct OptimizerHyper {
   OptimizerKind kind = OptimizerKind::kAdamW;
   double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;  // Adam; Lion (defaults 0.9, 0.99)
+  double beta1 = 0.9, beta2 = 0.999;  // Adam and Lion (DeepSpeed's defaults for both)
   double eps = 1e-8;                  // Adam; Adagrad (default 1e-10)
   double weight_decay = 0.0;
   bool bias_correction = true;             // Adam

@@ -571,6 +571,7 @@ OPTIMIZER_CASES = [
     {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
     {"type": "Adam", "params": {"lr": 0.01, "adam_w_mode": False}},
     {"type": "Adam", "params": {"lr": 0.01, "adam_w_mode": False, "torch_adam": True}},
+    {"type": "AdamW", "params": {"lr": 0.01, "adam_w_mode": False}},
     {"type": "Lion"},
     {"type": "Lion", "params": {}},
     {"type": "Adagrad", "params": {"lr": 0.01}},
