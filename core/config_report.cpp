@@ -81,7 +81,7 @@ std::vector<std::string> result_settings(const Config& c) {
   const SchedulerConfig& s = c.scheduler;
   add("scheduler.type", scheduler_name(s.kind));
   add("scheduler.params.warmup_min_lr", number(s.warmup_min_lr));
-  add("scheduler.params.warmup_max_lr", number(s.warmup_max_lr));
+  add("scheduler.params.warmup_max_lr", s.warmup_max_lr_given ? number(s.warmup_max_lr) : "each group's lr");
   add("scheduler.params.warmup_num_steps", std::to_string(s.warmup_num_steps));
   add("scheduler.params.warmup_type", s.warmup_log ? "log" : "linear");
   add("scheduler.params.total_num_steps", std::to_string(s.total_num_steps));
@@ -129,8 +129,12 @@ std::string config_report(const Config& c, int world) {
       os << "  lr schedule            none (constant; zero_set_lr may change it)\n";
       break;
     case SchedulerConfig::Kind::kWarmupLR:
-      put("  lr schedule            WarmupLR %g -> %g over %lld steps (%s)\n", s.warmup_min_lr, s.warmup_max_lr,
-          static_cast<long long>(s.warmup_num_steps), s.warmup_log ? "log" : "linear");
+      if (s.warmup_max_lr_given)
+        put("  lr schedule            WarmupLR %g -> %g over %lld steps (%s)\n", s.warmup_min_lr, s.warmup_max_lr,
+            static_cast<long long>(s.warmup_num_steps), s.warmup_log ? "log" : "linear");
+      else
+        put("  lr schedule            WarmupLR %g -> each group's lr over %lld steps (%s)\n", s.warmup_min_lr,
+            static_cast<long long>(s.warmup_num_steps), s.warmup_log ? "log" : "linear");
       break;
     case SchedulerConfig::Kind::kWarmupDecayLR:
       put("  lr schedule            WarmupDecayLR %g -> %g over %lld steps (%s), to 0 at step %lld\n", s.warmup_min_lr,
