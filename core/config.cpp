@@ -350,6 +350,15 @@ void parse_scheduler(const Section& sch, Config& cfg) {
     p.unsupported("last_batch_iteration", "resuming a schedule comes with checkpoints");
 }
 
+// a x b, or a config error naming what overflowed (the keys allow up to 2^53 each).
+int64_t batch_product(int64_t a, int64_t b, const char* what) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r) || r > kMaxInt)
+    fail(ZERO_ERR_CONFIG, std::string("inconsistent batch sizes: ") + what + " (" + std::to_string(a) + " x " +
+                              std::to_string(b) + ") is beyond 2^53");
+  return r;
+}
+
 // train_batch_size = micro batch x accumulation steps x world size; any two determine the third.
 void resolve_batch(const Section& top, Config& cfg, int world) {
   bool has_tbs = top.has("train_batch_size"), has_mb = top.has("train_micro_batch_size_per_gpu"),
@@ -357,28 +366,41 @@ void resolve_batch(const Section& top, Config& cfg, int world) {
   int64_t tbs = top.get_int("train_batch_size", 0, 1, kMaxInt);
   int64_t mb = top.get_int("train_micro_batch_size_per_gpu", 0, 1, kMaxInt);
   int64_t gas = top.get_int("gradient_accumulation_steps", 1, 1, 1 << 20);
-  auto arithmetic = [&](int64_t t, int64_t m, int64_t g) {
-    std::ostringstream os;
-    os << "train_batch_size (" << t << ") must equal train_micro_batch_size_per_gpu (" << m
-       << ") x gradient_accumulation_steps (" << g << ") x world size (" << world << ") = " << m * g * world;
-    return os.str();
-  };
+  const char* const kMbWorld = "train_micro_batch_size_per_gpu x world size";
+  const char* const kGasWorld = "gradient_accumulation_steps x world size";
   if (has_tbs && has_mb && has_gas) {
-    if (tbs != mb * gas * world) fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: " + arithmetic(tbs, mb, gas));
+    const int64_t mb_gas_world = batch_product(batch_product(mb, gas,
+                                                             "train_micro_batch_size_per_gpu x "
+                                                             "gradient_accumulation_steps"),
+                                               world,
+                                               "train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+                                               "world size");
+    if (tbs != mb_gas_world) {
+      std::ostringstream os;
+      os << "inconsistent batch sizes: train_batch_size (" << tbs << ") must equal train_micro_batch_size_per_gpu ("
+         << mb << ") x gradient_accumulation_steps (" << gas << ") x world size (" << world << ") = " << mb_gas_world;
+      fail(ZERO_ERR_CONFIG, os.str());
+    }
   } else if (has_tbs && has_mb) {
-    if (tbs % (mb * world) != 0)
+    const int64_t mb_world = batch_product(mb, world, kMbWorld);
+    if (tbs % mb_world != 0)
       fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: train_batch_size (" + std::to_string(tbs) +
                                 ") is not divisible by train_micro_batch_size_per_gpu (" + std::to_string(mb) +
                                 ") x world size (" + std::to_string(world) + ")");
-    gas = tbs / (mb * world);
+    gas = tbs / mb_world;
+    if (gas > (1 << 20))
+      fail(ZERO_ERR_CONFIG, "train_batch_size / (train_micro_batch_size_per_gpu x world size) gives " +
+                                std::to_string(gas) + " accumulation steps; at most 2^20 are allowed");
   } else if (has_tbs && has_gas) {
-    if (tbs % (gas * world) != 0)
+    const int64_t gas_world = batch_product(gas, world, kGasWorld);
+    if (tbs % gas_world != 0)
       fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: train_batch_size (" + std::to_string(tbs) +
                                 ") is not divisible by gradient_accumulation_steps (" + std::to_string(gas) +
                                 ") x world size (" + std::to_string(world) + ")");
-    mb = tbs / (gas * world);
+    mb = tbs / gas_world;
   } else if (has_mb && has_gas) {
-    tbs = mb * gas * world;
+    tbs = batch_product(batch_product(mb, gas, "train_micro_batch_size_per_gpu x gradient_accumulation_steps"), world,
+                        "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size");
   } else if (has_tbs) {
     if (tbs % world != 0)
       fail(ZERO_ERR_CONFIG, "inconsistent batch sizes: train_batch_size (" + std::to_string(tbs) +
@@ -387,7 +409,7 @@ void resolve_batch(const Section& top, Config& cfg, int world) {
     mb = tbs / world;
   } else if (has_mb) {
     gas = 1;
-    tbs = mb * world;
+    tbs = batch_product(mb, world, kMbWorld);
   }
   cfg.train_batch_size = tbs;
   cfg.train_micro_batch_size_per_gpu = mb;

@@ -87,4 +87,16 @@ inline uint32_t mix32(uint32_t x) {
   return x;
 }
 
+// Stochastic rounding hashes each element's 32 low index bits with a seed; the seed mixes the config's seed, the
+// 64-bit step number and the element index's 32 high bits, so that every (seed, step, element) of a model of any
+// size gets its own rounding. The element index counts the model's elements without the padding (which depends on
+// the rank count), so the rounding does not depend on how many ranks share the model.
+inline uint32_t sr_step_seed(uint32_t seed, uint64_t step) {
+  return mix32(seed ^ static_cast<uint32_t>(step * 0x9e3779b9u) ^ mix32(static_cast<uint32_t>(step >> 32)));
+}
+// The seed of the elements whose index has the high bits of `index` (mix32(0) = 0: below 2^32, the step's seed).
+inline uint32_t sr_index_seed(uint32_t step_seed, uint64_t index) {
+  return step_seed ^ mix32(static_cast<uint32_t>(index >> 32));
+}
+
 }  // namespace zero

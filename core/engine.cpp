@@ -191,11 +191,10 @@ int Engine::add_param(ParamShape shape, ParamInit init) {
     if (p.name == shape.name)
       fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_add_param: a param named '" + shape.name + "' already exists");
   // Elements must fit with room to spare: every byte count below multiplies them by at most 8.
-  constexpr uint64_t kMaxElems = uint64_t{1} << 56;
   uint64_t numel = 1;
   for (int64_t d : shape.dims) {
     if (d <= 0) fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': every extent must be positive");
-    if (static_cast<uint64_t>(d) > kMaxElems / numel)
+    if (static_cast<uint64_t>(d) > kMaxModelElems / numel)
       fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': its shape has more than 2^56 elements");
     numel *= static_cast<uint64_t>(d);
   }
@@ -203,9 +202,6 @@ int Engine::add_param(ParamShape shape, ParamInit init) {
   if (shape.group < 0 || shape.group >= static_cast<int>(groups_.size()))
     fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': no param group " + std::to_string(shape.group) +
                                         " (add groups with zero_engine_add_param_group first)");
-  // MPI counts are int: keep every unit's messages below 2^31 elements.
-  if (shape.numel() >= (size_t{1} << 31) / 2)
-    fail(ZERO_ERR_UNSUPPORTED, "param '" + shape.name + "' has more than 2^30 elements; split it");
   params_.push_back(std::move(shape));
   init_.push_back(init);
   return static_cast<int>(params_.size()) - 1;
@@ -277,7 +273,7 @@ void Engine::allocate() {
   test_hooks::maybe_fail("finalize.alloc", rank);
   units_.resize(layout_.units.size());
   size_t largest_gathered = 0, largest_norm_blocks = 0;
-  uint64_t global_offset = 0;
+  uint64_t global_offset = 0, element_base = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& ul = layout_.units[u];
     UnitState& us = units_[u];
@@ -295,6 +291,8 @@ void Engine::allocate() {
     for (int s = 0; s < n_states; ++s) us.state[s].resize(us.update_elems, DType::kF32);
     us.global_offset = global_offset;
     global_offset += full;
+    us.element_base = element_base;
+    element_base += ul.used_elems;
     us.segments = layout_.segments(static_cast<int>(u), us.update_begin, us.update_elems, params_);
     us.norm_begin = rank * shard;
     us.norm_segments = layout_.segments(static_cast<int>(u), us.norm_begin, shard, params_);
@@ -326,27 +324,39 @@ void Engine::allocate() {
   step_scalars_.resize(groups_.size());
 }
 
-// Rank 0's initial values reach every rank one unit at a time, in fp32, so no rank ever holds more than one extra
-// unit and the fp32 master starts exact even when the params train in bf16 or fp16.
+// Rank 0's initial values reach every rank in fp32, in pieces of at most kInitialValuesChunk elements, so that no
+// rank holds more than one extra piece however large a unit is, and the fp32 master starts exact even when the
+// params train in bf16 or fp16.
 void Engine::load_initial_values() {
+  constexpr size_t kInitialValuesChunk = size_t{1} << 24;  // 64 MiB of fp32
   const int rank = comm_.rank();
   std::vector<float> staging;
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& ul = layout_.units[u];
     UnitState& us = units_[u];
-    staging.assign(ul.padded_elems, 0.0f);
-    if (rank == 0) {
-      for (int p : ul.params)
-        if (init_[p].data != nullptr)
-          convert(staging.data() + layout_.params[p].offset, DType::kF32, init_[p].data, init_[p].dtype,
-                  layout_.params[p].numel);
+    const size_t own = us.full_params ? 0 : rank * ul.shard_elems, own_end = own + us.params.size();
+    for (size_t begin = 0; begin < ul.padded_elems; begin += kInitialValuesChunk) {
+      const size_t end = std::min(ul.padded_elems, begin + kInitialValuesChunk);
+      staging.assign(end - begin, 0.0f);
+      if (rank == 0) {
+        for (int p : ul.params) {
+          const ParamPlacement& pl = layout_.params[p];
+          const size_t lo = std::max(begin, pl.offset), hi = std::min(end, pl.offset + pl.numel);
+          if (init_[p].data == nullptr || lo >= hi) continue;
+          const char* src = static_cast<const char*>(init_[p].data) + (lo - pl.offset) * dtype_size(init_[p].dtype);
+          convert(staging.data() + (lo - begin), DType::kF32, src, init_[p].dtype, hi - lo);
+        }
+      }
+      comm_.broadcast(staging.data(), end - begin, ElemType::kF32, 0,
+                      "zero_engine_finalize: rank 0's initial values of unit " + std::to_string(u) +
+                          (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : ""));
+      size_t lo = std::max(begin, own), hi = std::min(end, own_end);
+      if (lo < hi)
+        round_from_f32(us.params.at(lo - own), config_.compute_dtype, staging.data() + (lo - begin), hi - lo);
+      lo = std::max(begin, us.update_begin), hi = std::min(end, us.update_begin + us.update_elems);
+      if (separate_master() && lo < hi)
+        std::memcpy(us.master.f32() + (lo - us.update_begin), staging.data() + (lo - begin), (hi - lo) * sizeof(float));
     }
-    comm_.broadcast(staging.data(), ul.padded_elems, ElemType::kF32, 0,
-                    "zero_engine_finalize: rank 0's initial values of unit " + std::to_string(u));
-    const size_t own = us.full_params ? 0 : rank * ul.shard_elems;
-    round_from_f32(us.params.data(), config_.compute_dtype, staging.data() + own, us.params.size());
-    if (separate_master())
-      std::memcpy(us.master.data(), staging.data() + us.update_begin, us.update_elems * sizeof(float));
   }
   init_.assign(init_.size(), ParamInit{});  // the caller's pointers are no longer needed, nor valid
 }

@@ -113,7 +113,8 @@ class Engine {
     size_t offset_in_bucket = 0;
     size_t update_begin = 0;             // first element of the unit this rank updates
     size_t update_elems = 0;             // how many
-    uint64_t global_offset = 0;          // the unit's first element in the whole model (stochastic rounding keys)
+    uint64_t global_offset = 0;          // the unit's first element among all units' padded elements (checkpoints)
+    uint64_t element_base = 0;           // the same without padding: independent of the rank count (rounding keys)
     std::vector<ShardSegment> segments;  // what the optimizer updates on this rank, relative to update_begin
     // What this rank adds to the squared gradient norm: its shard at every stage (stage 0 too, so that every rank
     // computes the same norm from the same partial sums), relative to norm_begin.

@@ -120,7 +120,7 @@ StepResult Engine::step() {
         OptimizerHyper h = groups_[g].hyper;
         h.lr = scheduled_lr(config_.scheduler, groups_[g].base_lr, steps_);
         scalars[g] = make_step_scalars(h, steps_, divisor, clip);
-        scalars[g].seed = mix32(config_.stochastic_rounding_seed ^ static_cast<uint32_t>(steps_ * 0x9e3779b9u));
+        scalars[g].seed = sr_step_seed(config_.stochastic_rounding_seed, static_cast<uint64_t>(steps_));
       }
       const StepKernel kernel_for_mode =
           table.step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())];
@@ -138,7 +138,7 @@ StepResult Engine::step() {
           a.state1 = us.state[1].empty() ? nullptr : us.state[1].f32() + s.shard_offset;
           a.copy = copy == nullptr ? nullptr : copy + s.shard_offset * compute_size();
           a.n = s.numel;
-          a.first_index = us.global_offset + us.update_begin + s.shard_offset;
+          a.first_index = us.element_base + us.update_begin + s.shard_offset;
           a.s = scalars[s.group];
           parallel_step(kernel_for_mode, a, threads_);
         }

@@ -1,6 +1,7 @@
 #include "layout.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "error.hpp"
 
@@ -13,7 +14,10 @@ size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multipl
 
 size_t ParamShape::numel() const {
   size_t n = 1;
-  for (int64_t d : dims) n *= static_cast<size_t>(d);
+  for (int64_t d : dims) {
+    if (d < 0 || (d != 0 && n > SIZE_MAX / static_cast<size_t>(d))) return SIZE_MAX;
+    n *= static_cast<size_t>(d);
+  }
   return n;
 }
 
@@ -36,6 +40,16 @@ std::vector<ShardSegment> Layout::segments(int unit, size_t begin, size_t length
   return out;
 }
 
+// The shard of a unit of `used` elements over `world` ranks: kShardAlignElems-aligned, and above kMaxMessageElems a
+// multiple of the smallest power of two that brings shard / block under it.
+size_t shard_elems_for(size_t used, int world) {
+  const size_t n = static_cast<size_t>(world);
+  size_t shard = round_up((used + n - 1) / n, kShardAlignElems);
+  size_t block = kShardAlignElems;
+  while (round_up(shard, block) / block > kMaxMessageElems) block *= 2;
+  return round_up(shard, block);
+}
+
 Layout build_layout(const std::vector<ParamShape>& params, int world_size) {
   if (world_size < 1) fail(ZERO_ERR_INVALID_ARGUMENT, "world size must be at least 1");
   Layout layout;
@@ -46,19 +60,26 @@ Layout build_layout(const std::vector<ParamShape>& params, int world_size) {
   layout.params.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     UnitLayout& u = layout.units[params[i].unit];
-    size_t offset = round_up(u.used_elems, kParamAlignElems);
-    layout.params[i] = ParamPlacement{params[i].unit, offset, params[i].numel()};
-    u.used_elems = offset + params[i].numel();
+    const size_t offset = round_up(u.used_elems, kParamAlignElems), numel = params[i].numel();
+    if (numel > kMaxModelElems || offset > kMaxModelElems - numel)
+      fail(ZERO_ERR_INVALID_ARGUMENT, "unit " + std::to_string(params[i].unit) +
+                                          " has more than 2^56 elements with param '" + params[i].name + "'");
+    layout.params[i] = ParamPlacement{params[i].unit, offset, numel};
+    u.used_elems = offset + numel;
     u.params.push_back(static_cast<int>(i));
   }
-  size_t pad_multiple = kShardAlignElems * static_cast<size_t>(world_size);
+  uint64_t total = 0;
   for (int u = 0; u < n_units; ++u) {
     UnitLayout& unit = layout.units[u];
     if (unit.params.empty())
       fail(ZERO_ERR_INVALID_ARGUMENT, "unit " + std::to_string(u) + " has no params; units must be numbered 0.." +
                                           std::to_string(n_units - 1) + " without gaps");
-    unit.padded_elems = round_up(unit.used_elems, pad_multiple);
-    unit.shard_elems = unit.padded_elems / world_size;
+    unit.shard_elems = shard_elems_for(unit.used_elems, world_size);
+    unit.padded_elems = unit.shard_elems * static_cast<size_t>(world_size);
+    total += unit.padded_elems;
+    if (total > kMaxModelElems)
+      fail(ZERO_ERR_INVALID_ARGUMENT,
+           "the model has more than 2^56 elements (with padding) by unit " + std::to_string(u));
   }
   return layout;
 }

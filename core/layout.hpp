@@ -14,13 +14,20 @@ namespace zero {
 constexpr size_t kParamAlignElems = 64;
 // Each rank's shard is a multiple of this many elements (a 64-byte cache line of fp32, one AVX-512 vector).
 constexpr size_t kShardAlignElems = 16;
+// Every unit message is one shard per rank. A shard above this many elements (MPI's int count) is padded to a
+// multiple of a power of two B small enough that shard / B fits, so that such backends can send it as shard / B
+// blocks of B elements (backends/mpi). The padding is below B elements per rank: under 2^-30 of the shard.
+constexpr size_t kMaxMessageElems = 2147483647;
+// The most elements of one param, one unit and the whole model: byte counts (up to 8 bytes per element) and index
+// arithmetic stay far from 2^64.
+constexpr uint64_t kMaxModelElems = uint64_t{1} << 56;
 
 struct ParamShape {
   std::string name;
   std::vector<int64_t> dims;
   int unit = 0;
   int group = 0;
-  size_t numel() const;
+  size_t numel() const;  // SIZE_MAX when the product overflows (or an extent is negative)
 };
 
 struct ParamPlacement {
@@ -40,8 +47,8 @@ struct ShardSegment {
 struct UnitLayout {
   std::vector<int> params;  // in registration order
   size_t used_elems = 0;    // end of the last param (before padding)
-  size_t padded_elems = 0;  // a multiple of world_size x kShardAlignElems
-  size_t shard_elems = 0;   // padded_elems / world_size
+  size_t padded_elems = 0;  // shard_elems x world_size
+  size_t shard_elems = 0;   // a multiple of kShardAlignElems (and of a larger power of two for huge shards)
 };
 
 struct Layout {
@@ -55,7 +62,10 @@ struct Layout {
                                      const std::vector<ParamShape>& shapes) const;
 };
 
-// Throws zero::Error if a unit is empty or ids are out of range.
+// The shard of a unit of `used` elements over `world_size` ranks (see kMaxMessageElems).
+size_t shard_elems_for(size_t used, int world_size);
+
+// Throws zero::Error if a unit is empty, ids are out of range, or a unit or the model exceeds kMaxModelElems.
 Layout build_layout(const std::vector<ParamShape>& params, int world_size);
 
 // Gradient buckets for stages 2-3: consecutive units in backward order (last unit first), each bucket holding at

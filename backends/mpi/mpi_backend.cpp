@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "comm/rank_order_sum.hpp"
+#include "message_blocks.hpp"
 #include "mpi_backend.h"
 
 namespace {
@@ -145,34 +146,41 @@ MPI_Datatype base_type(int32_t dtype) {
   }
 }
 
-// MPI counts are int. A larger count is sent as count/c elements of a contiguous type of c elements, c the
-// smallest power of two that divides it and brings it under INT_MAX (libzero pads large units so one exists).
+// MPI counts are int. A larger count is sent as count / block elements of a contiguous type of `block` elements
+// (message_blocks.hpp). The test build of this module (ZERO_TEST_HOOKS) takes a lower limit from the environment
+// variable ZERO_TEST_MPI_MAX_COUNT, so that the tests run the blocked path on small messages.
 struct Count {
   int n = 0;
   MPI_Datatype type = MPI_DATATYPE_NULL;
   bool derived = false;
 };
+uint64_t max_count() {
+#ifdef ZERO_TEST_HOOKS
+  static const uint64_t limit = [] {
+    const char* env = std::getenv("ZERO_TEST_MPI_MAX_COUNT");
+    return env != nullptr && env[0] != '\0' ? std::strtoull(env, nullptr, 10) : uint64_t{INT_MAX};
+  }();
+  return limit;
+#else
+  return INT_MAX;
+#endif
+}
 Count mpi_count(uint64_t count, int32_t dtype) {
   Count c;
   c.type = base_type(dtype);
-  if (count <= static_cast<uint64_t>(INT_MAX)) {
-    c.n = static_cast<int>(count);
-    return c;
+  const uint64_t block = zero::message_block(count, max_count());
+  if (block == 0 || block > uint64_t{INT_MAX})
+    fail(ZERO_ERR_UNSUPPORTED, "a message of " + std::to_string(count) +
+                                   " elements has no power-of-two factor that brings it under MPI's int count");
+  c.n = static_cast<int>(count / block);
+  if (block > 1) {
+    MPI_Datatype t;
+    check(MPI_Type_contiguous(static_cast<int>(block), c.type, &t), "MPI_Type_contiguous");
+    check(MPI_Type_commit(&t), "MPI_Type_commit");
+    c.type = t;
+    c.derived = true;
   }
-  for (uint64_t chunk = 2; chunk <= (uint64_t{1} << 32); chunk *= 2) {
-    if (count % chunk != 0) break;
-    if (count / chunk <= static_cast<uint64_t>(INT_MAX)) {
-      MPI_Datatype t;
-      check(MPI_Type_contiguous(static_cast<int>(chunk), c.type, &t), "MPI_Type_contiguous");
-      check(MPI_Type_commit(&t), "MPI_Type_commit");
-      c.n = static_cast<int>(count / chunk);
-      c.type = t;
-      c.derived = true;
-      return c;
-    }
-  }
-  fail(ZERO_ERR_UNSUPPORTED, "a message of " + std::to_string(count) +
-                                 " elements has no power-of-two factor that brings it under MPI's int count");
+  return c;
 }
 
 // One collective in flight.

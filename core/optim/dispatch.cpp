@@ -109,7 +109,22 @@ int threads_for(size_t n, int limit) {
 }
 }  // namespace
 
-void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads) {
+namespace {
+
+// The run [begin, begin + n) of `args`.
+KernelArgs sub_run(const KernelArgs& args, size_t begin, size_t n) {
+  KernelArgs a = args;
+  a.n = n;
+  a.master = args.master + begin;
+  a.grad = static_cast<const char*>(args.grad) + begin * args.grad_elem_size;
+  if (args.state0) a.state0 = args.state0 + begin;
+  if (args.state1) a.state1 = args.state1 + begin;
+  if (args.copy) a.copy = static_cast<uint16_t*>(args.copy) + begin;
+  a.first_index = args.first_index + begin;
+  return a;
+}
+
+void parallel_step_within_2p32(StepKernel kernel, const KernelArgs& args, int max_threads) {
   const int threads = threads_for(args.n, max_threads);
   if (threads == 1) return kernel(args);
 #pragma omp parallel num_threads(threads)
@@ -118,18 +133,25 @@ void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads) {
     // Chunks are multiples of 64 elements so that every chunk starts on a cache line.
     const size_t chunk = (args.n / nt + 63) / 64 * 64;
     const size_t begin = std::min(args.n, t * chunk), end = std::min(args.n, begin + chunk);
-    if (begin < end) {
-      KernelArgs a = args;
-      a.n = end - begin;
-      a.master = args.master + begin;
-      a.grad = static_cast<const char*>(args.grad) + begin * args.grad_elem_size;
-      if (args.state0) a.state0 = args.state0 + begin;
-      if (args.state1) a.state1 = args.state1 + begin;
-      if (args.copy) a.copy = static_cast<uint16_t*>(args.copy) + begin;
-      a.first_index = args.first_index + begin;
-      kernel(a);
-    }
+    if (begin < end) kernel(sub_run(args, begin, end - begin));
   }
+}
+
+}  // namespace
+
+void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads) {
+  // The kernels hash the 32 low bits of an element's index (stochastic rounding): a run that crosses a multiple of
+  // 2^32 is split there, and each part gets the seed of its high bits.
+  size_t done = 0;
+  do {
+    const uint64_t first = args.first_index + done;
+    const uint64_t to_boundary = (uint64_t{1} << 32) - (first & 0xffffffffu);
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(args.n - done, to_boundary));
+    KernelArgs part = sub_run(args, done, n);
+    part.s.seed = sr_index_seed(args.s.seed, first);
+    parallel_step_within_2p32(kernel, part, max_threads);
+    done += n;
+  } while (done < args.n);
 }
 
 double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads,

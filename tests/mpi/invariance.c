@@ -1,7 +1,7 @@
 /*
  * Every rank count and accumulation count trains the same weights whenever the averaged gradient is the same.
  *
- *   mpirun -np N test_invariance --stage S --gas G [--dtype fp32|bf16]
+ *   mpirun -np N test_invariance --stage S --gas G [--dtype fp32|bf16] [--stochastic-rounding 1]
  *
  * Every rank adds the same gradient g_t in each of its G micro-steps, so the averaged gradient is g_t whatever N and
  * G. Rank 0 also trains a second engine on a one-rank communicator with one micro-step per step, adding g_t once:
@@ -12,6 +12,10 @@
  * 16, the squares and their sums exact in fp64), but N x G = 3 or 9 is not a power of two, so an averaging that
  * multiplied by a rounded 1/(N x G), or folded the clip into it, would differ from N = 1 in the last bit. libzero
  * divides the sum once by N x G (exact when the average is representable) and clips with a separate multiply.
+ *
+ * With bf16 stochastic rounding the bf16 params must be equal too: each element's rounding is keyed by its index
+ * in the model without padding (the padding of a unit grows with N, so a padded index would round a later unit's
+ * elements differently at N = 3 than at N = 1).
  */
 #include <math.h>
 #include <string.h>
@@ -20,6 +24,7 @@
 
 enum { kSteps = 12 };
 static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
+static int g_stochastic_rounding = 0;
 
 static uint64_t mix64(uint64_t h) {
   h ^= h >> 31;
@@ -44,7 +49,10 @@ static zero_engine_t* make(zero_comm_t* comm, int stage, int gas, int32_t* ids) 
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.01}},"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 400,"
            " \"stage3_param_persistence_threshold\": 0}%s%s}",
-           gas, stage, g_dtype == ZERO_DTYPE_BF16 ? ", \"bf16\": {\"enabled\": true}" : "",
+           gas, stage,
+           g_dtype != ZERO_DTYPE_BF16 ? ""
+           : g_stochastic_rounding    ? ", \"bf16\": {\"enabled\": true, \"stochastic_rounding\": true}"
+                                      : ", \"bf16\": {\"enabled\": true}",
            /* sums of bf16 values would round: reduce in fp32 */
            g_dtype == ZERO_DTYPE_BF16 ? ", \"communication_data_type\": \"fp32\"" : "");
   zero_engine_t* engine = NULL;
@@ -98,6 +106,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--gas") == 0) gas = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--dtype") == 0) g_dtype = parse_dtype_arg(argv[i + 1]);
+    if (strcmp(argv[i], "--stochastic-rounding") == 0) g_stochastic_rounding = atoi(argv[i + 1]);
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
@@ -137,8 +146,10 @@ int main(int argc, char** argv) {
            world, gas, stage);
   if (rank == 0)
     printf(
-        "invariance ok: %s, stage %d, N=%d G=%d: the same weights as N=1 G=1, bit for bit (%d of %d steps clipped)\n",
-        dtype_text(g_dtype), stage, world, gas, clipped, kSteps);
+        "invariance ok: %s%s, stage %d, N=%d G=%d: the same weights as N=1 G=1, bit for bit (%d of %d steps "
+        "clipped)\n",
+        dtype_text(g_dtype), g_stochastic_rounding ? " with stochastic rounding" : "", stage, world, gas, clipped,
+        kSteps);
   free(a);
   free(b);
   zero_engine_destroy(reference);

@@ -296,5 +296,18 @@ TEST(Config, NumbersOutOfRangeAreConfigErrors) {
   }
 }
 
+// Batch products beyond 2^53 are errors, not wrapped-around numbers.
+TEST(Config, BatchSizeProductsDoNotOverflow) {
+  std::string m = parse_error(
+      with_optimizer(R"("train_micro_batch_size_per_gpu": 4503599627370496, "gradient_accumulation_steps": 1048576)"),
+      ZERO_ERR_CONFIG, 4);
+  EXPECT_NE(m.find("beyond 2^53"), std::string::npos) << m;
+  m = parse_error(with_optimizer(R"("train_micro_batch_size_per_gpu": 4503599627370496)"), ZERO_ERR_CONFIG, 3);
+  EXPECT_NE(m.find("beyond 2^53"), std::string::npos) << m;
+  m = parse_error(with_optimizer(R"("train_batch_size": 4503599627370496, "train_micro_batch_size_per_gpu": 1)"),
+                  ZERO_ERR_CONFIG, 1);
+  EXPECT_NE(m.find("at most 2^20"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace zero

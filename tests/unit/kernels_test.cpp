@@ -399,5 +399,48 @@ TEST(Kernels, SumOfSquaresIsTheSameOnEveryPathAndThreadCount) {
   }
 }
 
+// Stochastic rounding keys every element by its 64-bit index: parallel_step splits a run at a multiple of 2^32
+// and gives the part above it the seed of the high bits, so the elements past the boundary round as the kernel
+// rounds them when called on their own with that seed (and unlike a 32-bit key that wraps around).
+TEST(Kernels, StochasticRoundingKeysTheFull64BitIndex) {
+  const Case c{OptimizerKind::kSgd, DType::kF32, CopyMode::kBf16Stochastic, SgdVariant::kPlain};
+  const OptimizerHyper h = hyper_for(c);
+  const size_t n = 3000, below = 1234;  // elements below the boundary
+  const uint64_t first = (uint64_t{1} << 32) - below;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    const StepKernel kernel = kernels(isa).step[static_cast<int>(c.kind)][0][static_cast<int>(c.copy)];
+    for (int threads : {1, 2, 3}) {
+      Streams whole = make_streams(c, n, 5);
+      KernelArgs a = args_for(whole, c, h, 1);
+      a.state0 = nullptr, a.state1 = nullptr;
+      a.first_index = first;
+      parallel_step(kernel, a, threads);
+      // The two parts by hand: the seed of high bits 0 below the boundary, of high bits 1 above it.
+      Streams parts = make_streams(c, n, 5);
+      KernelArgs lo = args_for(parts, c, h, 1);
+      lo.state0 = nullptr, lo.state1 = nullptr;
+      lo.first_index = first;
+      lo.n = below;
+      kernel(lo);
+      KernelArgs hi = lo;
+      hi.master += below, hi.copy = parts.copy.data() + below;
+      hi.grad = parts.grad.data() + below * 4;
+      hi.first_index = uint64_t{1} << 32;
+      hi.n = n - below;
+      hi.s.seed = sr_index_seed(lo.s.seed, hi.first_index);
+      kernel(hi);
+      EXPECT_EQ(whole.copy, parts.copy) << isa_name(isa) << " threads " << threads;
+      // A key that wrapped around to index 0 at the boundary would round differently.
+      Streams wrapped = make_streams(c, n, 5);
+      KernelArgs w = args_for(wrapped, c, h, 1);
+      w.state0 = nullptr, w.state1 = nullptr;
+      w.first_index = first;
+      kernel(w);
+      EXPECT_NE(whole.copy, wrapped.copy) << isa_name(isa);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zero

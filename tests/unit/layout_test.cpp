@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <climits>
+
+#include "../../backends/mpi/message_blocks.hpp"
 #include "error.hpp"
 #include "layout.hpp"
 
@@ -85,6 +88,44 @@ TEST(Layout, BucketsFillInBackwardOrder) {
   b = build_buckets(l, 500000000);
   ASSERT_EQ(b.size(), 1u);
   EXPECT_EQ(b[0].elems, 800u);
+}
+
+// Units of any size up to 2^56 elements: shards stay 16-aligned, and a shard above MPI's int count is a multiple of
+// a power of two that brings it under (the MPI module sends it as blocks of that many), for a padding below one
+// block per rank.
+TEST(Layout, HugeShardsCanBeSentInBlocksUnderMpisIntCount) {
+  EXPECT_EQ(shard_elems_for(321, 2), 176u);  // the ordinary rule: ceil(321 / 2) rounded up to 16
+  for (uint64_t used : {uint64_t{INT_MAX} + 1, (uint64_t{1} << 32) + 12345, (uint64_t{1} << 40) + 7,
+                        (uint64_t{1} << 50) + 3, kMaxModelElems}) {
+    for (int world : {1, 2, 3, 7, 1024}) {
+      const uint64_t shard = shard_elems_for(used, world);
+      EXPECT_EQ(shard % kShardAlignElems, 0u);
+      EXPECT_GE(shard * world, used);
+      const uint64_t block = message_block(shard, INT_MAX);
+      ASSERT_NE(block, 0u) << used << " over " << world;
+      EXPECT_LE(shard / block, uint64_t{INT_MAX});
+      const uint64_t minimal = (used + world - 1) / world;
+      EXPECT_LT(shard - minimal, std::max<uint64_t>(block, kShardAlignElems)) << used << " over " << world;
+    }
+  }
+}
+
+TEST(Layout, MessageBlocks) {
+  EXPECT_EQ(message_block(100, 100), 1u);
+  EXPECT_EQ(message_block(101, 100), 0u);  // odd: no power of two divides it
+  EXPECT_EQ(message_block(176, 64), 4u);   // 176 = 11 x 16: blocks of 4 give 44
+  EXPECT_EQ(message_block(uint64_t{1} << 40, INT_MAX), uint64_t{1} << 10);
+  EXPECT_EQ(message_block(0, 0), 1u);
+}
+
+// Shapes whose element count overflows are errors, never a wrapped-around small param.
+TEST(Layout, OverflowingShapesAreErrors) {
+  const ParamShape huge{"w", {int64_t{1} << 32, int64_t{1} << 32}, 0, 0};
+  EXPECT_EQ(huge.numel(), SIZE_MAX);
+  EXPECT_THROW(build_layout({huge}, 2), Error);
+  // Two params each within the limit whose unit is not.
+  const ParamShape half{"a", {int64_t{1} << 55, 1}, 0, 0}, other{"b", {int64_t{1} << 55, 1}, 0, 0};
+  EXPECT_THROW(build_layout({half, other, other}, 1), Error);
 }
 
 }  // namespace

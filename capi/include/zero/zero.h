@@ -374,7 +374,8 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
  * rank keeps for the configured stage (including one gathered-unit buffer and one gradient bucket: no collective
  * allocates; a program that holds more at once — several units gathered, gradients of several buckets written
  * before they are reduced — gets more, allocated by local calls before any agreement), agrees that every rank
- * succeeded, and broadcasts rank 0's initial values unit by unit. */
+ * succeeded, and broadcasts rank 0's initial values (in pieces of at most 2^24 elements, so units of any size
+ * need no more memory than that beyond what the stage keeps). */
 ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine);
 
 /* ---------------------------------------------------------------------------------------------------------------
