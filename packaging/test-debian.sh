@@ -1,29 +1,97 @@
 #!/usr/bin/env bash
-# Builds the Debian packages from a copy of the tree (dpkg-buildpackage -us -uc -b), runs lintian on them (no
-# errors allowed), installs them, builds and runs the consumer program against the installed packages, runs
-# zero-config from zero-tools, and removes the packages again.
+# Builds the Debian packages the way a distribution does and checks them the way a user gets them:
+#  1. a clean Debian 12 chroot (debootstrap, minbase) gets build-essential and exactly the declared Build-Depends
+#     (apt-get build-dep), and dpkg-buildpackage builds the binary packages there, running the package's tests;
+#  2. lintian checks them (no errors allowed);
+#  3. a second clean chroot installs them with apt (which pulls their declared dependencies) plus a compiler,
+#     CMake, pkg-config and mpirun; the consumer program is built with find_package and with pkg-config and run,
+#     over a one-rank communicator and over MPI at 2 ranks (the installed MPI module), and the tools run.
+# Needs root (chroot, mounts) and the Debian mirror. The minbase root is debootstrapped once and kept as a tarball in
+# ~/.cache/libzero (ZERO_DEBIAN_BASE overrides the path, ZERO_DEBIAN_MIRROR the mirror).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/libzero-deb.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+if [[ $(id -u) -ne 0 ]]; then
+  echo "packaging/test-debian.sh needs root (it builds in chroots)" >&2
+  exit 1
+fi
+suite=bookworm
+mirror=${ZERO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+base=${ZERO_DEBIAN_BASE:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/debian-$suite-minbase.tar}
+work=$(mktemp -d /var/tmp/libzero-deb.XXXXXX)
+mounts=()
+cleanup() {
+  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
-src="$work/libzero"
-mkdir "$src"
-(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src")
-cp -r "$root/packaging/debian" "$src/debian"
-(cd "$src" && dpkg-buildpackage -us -uc -b -j"$(nproc)" >"$work/build.log" 2>&1) || {
-  tail -50 "$work/build.log"
+if [[ ! -f $base ]]; then
+  echo "debootstrap $suite (minbase) from $mirror, kept in $base"
+  mkdir -p "$(dirname "$base")" "$work/bootstrap"
+  debootstrap --variant=minbase "$suite" "$work/bootstrap" "$mirror" >"$work/debootstrap.log" 2>&1 || {
+    tail -30 "$work/debootstrap.log"
+    exit 1
+  }
+  tar -C "$work/bootstrap" -cf "$base.tmp" .
+  mv "$base.tmp" "$base"
+  rm -rf "$work/bootstrap"
+fi
+
+# A fresh root from the tarball, with /proc, /sys, /dev (Open MPI needs /dev/shm) and the host's DNS.
+new_root() {
+  local dir=$1
+  mkdir -p "$dir"
+  tar -C "$dir" -xf "$base"
+  mount -t proc proc "$dir/proc" && mounts+=("$dir/proc")
+  mount -t sysfs sysfs "$dir/sys" && mounts+=("$dir/sys")  # hwloc (Open MPI) reads the CPU topology there
+  mount --bind /dev "$dir/dev" && mounts+=("$dir/dev")
+  mount -t tmpfs -o size=1g tmpfs "$dir/dev/shm" && mounts+=("$dir/dev/shm")
+  cp /etc/resolv.conf "$dir/etc/resolv.conf"
+}
+in_root() {
+  local dir=$1
+  shift
+  chroot "$dir" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+    DEBIAN_FRONTEND=noninteractive bash -euo pipefail -c "$*"
+}
+
+echo "== build in a clean $suite chroot with the declared Build-Depends"
+build=$work/build-root
+new_root "$build"
+mkdir -p "$build/src/libzero"
+(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$build/src/libzero")
+cp -r "$root/packaging/debian" "$build/src/libzero/debian"
+in_root "$build" "apt-get update -qq && apt-get install -y -qq --no-install-recommends build-essential dpkg-dev \
+  >/dev/null && cd /src/libzero && apt-get build-dep -y -qq ./ >/dev/null" >"$work/deps.log" 2>&1 || {
+  tail -30 "$work/deps.log"
   exit 1
 }
-ls "$work"/*.deb
+in_root "$build" "cd /src/libzero && dpkg-buildpackage -us -uc -b -j$(nproc)" >"$work/build.log" 2>&1 || {
+  tail -60 "$work/build.log"
+  exit 1
+}
+grep -E "tests passed|Test +#" "$work/build.log" | grep -E "tests passed" || true
+mkdir -p "$work/out"
+cp "$build/src"/*.deb "$build/src"/*.changes "$build/src"/*.buildinfo "$work/out/"
+ls "$work/out"/*.deb
 
 echo "== lintian"
-lintian --fail-on error --info "$work"/*.changes
+lintian --fail-on error --info "$work/out"/*.changes
 
-echo "== install the packages and consume them"
-dpkg -i "$work"/libzero1_*.deb "$work"/libzero-mpi1_*.deb "$work"/libzero-dev_*.deb "$work"/zero-tools_*.deb >/dev/null
-trap 'dpkg -r zero-tools libzero-dev libzero-mpi1 libzero1 >/dev/null || true; rm -rf "$work"' EXIT
-bash "$root/tests/consumer/build_and_run.sh" /usr "$work/consumer"
-zero-config check "$root/examples/configs/zero2_fp32.json" --world-size 4 >/dev/null
-zero-ckpt --help >/dev/null
-echo "debian packages ok: built, lintian clean of errors, installed, consumed with find_package and pkg-config"
+echo "== install with apt in a second clean chroot, build and run the consumer"
+inst=$work/install-root
+new_root "$inst"
+mkdir -p "$inst/debs" "$inst/consumer" "$inst/configs"
+cp "$work/out"/*.deb "$inst/debs/"
+cp "$root/tests/consumer"/* "$inst/consumer/"
+cp "$root/examples/configs/zero2_fp32.json" "$inst/configs/"
+in_root "$inst" "apt-get update -qq && apt-get install -y -qq --no-install-recommends /debs/*.deb \
+  cmake gcc g++ make pkg-config mpi-default-bin >/dev/null" >"$work/install.log" 2>&1 || {
+  tail -30 "$work/install.log"
+  exit 1
+}
+in_root "$inst" "bash /consumer/build_and_run.sh /usr /tmp/consumer && \
+  mpirun --allow-run-as-root --oversubscribe -np 2 /tmp/consumer/cmake/consumer --mpi && \
+  zero-config check /configs/zero2_fp32.json --world-size 4 >/dev/null && zero-ckpt --help >/dev/null"
+echo "debian packages ok: built in a clean $suite chroot with their Build-Depends (tests run), lintian clean of" \
+  "errors, installed with apt in another, consumed with find_package, pkg-config and over MPI"

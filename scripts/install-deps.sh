@@ -7,11 +7,12 @@ set -euo pipefail
 # where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
 # clang-format: the formatting check. abigail-tools, pkg-config: the ABI and install checks. debhelper, dpkg-dev,
 # lintian: the Debian packages. python3-yaml: parsing the conda recipe. python3-numpy, python3-venv: the checkpoint
-# interoperability test (scripts/test.sh adds the safetensors package from PyPI in build/pyenv). libxxhash-dev:
-# checkpoint checksums. libopenblas-dev: the GPT example's matmuls.
+# interoperability test (scripts/test.sh adds the safetensors package from PyPI in a venv under ~/.cache/libzero). libxxhash-dev:
+# checkpoint checksums. libopenblas-dev: the GPT example's matmuls. clang-14, libclang-rt-14-dev: the clang build,
+# its sanitizers and libFuzzer. debootstrap: the clean Debian root the packages are built and installed in.
 packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
           abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv
-          libopenblas-dev)
+          libopenblas-dev clang-14 libclang-rt-14-dev debootstrap)
 
 missing=()
 for p in "${packages[@]}"; do

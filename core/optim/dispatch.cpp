@@ -1,5 +1,7 @@
 // Which SIMD path runs: the best one CPUID reports, or the one ZERO_SIMD forces (tests cover every path on one
 // machine that way). And the OpenMP split of a run over threads.
+#include "optim/no_fp_contraction.hpp"  // before anything else: no FMA contraction in this file
+
 #include <omp.h>
 
 #include <algorithm>
@@ -12,28 +14,67 @@
 
 namespace zero {
 
+#ifdef ZERO_X86_KERNELS
 const KernelTable& kernel_table_avx512_bf16();
 const KernelTable& kernel_table_avx512_plain();
+#endif
 
 namespace {
 
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+// What the CPU and the operating system support, from CPUID and XGETBV directly (GCC's and clang's
+// __builtin_cpu_supports know different feature names, and neither knows every one used here).
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512bf16 = false;
+};
+
+#ifdef ZERO_X86_KERNELS
+void cpuid(unsigned leaf, unsigned subleaf, unsigned r[4]) {
+  __asm__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(subleaf));
 }
 
-bool cpu_has_avx512() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+CpuFeatures detect_features() {
+  CpuFeatures f;
+  unsigned r[4];
+  cpuid(0, 0, r);
+  const unsigned max_leaf = r[0];
+  if (max_leaf < 7) return f;
+  cpuid(1, 0, r);
+  const bool osxsave = (r[2] >> 27) & 1u, avx = (r[2] >> 28) & 1u;
+  if (!osxsave || !avx) return f;
+  unsigned lo = 0, hi = 0;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  const bool ymm_state = (lo & 0x6u) == 0x6u;    // the OS saves SSE and AVX registers
+  const bool zmm_state = (lo & 0xe6u) == 0xe6u;  // and the AVX-512 opmask and upper ZMM registers
+  if (!ymm_state) return f;
+  f.fma = (r[2] >> 12) & 1u;
+  f.f16c = (r[2] >> 29) & 1u;
+  cpuid(7, 0, r);
+  const unsigned max_subleaf = r[0];
+  f.avx2 = (r[1] >> 5) & 1u;
+  if (zmm_state) {
+    f.avx512f = (r[1] >> 16) & 1u;
+    f.avx512dq = (r[1] >> 17) & 1u;
+    f.avx512bw = (r[1] >> 30) & 1u;
+    f.avx512vl = (r[1] >> 31) & 1u;
+    if (max_subleaf >= 1) {
+      cpuid(7, 1, r);
+      f.avx512bf16 = (r[0] >> 5) & 1u;
+    }
+  }
+  return f;
+}
+#else
+CpuFeatures detect_features() { return CpuFeatures{}; }  // not x86-64: the portable path only
+#endif
+
+const CpuFeatures& cpu() {
+  static const CpuFeatures features = detect_features();
+  return features;
 }
 
-bool cpu_has_avx512_bf16() {
-  // GCC 12's __builtin_cpu_supports does not know avx512bf16: CPUID leaf 7 subleaf 1, EAX bit 5.
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
-  return (eax >> 5) & 1u;
-}
+bool cpu_has_avx2() { return cpu().avx2 && cpu().fma && cpu().f16c; }
+bool cpu_has_avx512() { return cpu().avx512f && cpu().avx512bw && cpu().avx512vl && cpu().avx512dq; }
 
 Isa detect() {
   const char* forced = std::getenv("ZERO_SIMD");
@@ -82,23 +123,28 @@ Isa active_isa() {
   return isa;
 }
 
+#ifdef ZERO_X86_KERNELS
 const KernelTable& kernel_table_avx512() {
-  return cpu_has_avx512_bf16() ? kernel_table_avx512_bf16() : kernel_table_avx512_plain();
+  return cpu().avx512bf16 ? kernel_table_avx512_bf16() : kernel_table_avx512_plain();
 }
+#endif
 
 const KernelTable& kernels(Isa isa) {
   if (!isa_supported(isa)) fail(ZERO_ERR_UNSUPPORTED, std::string("the ") + isa_name(isa) + " path is not supported");
   switch (isa) {
+#ifdef ZERO_X86_KERNELS
     case Isa::kAvx2:
       return kernel_table_avx2();
     case Isa::kAvx512:
       return kernel_table_avx512();
+#endif
     default:
       return kernel_table_scalar();
   }
 }
 
 namespace {
+
 // Below this many elements per thread, starting threads costs more than it saves.
 constexpr size_t kMinElemsPerThread = size_t{1} << 16;
 
@@ -107,9 +153,6 @@ int threads_for(size_t n, int limit) {
   size_t useful = n / kMinElemsPerThread;
   return static_cast<int>(std::max<size_t>(1, std::min<size_t>(useful, static_cast<size_t>(max_threads))));
 }
-}  // namespace
-
-namespace {
 
 // The run [begin, begin + n) of `args`.
 KernelArgs sub_run(const KernelArgs& args, size_t begin, size_t n) {

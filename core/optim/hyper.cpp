@@ -1,3 +1,5 @@
+#include "optim/no_fp_contraction.hpp"  // before anything else: no FMA contraction in this file
+
 #include "optim/hyper.hpp"
 
 #include <cmath>

@@ -1,5 +1,7 @@
 // AVX2 + FMA + F16C path (compiled with -mavx2 -mfma -mf16c; used only when CPUID reports them). FMA is not
 // used: results must equal the scalar path bit for bit.
+#include "optim/no_fp_contraction.hpp"  // before anything else: no FMA contraction in this file
+
 #include <immintrin.h>
 
 #include "optim/kernel_body.hpp"

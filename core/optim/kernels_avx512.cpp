@@ -2,6 +2,8 @@
 // reports F, BW, VL and DQ). Where AVX512_BF16 exists, bf16 copies use vcvtneps2bf16, which flushes denormal
 // inputs to zero; those lanes (and NaNs) are redone with the integer rounding so the result is exactly
 // float_to_bf16_rne, as on every other path. FMA is not used: results equal the scalar path bit for bit.
+#include "optim/no_fp_contraction.hpp"  // before anything else: no FMA contraction in this file
+
 #include <immintrin.h>
 
 #include <cstdint>

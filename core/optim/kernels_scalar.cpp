@@ -1,4 +1,6 @@
 // The portable path: one element per "vector", the reference the SIMD paths must match bit for bit.
+#include "optim/no_fp_contraction.hpp"  // before anything else: no FMA contraction in this file
+
 #include <cmath>
 
 #include "optim/kernel_body.hpp"

@@ -4,6 +4,6 @@
 set -euo pipefail
 cmake -S "$SRC_DIR" -B build-conda \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PREFIX" -DCMAKE_INSTALL_LIBDIR=lib \
-  -DZERO_BUILD_TESTS=OFF -DZERO_WERROR=OFF ${CMAKE_ARGS:-}
+  -DZERO_BUILD_TESTS=OFF -DZERO_BUILD_EXAMPLES=OFF -DZERO_BUILD_BENCH=OFF -DZERO_WERROR=OFF ${CMAKE_ARGS:-}
 cmake --build build-conda -j"${CPU_COUNT:-2}"
 cmake --install build-conda

@@ -1,6 +1,8 @@
 /* Built against an installed libzero (CMake package, pkg-config, or the Debian packages): checks the version and
- * trains one step on a one-rank communicator. */
+ * trains one step on a one-rank communicator, or with --mpi (under mpirun) over MPI through the installed MPI
+ * module, libzero-mpi.so.1. */
 #include <stdio.h>
+#include <string.h>
 
 #include "zero/zero.h"
 
@@ -13,14 +15,21 @@
     }                                                                                    \
   } while (0)
 
-int main(void) {
+int main(int argc, char** argv) {
+  const int mpi = argc > 1 && strcmp(argv[1], "--mpi") == 0;
   if (zero_get_version() / 10000 != ZERO_VERSION_MAJOR) {
     fprintf(stderr, "library major version %u, header %d\n", zero_get_version() / 10000, ZERO_VERSION_MAJOR);
     return 1;
   }
   zero_comm_t* comm = NULL;
   zero_engine_t* engine = NULL;
-  CHECK(zero_comm_create_single(&comm));
+  if (mpi)
+    CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  else
+    CHECK(zero_comm_create_single(&comm));
+  int32_t rank = 0, world = 1;
+  CHECK(zero_comm_rank(&rank, comm));
+  CHECK(zero_comm_size(&world, comm));
   CHECK(zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}}", comm));
   int64_t shape[1] = {4};
   zero_param_desc_t desc = ZERO_PARAM_DESC_INIT;
@@ -39,6 +48,8 @@ int main(void) {
   CHECK(zero_step(&info, engine));
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
-  printf("consumer ok: libzero %s (%u), step %lld\n", ZERO_VERSION_STRING, zero_get_version(), (long long)info.step);
+  if (rank == 0)
+    printf("consumer ok: libzero %s (%u), %s, %d rank(s), step %lld\n", ZERO_VERSION_STRING, zero_get_version(),
+           mpi ? "MPI" : "one-rank communicator", (int)world, (long long)info.step);
   return info.step == 1 ? 0 : 1;
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp16_reference.h"
 #include "zero/zero.h"
 
 typedef struct {
@@ -42,17 +43,8 @@ static uint16_t tb_float_to_bf16(float f) { /* round to nearest even (no NaNs in
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
-static float tb_fp16_to_float(uint16_t h) {
-  _Float16 v;
-  memcpy(&v, &h, 2);
-  return (float)v;
-}
-static uint16_t tb_float_to_fp16(float f) {
-  _Float16 v = (_Float16)f;
-  uint16_t h;
-  memcpy(&h, &v, 2);
-  return h;
-}
+static float tb_fp16_to_float(uint16_t h) { return fp16_reference_to_float(h); }
+static uint16_t tb_float_to_fp16(float f) { return fp16_reference_from_float(f); }
 static void tb_sum_bf16(void* in, void* inout, int* len, MPI_Datatype* type) {
   (void)type;
   const uint16_t* a = (const uint16_t*)in;

@@ -12,8 +12,8 @@
  * model's three units with 200), mixing gathered and resident units in one run.
  *
  * In bf16 and fp16 the engine keeps an fp32 master and writes the params as its round-to-nearest-even; the
- * reference does the same, with its own rounding (the compiler's _Float16 conversion for fp16, nearest by exact
- * distance for bf16). Gradients are reduced in the compute dtype (DeepSpeed's default), so the test keeps every
+ * reference does the same, with its own rounding (nearest by exact distance for both: tests/mpi/fp16_reference.h
+ * for fp16). Gradients are reduced in the compute dtype (DeepSpeed's default), so the test keeps every
  * partial sum within 8 significant bits (bf16) to stay exact; fp16 gradients carry the loss scale 2^16.
  *
  * Gradients are small multiples of 2^-10, so every sum over ranks and micro-steps is exact in any order. The
@@ -76,12 +76,7 @@ static uint16_t round_bf16(float x) {
   if (e_down < e_up || (e_down == e_up && ((down_bits >> 16) & 1u) == 0)) return (uint16_t)(down_bits >> 16);
   return (uint16_t)(up_bits >> 16);
 }
-static uint16_t round_fp16(float x) {
-  _Float16 h = (_Float16)x; /* IEEE round to nearest even */
-  uint16_t bits;
-  memcpy(&bits, &h, 2);
-  return bits;
-}
+static uint16_t round_fp16(float x) { return fp16_reference_from_float(x); /* nearest by exact distance */ }
 
 static float init_value(int p, size_t i) { return (float)ldexp((double)((int)((p * 31 + i * 7) % 41) - 20), -6); }
 

@@ -7,7 +7,7 @@ set -euo pipefail
 mpiexec=$1 test_checkpoint=$2 zero_ckpt=$3 python=$4 dir=$5
 here=$(cd "$(dirname "$0")" && pwd)
 if [[ ! -x "$python" ]] || ! "$python" -c "import safetensors, numpy" 2>/dev/null; then
-  echo "no Python with safetensors and numpy at $python; scripts/test.sh creates it (build/pyenv)"
+  echo "no Python with safetensors and numpy at $python; scripts/test.sh creates it (~/.cache/libzero/pyenv)"
   exit 1
 fi
 rm -rf "$dir"
