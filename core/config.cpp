@@ -36,8 +36,10 @@ class Section {
     if (!obj_.is_object()) fail(ZERO_ERR_CONFIG, "'" + path_ + "' must be a JSON object, got " + obj_.type_name());
   }
 
-  // Every key must be in `known`; an unknown one is an error naming the nearest known key.
+  // Every key must be in `known`; the unknown ones are one error naming each with the nearest known key (the
+  // format of config_keys.cpp's check of the other sections).
   void require_known(const std::vector<std::string>& known) const {
+    std::vector<std::string> unknown;
     for (auto it = obj_.begin(); it != obj_.end(); ++it) {
       if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
       std::string best;
@@ -46,10 +48,13 @@ class Section {
         size_t d = edit_distance(it.key(), k);
         if (d < best_distance) best_distance = d, best = k;
       }
-      std::string msg = "unknown config key '" + qualified(it.key()) + "'";
-      if (!best.empty()) msg += "; did you mean '" + qualified(best) + "'?";
-      fail(ZERO_ERR_CONFIG, msg);
+      unknown.push_back("'" + qualified(it.key()) + "'" +
+                        (best.empty() ? "" : " (did you mean '" + qualified(best) + "'?)"));
     }
+    if (unknown.empty()) return;
+    std::string message = unknown.size() == 1 ? "unknown config key " : "unknown config keys: ";
+    for (size_t i = 0; i < unknown.size(); ++i) message += (i ? ", " : "") + unknown[i];
+    fail(ZERO_ERR_CONFIG, message);
   }
 
   bool has(const std::string& key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
@@ -168,6 +173,10 @@ std::string lowercase(std::string s) {
 void parse_betas(const Section& p, OptimizerHyper& opt) {
   if (!p.has("betas")) return;
   const json& b = p.raw("betas");
+  if (b.is_string() && b.get<std::string>() == "auto")
+    fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") +
+                              "' is \"auto\"; replace it with a value (the Hugging Face Trainer resolves \"auto\" "
+                              "before handing the config over)");
   if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
     fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") + "' must be an array of two numbers, got " + b.dump());
   opt.beta1 = b[0].get<double>();
@@ -188,9 +197,13 @@ void parse_optimizer(const Section& o, Config& cfg) {
   OptimizerHyper& opt = cfg.optimizer;
   const json empty = json::object();
   const Section p = o.has("params") ? o.child("params") : Section(empty, "optimizer.params", cfg);
+  if (p.has("max_grad_norm"))
+    fail(ZERO_ERR_CONFIG,
+         "config key 'optimizer.params.max_grad_norm' is not an optimizer parameter (DeepSpeed refuses "
+         "it too): use the top-level 'gradient_clipping'");
   if (lower == "adam" || lower == "adamw") {
-    p.require_known(
-        {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam", "fused"});
+    p.require_known({"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam",
+                     "fused", "set_grad_none"});
     opt.lr = p.get_number("lr", 1e-3, 0.0, 1e6);
     parse_betas(p, opt);
     opt.eps = p.get_number("eps", 1e-8, 0.0, 1.0);
@@ -204,6 +217,8 @@ void parse_optimizer(const Section& o, Config& cfg) {
     if (p.get_bool("amsgrad", false)) p.unsupported("amsgrad", "AMSGrad is not implemented");
     p.get_bool("fused", true);
     p.no_effect("fused");
+    p.get_bool("set_grad_none", true);
+    p.no_effect("set_grad_none");
     opt.kind = decoupled ? OptimizerKind::kAdamW : OptimizerKind::kAdamL2;
   } else if (lower == "adagrad") {
     p.require_known({"lr", "eps", "weight_decay", "lr_decay", "initial_accumulator_value", "amsgrad"});
@@ -216,7 +231,9 @@ void parse_optimizer(const Section& o, Config& cfg) {
       p.unsupported("initial_accumulator_value", "the accumulator starts at 0");
     if (p.get_bool("amsgrad", false)) p.unsupported("amsgrad", "Adagrad has no AMSGrad variant");
   } else if (lower == "lion") {
-    p.require_known({"lr", "betas", "weight_decay"});
+    p.require_known({"lr", "betas", "weight_decay", "set_grad_none"});
+    p.get_bool("set_grad_none", true);
+    p.no_effect("set_grad_none");
     opt.kind = OptimizerKind::kLion;
     opt.lr = p.get_number("lr", 1e-3, 0.0, 1e6);
     opt.beta1 = 0.9;
@@ -234,7 +251,11 @@ void parse_optimizer(const Section& o, Config& cfg) {
     if (opt.nesterov && (opt.momentum == 0.0 || opt.dampening != 0.0))
       fail(ZERO_ERR_CONFIG, "config key 'optimizer.params.nesterov' needs momentum > 0 and dampening 0 (as in torch)");
   } else {
-    const char* later[] = {"lamb", "onebitadam", "zerooneadam", "onebitlamb", "muadam", "adafactor"};
+    // DeepSpeed's other optimizers, and torch.optim's (DeepSpeed builds torch.optim.<type> for a name it does not
+    // know): valid there, not implemented here.
+    const char* later[] = {"lamb",  "onebitadam", "zerooneadam", "onebitlamb", "muadam", "muadamw",
+                           "musgd", "muon",       "adafactor",   "adadelta",   "adamax", "asgd",
+                           "lbfgs", "nadam",      "radam",       "rmsprop",    "rprop",  "sparseadam"};
     for (const char* l : later)
       if (lower == l) o.unsupported("type", "optimizer \"" + type + "\" is not implemented");
     fail(ZERO_ERR_CONFIG, "config key 'optimizer.type' is \"" + type +
@@ -294,6 +315,12 @@ void parse_precision(const Section& top, Config& cfg) {
 }
 
 void parse_scheduler(const Section& sch, Config& cfg) {
+  if (!sch.has("type")) {  // DeepSpeed: a scheduler block without a type is no scheduler
+    cfg.warnings.push_back(
+        "config block 'scheduler' has no 'type': no learning-rate schedule is used (as in "
+        "DeepSpeed), and its params have no effect");
+    return;
+  }
   const std::string type = sch.get_string("type", "");
   const json empty = json::object();
   const Section p = sch.has("params") ? sch.child("params") : Section(empty, "scheduler.params", cfg);

@@ -1,6 +1,7 @@
 #include "config_keys.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <functional>
 #include <map>
 #include <set>
@@ -39,13 +40,13 @@ const std::vector<KeyRule>& deepspeed_key_rules() {
       {"managed_gradient_accumulation", R, "true", "libzero manages gradient accumulation itself"},
       {"sequence_parallel_size", R, "1", "sequence parallelism is not implemented"},
       {"seq_parallel_communication_data_type", N, nullptr, "no sequence parallelism"},
-      {"expert_parallel", R, nullptr, "expert (MoE) parallelism is not implemented"},
-      {"tensor_parallel", R, nullptr, "tensor parallelism is not implemented"},
-      {"hybrid_engine", R, nullptr, "the hybrid (RLHF) engine is not implemented"},
-      {"compile", R, nullptr, "DeepCompile / torch.compile integration is the framework's, not libzero's"},
-      {"torch_autocast", R, nullptr, "autocasting is the framework's business; libzero trains in bf16/fp16 blocks"},
-      {"weight_quantization", R, nullptr, "weight quantization is not implemented"},
-      {"data_efficiency", R, nullptr, "data sampling and routing are the framework's business"},
+      {"expert_parallel", R, "@enabled?=false", "expert (MoE) parallelism is not implemented"},
+      {"tensor_parallel", R, "@autotp_size?=0|1", "tensor parallelism is not implemented"},
+      {"hybrid_engine", R, "@enabled?=false", "the hybrid (RLHF) engine is not implemented"},
+      {"compile", R, "@deepcompile?=false", "DeepCompile is not implemented (torch.compile is the framework's)"},
+      {"torch_autocast", R, "@enabled?=false", "autocasting is the framework's business; libzero trains in bf16/fp16"},
+      {"weight_quantization", R, "@enabled=false", "weight quantization is not implemented"},
+      {"data_efficiency", R, "@enabled?=false", "data sampling and routing are the framework's business"},
       {"pipeline", N, nullptr, "pipeline parallelism is the framework's"},
       {"activation_checkpointing", N, nullptr, "activation checkpointing is the framework's (forward and backward)"},
       {"aio", N, nullptr, "used only by NVMe offload, which is not implemented yet"},
@@ -245,13 +246,36 @@ std::string nearest(const std::string& key, const std::vector<std::string>& know
   return best;
 }
 
-bool harmless(const json& value, const char* list) {
-  if (list == nullptr) return false;
+std::string lowercase_copy(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Whether `value` is one of the '|'-separated JSON values of `list` (strings case-insensitively).
+bool one_of(const json& value, const std::string& list) {
   std::stringstream entries(list);
   std::string entry;
-  while (std::getline(entries, entry, '|'))
-    if (json::parse(entry) == value) return true;
+  while (std::getline(entries, entry, '|')) {
+    const json want = json::parse(entry);
+    if (want == value) return true;
+    if (want.is_string() && value.is_string() &&
+        lowercase_copy(want.get<std::string>()) == lowercase_copy(value.get<std::string>()))
+      return true;
+  }
   return false;
+}
+
+bool harmless(const json& value, const char* rule) {
+  if (rule == nullptr) return false;
+  const std::string r = rule;
+  if (r[0] != '@') return one_of(value, r);
+  // A block judged by one of its keys.
+  const size_t eq = r.find('=');
+  const bool absent_ok = r[eq - 1] == '?';
+  const std::string key = r.substr(1, eq - 1 - (absent_ok ? 1 : 0));
+  if (!value.is_object()) return false;
+  if (!value.contains(key) || value.at(key).is_null()) return absent_ok;
+  return one_of(value.at(key), r.substr(eq + 1));
 }
 
 }  // namespace
@@ -299,11 +323,16 @@ void check_config_keys(json& root, std::vector<std::string>& no_effect,
         const std::string best = nearest(it.key(), keys);
         unknown.push_back(
             "'" + as_written(spelled_as, path) + "'" +
-            (best.empty() ? "" : " (did you mean '" + (section.empty() ? best : section + "." + best) + "'?)"));
+            (best.empty()
+                 ? ""
+                 : " (did you mean '" + as_written(spelled_as, section.empty() ? best : section + "." + best) + "'?)"));
         continue;
       }
       present.emplace_back(path, &it.value());
-      if (it.value().is_object() && known.count(path) != 0) walk(it.value(), path);
+      // A block with no effect is not looked into: DeepSpeed ignores unknown keys in those old-style sections
+      // (aio's thread_count, ...), and nothing in them can change what libzero trains.
+      if (it.value().is_object() && known.count(path) != 0 && rule_of.at(path)->use != KeyUse::kNoEffect)
+        walk(it.value(), path);
     }
   };
   walk(root, "");

@@ -21,8 +21,11 @@ enum class KeyUse { kHonoured, kNoEffect, kRefused };
 struct KeyRule {
   const char* path;  // "zero_optimization.overlap_comm"; a block without dotted entries is taken whole
   KeyUse use;
-  const char* harmless;  // kRefused: '|'-separated JSON values that ask for nothing; nullptr: any value is refused
-  const char* why;       // what libzero does instead (refused and no-effect keys)
+  // kRefused: the values that ask for nothing, '|'-separated JSON values (strings compare case-insensitively), or
+  // "@key=v1|v2" (a block whose `key` is one of the values) or "@key?=v1|v2" (the same, or `key` absent: DeepSpeed's
+  // default asks for nothing). nullptr: any value is refused.
+  const char* harmless;
+  const char* why;  // what libzero does instead (refused and no-effect keys)
 };
 
 const std::vector<KeyRule>& deepspeed_key_rules();

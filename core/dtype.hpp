@@ -88,9 +88,10 @@ inline uint32_t mix32(uint32_t x) {
 }
 
 // Stochastic rounding hashes each element's 32 low index bits with a seed; the seed mixes the config's seed, the
-// 64-bit step number and the element index's 32 high bits, so that every (seed, step, element) of a model of any
-// size gets its own rounding. The element index counts the model's elements without the padding (which depends on
-// the rank count), so the rounding does not depend on how many ranks share the model.
+// 64-bit step number and the element index's 32 high bits (a 32-bit hash of 32 bits: within one step, each block of
+// 2^32 elements draws a permutation of the same values, which is all a rounding needs). The element index counts
+// the model's elements without the padding (which depends on the rank count), so the rounding does not depend on
+// how many ranks share the model.
 inline uint32_t sr_step_seed(uint32_t seed, uint64_t step) {
   return mix32(seed ^ static_cast<uint32_t>(step * 0x9e3779b9u) ^ mix32(static_cast<uint32_t>(step >> 32)));
 }

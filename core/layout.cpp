@@ -54,8 +54,22 @@ Layout build_layout(const std::vector<ParamShape>& params, int world_size) {
   if (world_size < 1) fail(ZERO_ERR_INVALID_ARGUMENT, "world size must be at least 1");
   Layout layout;
   layout.world_size = world_size;
+  // Units are numbered 0..U-1 without gaps and none is empty, so no unit id reaches the number of params: a larger
+  // one is an error before anything is sized by it (a stray huge id must not become an allocation).
   int n_units = 0;
-  for (const auto& p : params) n_units = std::max(n_units, p.unit + 1);
+  for (const auto& p : params) {
+    if (p.unit < 0) fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + p.name + "': unit must be >= 0");
+    if (static_cast<size_t>(p.unit) >= params.size()) {
+      std::vector<bool> used(params.size(), false);
+      for (const auto& q : params)
+        if (q.unit >= 0 && static_cast<size_t>(q.unit) < params.size()) used[static_cast<size_t>(q.unit)] = true;
+      const size_t gap = static_cast<size_t>(std::find(used.begin(), used.end(), false) - used.begin());
+      fail(ZERO_ERR_INVALID_ARGUMENT, "unit " + std::to_string(gap) + " has no params (param '" + p.name +
+                                          "' is in unit " + std::to_string(p.unit) +
+                                          "); units must be numbered 0..U-1 without gaps");
+    }
+    n_units = std::max(n_units, p.unit + 1);
+  }
   layout.units.resize(n_units);
   layout.params.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {

@@ -124,13 +124,19 @@ Template* make_template() {
   return t;
 }
 
-void load_into_fresh_engine() {
+zero_status_t load_into_fresh_engine() {
   zero_comm_t* comm = nullptr;
   must(zero_comm_create_single(&comm), "zero_comm_create_single");
   zero_engine_t* e = make_engine(comm);
-  zero_load_checkpoint(e, g_template->root.c_str(), "t");  // OK or an error: both fine
+  // OK or a clear error; ZERO_ERR_INTERNAL is an exception libzero did not expect: a bug.
+  const zero_status_t status = zero_load_checkpoint(e, g_template->root.c_str(), "t");
+  if (status == ZERO_ERR_INTERNAL) {
+    std::fprintf(stderr, "ZERO_ERR_INTERNAL: %s\n", zero_last_error());
+    __builtin_trap();
+  }
   zero_engine_destroy(e);
   zero_comm_destroy(comm);
+  return status;
 }
 
 void restore() {
@@ -164,6 +170,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   zero_set_log_callback(quiet, nullptr, ZERO_LOG_DEBUG);
   g_template = make_template();
   std::atexit(remove_template);
+  // The harness itself: the untouched checkpoint loads (so inputs that break it are seen as such).
+  must(load_into_fresh_engine(), "zero_load_checkpoint of the untouched checkpoint");
   if (const char* seeds = std::getenv("ZERO_FUZZ_WRITE_SEEDS")) write_seeds(seeds);
   return 0;
 }
@@ -176,7 +184,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 0:
       try {
         zero::ckpt::Manifest::parse(rest, "fuzz/manifest.json");
-      } catch (const zero::Error&) {
+      } catch (const zero::Error& e) {
+        if (e.status() == ZERO_ERR_INTERNAL) __builtin_trap();
       }
       break;
     case 1:
@@ -188,7 +197,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           const uint64_t n = t.end - t.begin < sizeof buf ? t.end - t.begin : sizeof buf;
           reader.read(name, 0, buf, n);
         }
-      } catch (const zero::Error&) {
+      } catch (const zero::Error& e) {
+        if (e.status() == ZERO_ERR_INTERNAL) __builtin_trap();
       }
       break;
     case 2:

@@ -14,6 +14,11 @@ if [[ $(id -u) -ne 0 ]]; then
   echo "packaging/test-debian.sh needs root (it builds in chroots)" >&2
   exit 1
 fi
+# Everything below runs in a private mount namespace: the chroots' mounts never reach the host, and they vanish
+# with the namespace even if this script is killed.
+if [[ -z ${ZERO_DEBIAN_TEST_NS:-} ]]; then
+  exec unshare --mount --propagation private env ZERO_DEBIAN_TEST_NS=1 bash "$0" "$@"
+fi
 suite=bookworm
 mirror=${ZERO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 base=${ZERO_DEBIAN_BASE:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/debian-$suite-minbase.tar}
@@ -21,7 +26,7 @@ work=$(mktemp -d /var/tmp/libzero-deb.XXXXXX)
 mounts=()
 cleanup() {
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
-  rm -rf "$work"
+  rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 
@@ -34,7 +39,7 @@ if [[ ! -f $base ]]; then
   }
   tar -C "$work/bootstrap" -cf "$base.tmp" .
   mv "$base.tmp" "$base"
-  rm -rf "$work/bootstrap"
+  rm -rf --one-file-system "$work/bootstrap"
 fi
 
 # A fresh root from the tarball, with /proc, /sys, /dev (Open MPI needs /dev/shm) and the host's DNS.
@@ -42,10 +47,14 @@ new_root() {
   local dir=$1
   mkdir -p "$dir"
   tar -C "$dir" -xf "$base"
-  mount -t proc proc "$dir/proc" && mounts+=("$dir/proc")
-  mount -t sysfs sysfs "$dir/sys" && mounts+=("$dir/sys")  # hwloc (Open MPI) reads the CPU topology there
-  mount --bind /dev "$dir/dev" && mounts+=("$dir/dev")
-  mount -t tmpfs -o size=1g tmpfs "$dir/dev/shm" && mounts+=("$dir/dev/shm")
+  mount -t proc proc "$dir/proc"
+  mounts+=("$dir/proc")
+  mount -t sysfs sysfs "$dir/sys" # hwloc (Open MPI) reads the CPU topology there
+  mounts+=("$dir/sys")
+  mount --bind /dev "$dir/dev"
+  mounts+=("$dir/dev")
+  mount -t tmpfs -o size=1g tmpfs "$dir/dev/shm"
+  mounts+=("$dir/dev/shm")
   cp /etc/resolv.conf "$dir/etc/resolv.conf"
 }
 in_root() {

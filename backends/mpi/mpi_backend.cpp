@@ -33,6 +33,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "comm/rank_order_sum.hpp"
@@ -147,28 +148,43 @@ MPI_Datatype base_type(int32_t dtype) {
 }
 
 // MPI counts are int. A larger count is sent as count / block elements of a contiguous type of `block` elements
-// (message_blocks.hpp). The test build of this module (ZERO_TEST_HOOKS) takes a lower limit from the environment
-// variable ZERO_TEST_MPI_MAX_COUNT, so that the tests run the blocked path on small messages.
-struct Count {
+// (message_blocks.hpp); the type lives as long as the collective (Op) that uses it, on every path. The test build
+// of this module (ZERO_TEST_HOOKS) takes a lower limit for unit data (float elements) from the environment variable
+// ZERO_TEST_MPI_MAX_COUNT, so that the tests run the blocked path on small messages.
+class Count {
+ public:
+  Count() = default;
+  Count(const Count&) = delete;
+  Count& operator=(const Count&) = delete;
+  Count(Count&& o) noexcept { *this = std::move(o); }
+  Count& operator=(Count&& o) noexcept {
+    std::swap(n, o.n), std::swap(type, o.type), std::swap(derived, o.derived);
+    return *this;
+  }
+  // MPI allows freeing a type while a request still uses it; after MPI_Finalize nothing may be called.
+  ~Count() {
+    int finalized = 0;
+    if (derived && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Type_free(&type);
+  }
   int n = 0;
   MPI_Datatype type = MPI_DATATYPE_NULL;
   bool derived = false;
 };
-uint64_t max_count() {
+uint64_t max_count(int32_t dtype) {
 #ifdef ZERO_TEST_HOOKS
   static const uint64_t limit = [] {
     const char* env = std::getenv("ZERO_TEST_MPI_MAX_COUNT");
     return env != nullptr && env[0] != '\0' ? std::strtoull(env, nullptr, 10) : uint64_t{INT_MAX};
   }();
-  return limit;
-#else
-  return INT_MAX;
+  if (dtype == ZERO_DTYPE_FP32 || dtype == ZERO_DTYPE_BF16 || dtype == ZERO_DTYPE_FP16) return limit;
 #endif
+  (void)dtype;
+  return INT_MAX;
 }
 Count mpi_count(uint64_t count, int32_t dtype) {
   Count c;
   c.type = base_type(dtype);
-  const uint64_t block = zero::message_block(count, max_count());
+  const uint64_t block = zero::message_block(count, max_count(dtype));
   if (block == 0 || block > uint64_t{INT_MAX})
     fail(ZERO_ERR_UNSUPPORTED, "a message of " + std::to_string(count) +
                                    " elements has no power-of-two factor that brings it under MPI's int count");
@@ -176,7 +192,10 @@ Count mpi_count(uint64_t count, int32_t dtype) {
   if (block > 1) {
     MPI_Datatype t;
     check(MPI_Type_contiguous(static_cast<int>(block), c.type, &t), "MPI_Type_contiguous");
-    check(MPI_Type_commit(&t), "MPI_Type_commit");
+    if (MPI_Type_commit(&t) != MPI_SUCCESS) {
+      MPI_Type_free(&t);
+      fail(ZERO_ERR_COMM, "MPI_Type_commit failed for a block of " + std::to_string(block) + " elements");
+    }
     c.type = t;
     c.derived = true;
   }
@@ -273,7 +292,11 @@ class Backend {
     const auto begin = Clock::now();
     for (;;) {
       int done = 0;
-      check(MPI_Test(&op->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        abandon(op);  // kept, with its type and buffer, as a collective given up in flight
+        fail(ZERO_ERR_COMM,
+             "MPI_Test failed on collective #" + std::to_string(op->coll.sequence) + " (" + op->label + ")");
+      }
       if (done) {
         complete(op);
         return true;
@@ -479,7 +502,6 @@ class Backend {
     std::unique_ptr<Op> owned(op);
     if (op->coll.kind == ZERO_COLL_REDUCE_SCATTER)
       zero::sum_blocks_in_rank_order(op->coll.buf, op->coll.count, size_, rank_, op->coll.dtype);
-    if (op->count.derived) MPI_Type_free(&op->count.type);
     completed_ = op->coll.sequence;
     completed_label_ = op->label;
     pending_ = 0;

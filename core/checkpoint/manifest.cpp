@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.hpp"
@@ -184,6 +185,24 @@ void Manifest::validate() const {
   for (const auto& f : files)
     if (f.rank < -1 || f.rank >= world_size || f.name.empty() || f.name.find('/') != std::string::npos)
       bad("file entry '" + f.name + "' is not a file of this checkpoint");
+  // Every rank's shard of every kind, once: master and optimizer always, params for all ranks or none.
+  std::map<std::string, std::vector<int>> shards;  // kind -> how many files each rank has
+  for (const auto& f : files)
+    if (f.rank >= 0) {
+      auto& count = shards[f.kind];
+      count.resize(static_cast<size_t>(world_size), 0);
+      count[static_cast<size_t>(f.rank)] += 1;
+    }
+  for (const char* kind : {"master", "optimizer", "params"}) {
+    const auto it = shards.find(kind);
+    if (it == shards.end()) {
+      if (std::string(kind) != "params") bad(std::string("no ") + kind + " files");
+      continue;
+    }
+    for (int r = 0; r < world_size; ++r)
+      if (it->second[static_cast<size_t>(r)] != 1)
+        bad(std::to_string(it->second[static_cast<size_t>(r)]) + " " + kind + " files for rank " + std::to_string(r));
+  }
 }
 
 void write_manifest(const std::string& dir, const Manifest& m) {

@@ -1,8 +1,9 @@
 // Included first by every translation unit whose floating-point results are promised bit for bit (the optimizer
-// kernels and the step constants): no multiply and add may fuse into one FMA, whatever flags the including build
-// uses. CMake passes -ffp-contract=off everywhere, but a consumer that compiles these files with its own flags
-// (GCC defaults to -ffp-contract=fast) would otherwise get kernels whose results differ by ISA and from the
-// tests' references. GCC ignores the standard pragma, so it gets its own.
+// kernels and the step constants): no multiply and add may fuse into one FMA. CMake passes -ffp-contract=off
+// everywhere, but a build that compiles these files with its own flags would otherwise get kernels whose results
+// differ by ISA and from the tests' references: GCC's default is -ffp-contract=fast, which the GCC pragma below
+// overrides; clang's default (-ffp-contract=on) honours the standard pragma. An explicit clang -ffp-contract=fast
+// disregards pragmas by definition and cannot be countered here (scripts/check-no-fma.sh checks both defaults).
 #pragma once
 
 #if defined(__clang__)

@@ -11,7 +11,7 @@ rm -rf "$work" && mkdir -p "$work"
 small=(--layers 2 --channels 64 --heads 2 --seq-len 32 --micro-batch 4 --steps 30 --lr 3e-3 --warmup 5)
 run() {
   local name=$1; shift
-  "$mpiexec" --allow-run-as-root --oversubscribe -np "$world" "$train_gpt" "${small[@]}" "$@" \
+  "$mpiexec" -np "$world" "$train_gpt" "${small[@]}" "$@" \
     --csv "$work/$name.csv" >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
 }
 for stage in 0 1 2 3; do run "stage$stage" --stage "$stage"; done

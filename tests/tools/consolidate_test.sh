@@ -11,7 +11,7 @@ if [[ ! -x "$python" ]] || ! "$python" -c "import safetensors, numpy" 2>/dev/nul
   exit 1
 fi
 rm -rf "$dir"
-"$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$test_checkpoint" --mode export --stage 3 --dir "$dir"
+"$mpiexec" -np 2 "$test_checkpoint" --mode export --stage 3 --dir "$dir"
 "$zero_ckpt" inspect "$dir"
 "$zero_ckpt" verify "$dir" --tag export
 for dtype in fp32 bf16 fp16; do

@@ -104,7 +104,9 @@ ckpt::Manifest valid_manifest() {
   m.groups.push_back({"default", 0.001, 0.01, 0.9, 0.999, 1e-8});
   m.units.push_back({0, 64, 32, 0});
   m.params.push_back({"w", {7, 5}, 0, 0, 0, 35, 0});
-  m.files.push_back({ckpt::shard_file_name("master", 0, 2), "master", 0, 100, 1});
+  for (int r = 0; r < 2; ++r)
+    for (const char* kind : {"master", "optimizer"})
+      m.files.push_back({ckpt::shard_file_name(kind, r, 2), kind, r, 100, 1});
   m.config_json = "{}";
   return m;
 }
@@ -133,6 +135,13 @@ TEST(CheckpointIo, ManifestValuesNoSaveWritesAreCorruption) {
        }},
       {"optimizer is", [](ckpt::Manifest& m) { m.optimizer = "Shampoo"; }},
       {"not a file of this checkpoint", [](ckpt::Manifest& m) { m.files[0].name = "../../etc/passwd"; }},
+      // Every rank's shard of every kind (a loader must never look up a file the manifest lacks).
+      {"0 optimizer files for rank 1", [](ckpt::Manifest& m) { m.files.pop_back(); }},
+      {"2 master files for rank 0", [](ckpt::Manifest& m) { m.files[2] = m.files[0]; }},
+      {"0 params files for rank 1",
+       [](ckpt::Manifest& m) {
+         m.files.push_back({ckpt::shard_file_name("params", 0, 2), "params", 0, 10, 1});
+       }},
   };
   for (const Case& c : cases) {
     ckpt::Manifest m = valid_manifest();

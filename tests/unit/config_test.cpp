@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 
 #include "config.hpp"
@@ -307,6 +309,52 @@ TEST(Config, BatchSizeProductsDoNotOverflow) {
   m = parse_error(with_optimizer(R"("train_batch_size": 4503599627370496, "train_micro_batch_size_per_gpu": 1)"),
                   ZERO_ERR_CONFIG, 1);
   EXPECT_NE(m.find("at most 2^20"), std::string::npos) << m;
+}
+
+// What DeepSpeed users' configs hold (review of DeepSpeed-Chat, Hugging Face and Megatron-DeepSpeed configs).
+TEST(Config, DisabledBlocksAndOldStyleSectionsAreAccepted) {
+  // Blocks switched off (or at DeepSpeed's default) ask for nothing.
+  parse_config(with_optimizer(R"("hybrid_engine": {"enabled": false, "max_out_tokens": 512, "inference_tp_size": 1},
+      "torch_autocast": {"enabled": false}, "compile": {}, "data_efficiency": {"enabled": false},
+      "tensor_parallel": {"autotp_size": 1}, "expert_parallel": {"enabled": false},
+      "weight_quantization": {"enabled": false}, "gradient_allreduce_op": "MEAN")"),
+               2);
+  std::string m = parse_error(with_optimizer(R"("hybrid_engine": {"enabled": true})"), ZERO_ERR_UNSUPPORTED);
+  EXPECT_NE(m.find("'hybrid_engine'"), std::string::npos) << m;
+  parse_error(with_optimizer(R"("compile": {"deepcompile": true})"), ZERO_ERR_UNSUPPORTED);
+  parse_error(with_optimizer(R"("tensor_parallel": {"autotp_size": 2})"), ZERO_ERR_UNSUPPORTED);
+  parse_error(with_optimizer(R"("weight_quantization": {"num_bits": 8})"), ZERO_ERR_UNSUPPORTED);  // enabled: true
+  // Old-style no-effect sections keep whatever DeepSpeed ignores in them (aio's old thread_count).
+  Config c =
+      parse_config(with_optimizer(R"("aio": {"block_size": 1048576, "thread_count": 1, "single_submit": false})"), 1);
+  EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), "aio"), c.no_effect_keys.end());
+}
+
+TEST(Config, MessagesNameWhatTheUserWrote) {
+  // The suggestion uses the alias the config used.
+  std::string m =
+      parse_error(with_optimizer(R"("bfloat16": {"enabled": true, "immediate_grad_updat": true})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("'bfloat16.immediate_grad_updat' (did you mean 'bfloat16.immediate_grad_update'?)"),
+            std::string::npos)
+      << m;
+  m = parse_error(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "max_grad_norm": 1.0}}})", ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("gradient_clipping"), std::string::npos) << m;
+  m = parse_error(R"({"optimizer": {"type": "AdamW", "params": {"betas": "auto"}}})", ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("\"auto\""), std::string::npos) << m;
+  // Every unknown optimizer param at once; FusedAdam's own set_grad_none is valid.
+  m = parse_error(R"({"optimizer": {"type": "AdamW", "params": {"learning_rate": 1, "beta": [0.9, 0.9]}}})",
+                  ZERO_ERR_CONFIG);
+  EXPECT_NE(m.find("'optimizer.params.learning_rate'"), std::string::npos) << m;
+  EXPECT_NE(m.find("'optimizer.params.beta' (did you mean 'optimizer.params.betas'?)"), std::string::npos) << m;
+  parse_config(R"({"optimizer": {"type": "AdamW", "params": {"set_grad_none": true}}})", 1);
+  // DeepSpeed's and torch's other optimizers are valid there, not implemented here.
+  for (const char* type : {"Muon", "MuAdamW", "RMSprop", "NAdam"})
+    parse_error(std::string(R"({"optimizer": {"type": ")") + type + R"("}})", ZERO_ERR_UNSUPPORTED);
+  // A scheduler block without a type is no scheduler, with a warning.
+  Config c = parse_config(with_optimizer(R"("scheduler": {"params": {"warmup_num_steps": 10}})"), 1);
+  EXPECT_EQ(c.scheduler.kind, SchedulerConfig::Kind::kNone);
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("no 'type'"), std::string::npos) << c.warnings[0];
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 //    functions agree with independent references (F16C hardware for fp16, exact arithmetic in double for bf16).
 // 4. Stochastic rounding is unbiased.
 #include <gtest/gtest.h>
-#ifdef __F16C__
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -56,18 +56,24 @@ TEST(Rounding, Bf16IsRoundToNearestEvenIncludingDenormals) {
   EXPECT_EQ(nan & 0x0040u, 0x0040u);  // quiet
 }
 
-#ifdef __F16C__  // x86-64 (F16C is built in; the test skips itself on a CPU without it)
+#if defined(__x86_64__)
+// The F16C instructions, in functions of their own: the rest of this file is compiled for baseline x86-64, so that
+// the scalar-path tests run (rather than die on an illegal instruction) on a CPU without AVX.
+__attribute__((target("f16c"))) uint16_t f16c_round(float x) {
+  return static_cast<uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT), 0));
+}
+__attribute__((target("f16c"))) float f16c_widen(uint16_t h) {
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(static_cast<short>(h))));
+}
+
 TEST(Rounding, Fp16MatchesF16cHardwareEverywhere) {
   if (!isa_supported(Isa::kAvx2)) GTEST_SKIP() << "no F16C to compare with (checked with the AVX2 path's features)";
   // Every 97th float bit pattern (44 million values, all exponents), plus the boundaries.
   auto check = [](uint32_t u) {
     float x = bits_float(u);
-    __m128i h = _mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT);
-    uint16_t hw = static_cast<uint16_t>(_mm_extract_epi16(h, 0));
+    const uint16_t hw = f16c_round(x);
     ASSERT_EQ(float_to_fp16_rne(x), hw) << std::hex << u;
-    __m128 back = _mm_cvtph_ps(_mm_set1_epi16(static_cast<short>(hw)));
-    float y = _mm_cvtss_f32(back);
-    ASSERT_EQ(float_bits(fp16_to_float(hw)), float_bits(y)) << std::hex << hw;
+    ASSERT_EQ(float_bits(fp16_to_float(hw)), float_bits(f16c_widen(hw))) << std::hex << hw;
   };
   for (uint64_t u = 0; u <= 0xffffffffull; u += 97) check(static_cast<uint32_t>(u));
   for (uint32_t u : {0x477fefffu, 0x477ff000u, 0x477ff001u, 0x33000000u, 0x33000001u, 0x387fffffu, 0x38800000u})
@@ -409,7 +415,8 @@ TEST(Kernels, SumOfSquaresIsTheSameOnEveryPathAndThreadCount) {
 TEST(Kernels, StochasticRoundingKeysTheFull64BitIndex) {
   const Case c{OptimizerKind::kSgd, DType::kF32, CopyMode::kBf16Stochastic, SgdVariant::kPlain};
   const OptimizerHyper h = hyper_for(c);
-  const size_t n = 3000, below = 1234;  // elements below the boundary
+  // Long enough that parallel_step splits the parts across threads (2^16 elements per thread at least).
+  const size_t n = 3 * 65536 + 77, below = 70000;  // elements below the boundary
   const uint64_t first = (uint64_t{1} << 32) - below;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_supported(isa)) continue;

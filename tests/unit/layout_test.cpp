@@ -126,6 +126,9 @@ TEST(Layout, OverflowingShapesAreErrors) {
   // Two params each within the limit whose unit is not.
   const ParamShape half{"a", {int64_t{1} << 55, 1}, 0, 0}, other{"b", {int64_t{1} << 55, 1}, 0, 0};
   EXPECT_THROW(build_layout({half, other, other}, 1), Error);
+  // A unit id far beyond the params is an error before anything is sized by it.
+  const ParamShape stray{"w", {4}, INT_MAX, 0};
+  EXPECT_THROW(build_layout({stray}, 2), Error);
 }
 
 }  // namespace
