@@ -263,6 +263,19 @@ void Engine::finalize() {
   param_touched_.assign(params_.size(), 0);
   param_expected_.assign(params_.size(), 1);
   state_ = State::kReady;
+  if (comm_.rank() == 0 && log_enabled(ZERO_LOG_INFO)) {
+    const MemoryStats m = memory_stats();
+    auto mib = [](uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
+    log_message(ZERO_LOG_INFO, 0,
+                "zero_engine_finalize: stage " + std::to_string(config_.stage) + " over " +
+                    std::to_string(comm_.size()) + " ranks, " + std::to_string(params_.size()) + " params in " +
+                    std::to_string(units_.size()) + " units (" + std::to_string(layout_.total_padded_elems()) +
+                    " padded elements); rank 0 holds " + mib(m.total()) + ": params " + mib(m.param_bytes) +
+                    ", gradients " + mib(m.grad_bytes) + ", fp32 master " + mib(m.master_param_bytes) +
+                    ", optimizer state " + mib(m.optimizer_state_bytes) + ", buckets " + mib(m.bucket_bytes) +
+                    ", gathered units " + mib(m.gathered_bytes) + "; optimizer on the " + isa_name(active_isa()) +
+                    " path with " + std::to_string(threads_) + " thread(s)");
+  }
 }
 
 void Engine::allocate() {

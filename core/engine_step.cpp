@@ -106,7 +106,12 @@ StepResult Engine::step() {
     const double divisor = samples * scale;
     result.grad_norm = std::sqrt(sum_sq / (divisor * divisor));
     result.skipped = !std::isfinite(sum_sq);
+    const double scale_before = scaler_.scale();
     scaler_.update(result.skipped);
+    if (scaler_.scale() != scale_before && comm_.rank() == 0 && log_enabled(ZERO_LOG_INFO))
+      log_message(ZERO_LOG_INFO, 0,
+                  "zero_step: loss scale " + exact_decimal(scale_before) + " -> " + exact_decimal(scaler_.scale()) +
+                      (result.skipped ? " (gradients overflowed; step skipped)" : " (no overflow for a window)"));
     result.lr = scheduled_lr(config_.scheduler, groups_[0].base_lr, steps_ + 1);
     if (!result.skipped) {
       double clip = 1.0;

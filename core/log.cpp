@@ -33,6 +33,11 @@ void set_log_callback(zero_log_fn callback, void* user_data, int32_t max_level) 
   g_max_level = max_level;
 }
 
+bool log_enabled(int32_t level) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  return level <= g_max_level && level > ZERO_LOG_OFF;
+}
+
 void log_message(int32_t level, int32_t rank, const std::string& message, bool rank_specific) {
   std::lock_guard<std::mutex> lock(g_log_mutex);
   if (level > g_max_level || level <= ZERO_LOG_OFF) return;

@@ -13,5 +13,7 @@ namespace zero {
 // default printer prints it whatever the rank).
 void log_message(int32_t level, int32_t rank, const std::string& message, bool rank_specific = false);
 void set_log_callback(zero_log_fn callback, void* user_data, int32_t max_level);
+// Whether a message of `level` would go anywhere (to skip building messages nobody reads).
+bool log_enabled(int32_t level);
 
 }  // namespace zero

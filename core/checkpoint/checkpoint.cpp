@@ -320,6 +320,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                     true);
     }
     agree_checkpoint(call, CallKind::kSaveCheckpoint, 3, error.get());
+    if (rank == 0)
+      log_message(ZERO_LOG_INFO, 0,
+                  std::string(call) + ": saved '" + final_dir + "' (step " + std::to_string(steps_) + ", " +
+                      std::to_string(comm_.size()) + " ranks)");
   }
 }
 
@@ -482,6 +486,10 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
     steps_ = m.step;
     scaler_.restore(LossScaler::State{m.loss_scale, m.hysteresis_left, m.scaler_iteration, m.scaler_last_overflow});
     for (size_t g = 0; g < groups_.size(); ++g) groups_[g].base_lr = m.groups[g].lr;
+    if (rank == 0)
+      log_message(ZERO_LOG_INFO, 0,
+                  std::string(call) + ": loaded '" + path + "' (step " + std::to_string(m.step) + ", saved by " +
+                      std::to_string(m.world_size) + " ranks, loaded by " + std::to_string(comm_.size()) + ")");
   }
 }
 

@@ -8,6 +8,7 @@
 #include "comm/single_communicator.hpp"
 #include "engine.hpp"
 #include "error.hpp"
+#include "log.hpp"
 
 namespace zero {
 namespace {
@@ -216,6 +217,31 @@ TEST(Engine, OneWarningNamesTheKnobsWithoutEffect) {
   std::string err = testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("no effect in libzero: steps_per_print"), std::string::npos) << err;
   EXPECT_EQ(err.find("warning", err.find("warning") + 1), std::string::npos) << "more than one warning: " << err;
+}
+
+// INFO messages (zero_set_log_callback at ZERO_LOG_INFO): what finalize allocated, and every loss-scale change.
+TEST(Engine, InfoMessagesReportFinalizeAndLossScaleChanges) {
+  std::vector<std::string> messages;
+  set_log_callback(
+      [](void* out, int32_t level, int32_t, const char* m) {
+        if (level == ZERO_LOG_INFO) static_cast<std::vector<std::string>*>(out)->push_back(m);
+      },
+      &messages, ZERO_LOG_INFO);
+  {
+    auto e = make_engine(1, R"(, "fp16": {"enabled": true, "hysteresis": 1})");
+    e->add_param(ParamShape{"w", {4}, 0, 0}, ParamInit{});
+    e->finalize();
+    static_cast<float*>(e->grad_data(0))[0] = std::numeric_limits<float>::infinity();
+    e->grad_ready(0);
+    e->backward_end();
+    EXPECT_TRUE(e->step().skipped);
+  }
+  set_log_callback(nullptr, nullptr, ZERO_LOG_WARNING);
+  ASSERT_EQ(messages.size(), 2u);
+  EXPECT_NE(messages[0].find("zero_engine_finalize: stage 1 over 1 ranks, 1 params in 1 units"), std::string::npos)
+      << messages[0];
+  EXPECT_NE(messages[1].find("loss scale 65536 -> 32768 (gradients overflowed; step skipped)"), std::string::npos)
+      << messages[1];
 }
 
 }  // namespace
