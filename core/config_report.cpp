@@ -11,20 +11,12 @@ namespace {
 
 std::string number(double v) { return exact_decimal(v); }
 
-const char* optimizer_kind_name(OptimizerKind k) {
-  switch (k) {
-    case OptimizerKind::kAdamW:
-      return "AdamW (decoupled weight decay)";
-    case OptimizerKind::kAdamL2:
-      return "Adam (L2 weight decay)";
-    case OptimizerKind::kAdagrad:
-      return "Adagrad";
-    case OptimizerKind::kLion:
-      return "Lion";
-    case OptimizerKind::kSgd:
-      return "SGD";
-  }
-  return "?";
+// The optimizer with the kind of weight decay it applies (Adam's two modes differ only there).
+std::string optimizer_kind_name(OptimizerKind k) {
+  const std::string name = optimizer_name(k);
+  if (k == OptimizerKind::kAdamW) return name + " (decoupled weight decay)";
+  if (k == OptimizerKind::kAdamL2) return name + " (L2 weight decay)";
+  return name;
 }
 
 const char* scheduler_name(SchedulerConfig::Kind k) {
@@ -108,8 +100,9 @@ std::string config_report(const Config& c, int world) {
   switch (o.kind) {
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAdamL2:
-      put("  optimizer              %s lr %g betas (%g, %g) eps %g weight_decay %g%s\n", optimizer_kind_name(o.kind),
-          o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction ? "" : " (no bias correction)");
+      put("  optimizer              %s lr %g betas (%g, %g) eps %g weight_decay %g%s\n",
+          optimizer_kind_name(o.kind).c_str(), o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+          o.bias_correction ? "" : " (no bias correction)");
       break;
     case OptimizerKind::kAdagrad:
       put("  optimizer              Adagrad lr %g eps %g weight_decay %g\n", o.lr, o.eps, o.weight_decay);

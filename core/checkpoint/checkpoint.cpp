@@ -32,22 +32,6 @@ using ckpt::Manifest;
 
 namespace {
 
-const char* optimizer_name(const OptimizerHyper& h) {
-  switch (h.kind) {
-    case OptimizerKind::kAdamW:
-      return "AdamW";
-    case OptimizerKind::kAdamL2:
-      return "Adam";
-    case OptimizerKind::kAdagrad:
-      return "Adagrad";
-    case OptimizerKind::kLion:
-      return "Lion";
-    case OptimizerKind::kSgd:
-      return "SGD";
-  }
-  return "?";
-}
-
 void check_tag(const std::string& tag, const char* call) {
   if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos)
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": tag '" + tag +
@@ -267,7 +251,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         m.stage = config_.stage;
         m.step = steps_;
         m.param_dtype = dtype_name(config_.compute_dtype);
-        m.optimizer = optimizer_name(config_.optimizer);
+        m.optimizer = optimizer_name(config_.optimizer.kind);
         for (int s = 0; s < state_count(config_.optimizer); ++s)
           m.state_names.push_back(state_name(config_.optimizer, s));
         const LossScaler::State ls = scaler_.state();
@@ -389,9 +373,9 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
             fail(ZERO_ERR_MISMATCH, std::string(call) + ": param #" + std::to_string(p) + " '" + params_[p].name +
                                         "': " + differs + "; register the same params in the same order");
         }
-        if (m.optimizer != optimizer_name(config_.optimizer))
+        if (m.optimizer != optimizer_name(config_.optimizer.kind))
           fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint holds " + m.optimizer +
-                                      " state, this engine runs " + optimizer_name(config_.optimizer));
+                                      " state, this engine runs " + optimizer_name(config_.optimizer.kind));
         if (m.groups.size() != groups_.size())
           fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.groups.size()) +
                                       " param groups, this engine " + std::to_string(groups_.size()));

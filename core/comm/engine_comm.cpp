@@ -5,6 +5,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "config.hpp"
 #include "test_hooks.hpp"
@@ -167,7 +168,7 @@ std::string EngineComm::recent_json() const {
 
 // Start, then wait in slices until done or past the deadline. On a timeout the request stays in flight inside the
 // backend (no backend can cancel a collective), so its buffer must outlive the engine: abandoned_.
-void EngineComm::run(Collective& c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
+void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
   count(counter, bytes, wire_bytes);
   const auto begin = std::chrono::steady_clock::now();
   Request request = nullptr;
@@ -215,26 +216,30 @@ void EngineComm::run(Collective& c, Counter counter, uint64_t bytes, uint64_t wi
   fail(ZERO_ERR_TIMEOUT, what);
 }
 
-void EngineComm::all_gather(void* buf, size_t block, ElemType type, const std::string& label) {
-  const uint64_t block_bytes = block * elem_size(type), n = size();
+namespace {
+
+Collective collective(CollKind kind, void* buf, size_t count, ElemType type, std::string label) {
   Collective c;
-  c.kind = CollKind::kAllGather;
+  c.kind = kind;
   c.type = type;
   c.buf = buf;
-  c.count = block;
-  c.label = label;
-  run(c, Counter::kAllGather, block_bytes * n, block_bytes * (n - 1));
+  c.count = count;
+  c.label = std::move(label);
+  return c;
+}
+
+}  // namespace
+
+void EngineComm::all_gather(void* buf, size_t block, ElemType type, const std::string& label) {
+  const uint64_t block_bytes = block * elem_size(type), n = size();
+  run(collective(CollKind::kAllGather, buf, block, type, label), Counter::kAllGather, block_bytes * n,
+      block_bytes * (n - 1));
 }
 
 void EngineComm::reduce_scatter_sum(void* buf, size_t block, ElemType type, const std::string& label) {
   const uint64_t block_bytes = block * elem_size(type), n = size();
-  Collective c;
-  c.kind = CollKind::kReduceScatter;
-  c.type = type;
-  c.buf = buf;
-  c.count = block;
-  c.label = label;
-  run(c, Counter::kReduceScatter, block_bytes * n, block_bytes * (n - 1));
+  run(collective(CollKind::kReduceScatter, buf, block, type, label), Counter::kReduceScatter, block_bytes * n,
+      block_bytes * (n - 1));
 }
 
 void EngineComm::all_reduce_sum(void* buf, size_t n_elems, ElemType type, const std::string& label) {
@@ -244,62 +249,34 @@ void EngineComm::all_reduce_sum(void* buf, size_t n_elems, ElemType type, const 
   const uint64_t bytes = n_elems * elem_size(type);
   // Ring all-reduce: a reduce-scatter and an all-gather, each sending (N-1)/N of the buffer. Rounded down.
   count(Counter::kAllReduce, bytes, 2 * bytes * (n - 1) / n);
-  Collective rs;
-  rs.kind = CollKind::kReduceScatter;
-  rs.type = type;
-  rs.buf = buf;
-  rs.count = block;
-  rs.label = label + " (reduce-scatter half)";
-  run(rs, Counter::kNone, 0, 0);
-  Collective ag = rs;
-  ag.kind = CollKind::kAllGather;
-  ag.label = label + " (all-gather half)";
-  run(ag, Counter::kNone, 0, 0);
+  run(collective(CollKind::kReduceScatter, buf, block, type, label + " (reduce-scatter half)"), Counter::kNone, 0, 0);
+  run(collective(CollKind::kAllGather, buf, block, type, label + " (all-gather half)"), Counter::kNone, 0, 0);
 }
 
 void EngineComm::broadcast(void* buf, size_t n_elems, ElemType type, int root, const std::string& label) {
   const uint64_t n = size(), bytes = n_elems * elem_size(type);
-  Collective c;
-  c.kind = CollKind::kBroadcast;
-  c.type = type;
+  Collective c = collective(CollKind::kBroadcast, buf, n_elems, type, label);
   c.root = root;
-  c.buf = buf;
-  c.count = n_elems;
-  c.label = label;
-  run(c, Counter::kBroadcast, bytes, bytes * (n - 1) / n);
+  run(std::move(c), Counter::kBroadcast, bytes, bytes * (n - 1) / n);
 }
 
 void EngineComm::control_min(int64_t* values, size_t n, const std::string& label) {
-  Collective c;
-  c.kind = CollKind::kAllReduce;
-  c.type = ElemType::kI64;
+  Collective c = collective(CollKind::kAllReduce, values, n, ElemType::kI64, label);
   c.op = ReduceOp::kMin;
-  c.buf = values;
-  c.count = n;
-  c.label = label;
-  run(c, Counter::kControl, n * 8, 2 * n * 8 * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+  run(std::move(c), Counter::kControl, n * 8,
+      2 * n * 8 * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
 }
 
 void EngineComm::control_all_gather(void* buf, size_t block_bytes, const std::string& label) {
-  Collective c;
-  c.kind = CollKind::kAllGather;
-  c.type = ElemType::kU8;
-  c.buf = buf;
-  c.count = block_bytes;
-  c.label = label;
-  run(c, Counter::kControl, block_bytes * static_cast<uint64_t>(size()),
-      block_bytes * static_cast<uint64_t>(size() - 1));
+  run(collective(CollKind::kAllGather, buf, block_bytes, ElemType::kU8, label), Counter::kControl,
+      block_bytes * static_cast<uint64_t>(size()), block_bytes * static_cast<uint64_t>(size() - 1));
 }
 
 void EngineComm::control_broadcast(void* buf, size_t n_bytes, int root, const std::string& label) {
-  Collective c;
-  c.kind = CollKind::kBroadcast;
-  c.type = ElemType::kU8;
+  Collective c = collective(CollKind::kBroadcast, buf, n_bytes, ElemType::kU8, label);
   c.root = root;
-  c.buf = buf;
-  c.count = n_bytes;
-  c.label = label;
-  run(c, Counter::kControl, n_bytes, n_bytes * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+  run(std::move(c), Counter::kControl, n_bytes,
+      n_bytes * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
 }
 
 std::string EngineComm::broadcast_text(const std::string& text, int root, const std::string& label) {

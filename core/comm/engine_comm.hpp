@@ -118,7 +118,7 @@ class EngineComm {
 
  private:
   enum class Counter { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kControl, kNone };
-  void run(Collective& c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
+  void run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
 
   struct Record {

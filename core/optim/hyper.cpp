@@ -20,6 +20,22 @@ int state_count(const OptimizerHyper& h) {
   return 0;
 }
 
+const char* optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW:
+      return "AdamW";
+    case OptimizerKind::kAdamL2:
+      return "Adam";
+    case OptimizerKind::kAdagrad:
+      return "Adagrad";
+    case OptimizerKind::kLion:
+      return "Lion";
+    case OptimizerKind::kSgd:
+      return "SGD";
+  }
+  return "?";
+}
+
 const char* state_name(const OptimizerHyper& h, int index) {
   switch (h.kind) {
     case OptimizerKind::kAdamW:

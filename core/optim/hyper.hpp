@@ -18,6 +18,9 @@ struct OptimizerHyper {
   bool nesterov = false;                   // SGD
 };
 
+// The optimizer's name as DeepSpeed configs and libzero's checkpoints spell it: "AdamW" (decoupled weight decay),
+// "Adam" (L2), "Adagrad", "Lion", "SGD".
+const char* optimizer_name(OptimizerKind kind);
 // Number of fp32 state tensors per element (Adam 2; Adagrad, Lion 1; SGD 1 with momentum, else 0).
 int state_count(const OptimizerHyper& h);
 // Their names, as checkpoints store them.

@@ -66,21 +66,22 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int32_t* ids) {
   return engine;
 }
 
+/* Adds step t's gradient times the loss scale. */
+typedef struct {
+  int t;
+  float scale;
+} ScaledStep;
+static void add_scaled_gradient(float* g, int p, size_t numel, const void* ctx) {
+  const ScaledStep* step = ctx;
+  for (size_t i = 0; i < numel; ++i) g[i] += grad_value(step->t, p, i) * step->scale;
+}
+
 static void train(zero_engine_t* engine, const int32_t* ids, int first, int last) {
   for (int t = first; t <= last; ++t) {
     double scale = 1;
     CHECK(zero_loss_scale(&scale, engine));
-    for (int u = kNumUnits - 1; u >= 0; --u) {
-      CHECK(zero_gather(engine, u));
-      for (int p = kNumParams - 1; p >= 0; --p) {
-        if (kModel[p].unit != u) continue;
-        float* g = NULL;
-        CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-        for (size_t i = 0; i < test_param_numel(p); ++i) g[i] += grad_value(t, p, i) * (float)scale;
-        CHECK(zero_grad_ready(engine, ids[p]));
-      }
-      CHECK(zero_release(engine, u));
-    }
+    const ScaledStep step = {t, (float)scale};
+    test_backward(engine, ids, add_scaled_gradient, &step);
     CHECK(zero_backward_end(engine));
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
     CHECK(zero_step(&info, engine));

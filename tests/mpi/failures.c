@@ -90,21 +90,8 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int stage, double timeout_s
 
 /* One micro-step: forward gathers, backward with gradients, backward_end. */
 static void micro_step(zero_engine_t* engine, const int32_t* ids) {
-  for (int u = 0; u < kNumUnits; ++u) {
-    CHECK(zero_gather(engine, u));
-    CHECK(zero_release(engine, u));
-  }
-  for (int u = kNumUnits - 1; u >= 0; --u) {
-    CHECK(zero_gather(engine, u));
-    for (int p = kNumParams - 1; p >= 0; --p) {
-      if (kModel[p].unit != u) continue;
-      float* g = NULL;
-      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-      g[0] += 1.0f / 1024;
-      CHECK(zero_grad_ready(engine, ids[p]));
-    }
-    CHECK(zero_release(engine, u));
-  }
+  test_forward(engine);
+  test_backward(engine, ids, test_grad_first_element, NULL);
   CHECK(zero_backward_end(engine));
 }
 

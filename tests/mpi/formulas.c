@@ -64,21 +64,8 @@ static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_
   zero_comm_stats_t before = ZERO_COMM_STATS_INIT, after = ZERO_COMM_STATS_INIT;
   for (int t = 0; t < 2; ++t) { /* measure the second step: the first one also allocates the pools */
     CHECK(zero_comm_stats(&before, engine));
-    for (int u = 0; u < kNumUnits; ++u) {
-      CHECK(zero_gather(engine, u));
-      CHECK(zero_release(engine, u));
-    }
-    for (int u = kNumUnits - 1; u >= 0; --u) {
-      CHECK(zero_gather(engine, u));
-      for (int p = kNumParams - 1; p >= 0; --p) {
-        if (kModel[p].unit != u) continue;
-        float* g = NULL;
-        CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-        g[0] += 1.0f / 1024;
-        CHECK(zero_grad_ready(engine, ids[p]));
-      }
-      CHECK(zero_release(engine, u));
-    }
+    test_forward(engine);
+    test_backward(engine, ids, test_grad_first_element, NULL);
     CHECK(zero_backward_end(engine));
     CHECK(zero_step(NULL, engine));
     CHECK(zero_comm_stats(&after, engine));

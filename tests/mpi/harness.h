@@ -109,4 +109,36 @@ static inline const char* dtype_text(zero_dtype_t t) {
   return t == ZERO_DTYPE_BF16 ? "bf16" : t == ZERO_DTYPE_FP16 ? "fp16" : "fp32";
 }
 
+/* One pass over the test model as a framework makes it. The forward pass gathers and releases every unit in order;
+ * the backward pass goes last unit first and, for each param (last first), lets `add` add its gradient into the
+ * fp32 gradient buffer `g` of `numel` elements, then declares it ready. */
+typedef void (*test_grad_fn)(float* g, int param, size_t numel, const void* ctx);
+
+static inline void test_forward(zero_engine_t* engine) {
+  for (int u = 0; u < kNumUnits; ++u) {
+    CHECK(zero_gather(engine, u));
+    CHECK(zero_release(engine, u));
+  }
+}
+
+static inline void test_backward(zero_engine_t* engine, const int32_t* ids, test_grad_fn add, const void* ctx) {
+  for (int u = kNumUnits - 1; u >= 0; --u) {
+    CHECK(zero_gather(engine, u));
+    for (int p = kNumParams - 1; p >= 0; --p) {
+      if (kModel[p].unit != u) continue;
+      float* g = NULL;
+      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
+      add(g, p, test_param_numel(p), ctx);
+      CHECK(zero_grad_ready(engine, ids[p]));
+    }
+    CHECK(zero_release(engine, u));
+  }
+}
+
+/* The simplest gradient: 2^-10 added to each param's first element. */
+static inline void test_grad_first_element(float* g, int param, size_t numel, const void* ctx) {
+  (void)param, (void)numel, (void)ctx;
+  g[0] += 1.0f / 1024;
+}
+
 #endif /* ZERO_TESTS_MPI_HARNESS_H_ */

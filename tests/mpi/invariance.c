@@ -69,18 +69,14 @@ static zero_engine_t* make(zero_comm_t* comm, int stage, int gas, int32_t* ids) 
   return engine;
 }
 
+/* Adds g_t (the step number is the context). */
+static void add_step_gradient(float* g, int p, size_t numel, const void* ctx) {
+  const int t = *(const int*)ctx;
+  for (size_t i = 0; i < numel; ++i) g[i] += grad_value(t, p, i);
+}
+
 static void micro_step(zero_engine_t* engine, const int32_t* ids, int t) {
-  for (int u = kNumUnits - 1; u >= 0; --u) {
-    CHECK(zero_gather(engine, u));
-    for (int p = kNumParams - 1; p >= 0; --p) {
-      if (kModel[p].unit != u) continue;
-      float* g = NULL;
-      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-      for (size_t i = 0; i < test_param_numel(p); ++i) g[i] += grad_value(t, p, i);
-      CHECK(zero_grad_ready(engine, ids[p]));
-    }
-    CHECK(zero_release(engine, u));
-  }
+  test_backward(engine, ids, add_step_gradient, &t);
   CHECK(zero_backward_end(engine));
 }
 
