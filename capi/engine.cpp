@@ -1,4 +1,5 @@
 // The engine's life cycle and training calls: argument checks and struct translation around zero::Engine.
+#define ZERO_EXPERIMENTAL_API
 #include <cstring>
 
 #include "config.hpp"
@@ -200,6 +201,32 @@ ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* d
   const char* call = "zero_load_checkpoint";
   return guard(call, handle_or_null(engine),
                [&] { engine_of(engine, call).load_checkpoint(dir != nullptr ? dir : "", tag != nullptr ? tag : ""); });
+}
+
+// ---- Experimental
+
+ZERO_API zero_status_t zero_engine_set_allocator(zero_engine_t* engine, zero_memory_space_t space,
+                                                 const zero_allocator_t* allocator) {
+  const char* call = "zero_engine_set_allocator";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::Engine& e = engine_of(engine, call);
+    if (space != ZERO_MEMORY_HOST && space != ZERO_MEMORY_PINNED_HOST && space != ZERO_MEMORY_DEVICE)
+      zero::fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": space " + std::to_string(space) +
+                                                " is not a zero_memory_space_t (HOST, PINNED_HOST or DEVICE)");
+    const auto s = static_cast<zero::MemorySpace>(space);
+    if (allocator == nullptr) {
+      // The default: libzero's own host allocator; no allocator for the other spaces in a CPU build.
+      e.set_allocator(s, s == zero::MemorySpace::kHost
+                             ? std::shared_ptr<zero::Allocator>(&zero::host_allocator(), [](zero::Allocator*) {})
+                             : nullptr);
+      return;
+    }
+    const zero_allocator_t defaults = ZERO_ALLOCATOR_INIT;
+    const zero_allocator_t a = zero::read_input_struct(allocator, sizeof(zero_allocator_t), defaults, call,
+                                                       "zero_allocator_t", "zero_allocator_init");
+    require_arg(a.alloc != nullptr && a.free != nullptr, call, "the allocator's alloc or free callback is NULL");
+    e.set_allocator(s, std::make_shared<zero::CallbackAllocator>(s, a.alloc, a.free, a.user_data));
+  });
 }
 
 }  // extern "C"

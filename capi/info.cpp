@@ -72,6 +72,11 @@ ZERO_API zero_status_t zero_engine_info_init(zero_engine_info_t* info, size_t st
   return init("zero_engine_info_init", "zero_engine_info_t", info, struct_size, d);
 }
 
+ZERO_API zero_status_t zero_allocator_init(zero_allocator_t* allocator, size_t struct_size) {
+  const zero_allocator_t d = ZERO_ALLOCATOR_INIT;
+  return init("zero_allocator_init", "zero_allocator_t", allocator, struct_size, d);
+}
+
 ZERO_API zero_status_t zero_memory_stats_init(zero_memory_stats_t* stats, size_t struct_size) {
   const zero_memory_stats_t d = ZERO_MEMORY_STATS_INIT;
   return init("zero_memory_stats_init", "zero_memory_stats_t", stats, struct_size, d);

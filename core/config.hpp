@@ -57,7 +57,8 @@ struct Config {
   bool gather_16bit_weights_on_save = false;  // stage3_gather_16bit_weights_on_model_save
   double timeout_s = 600.0;                   // libzero.timeout_s (ZERO_TIMEOUT_S overrides): every collective's
   int optimizer_threads = 0;                  // libzero.optimizer_threads; 0: automatic
-  std::string source_json;                    // the config as given, stored in checkpoints
+  bool require_deterministic = false;  // libzero.deterministic: finalize fails on a backend without rank-order sums
+  std::string source_json;             // the config as given, stored in checkpoints
   // Keys present in the config that are valid but change nothing here (for the one warning on rank 0).
   std::vector<std::string> no_effect_keys;
   // What DeepSpeed would warn about too (a schedule whose total is shorter than its warmup): logged by rank 0.

@@ -1,82 +1,32 @@
-// Registration, layout, allocation, initial values and what the engine reports about itself.
+// The engine's calls, composed from its parts (engine.hpp); zero_step is in engine_step.cpp.
 #include "engine.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <thread>
-
-#include "convert.hpp"
 #include "error.hpp"
 #include "log.hpp"
 #include "test_hooks.hpp"
-#include "utf8.hpp"
 
 namespace zero {
-
-// ---------------------------------------------------------------------------------------------------------------
-// Pool
-
-void Engine::Pool::reserve(size_t buffers) {
-  while (free_.size() < buffers) {
-    all_.push_back(std::make_unique<Buffer>(capacity_, dtype_));
-    free_.push_back(all_.back()->data());
-  }
-}
-
-void* Engine::Pool::acquire() {
-  if (free_.empty()) fail(ZERO_ERR_INTERNAL, "a pooled buffer was taken without being reserved first");
-  void* buffer = free_.back();
-  free_.pop_back();
-  return buffer;
-}
-
-uint64_t Engine::Pool::allocated_bytes() const {
-  uint64_t total = 0;
-  for (const auto& b : all_) total += b->n_bytes();
-  return total;
-}
-
-void Engine::Pool::trim(size_t keep) {
-  if (free_.size() != all_.size()) return;  // some are in use: never free those
-  while (all_.size() > keep) {
-    free_.erase(std::find(free_.begin(), free_.end(), all_.back()->data()));
-    all_.pop_back();
-  }
-}
-
-void Engine::Pool::leak() {
-  for (auto& b : all_) b->leak();
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// Registration
-
 namespace {
 
-// Ranks on one node share its cores: each gets its share of OpenMP threads for the optimizer, so a node never
-// runs more busy threads than cores. OMP_NUM_THREADS, when set, decides instead (0: OpenMP's own default).
-int automatic_threads(int ranks_on_node) {
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) return 0;
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, ranks_on_node));
-}
+std::string unit_name(int unit) { return "unit " + std::to_string(unit); }
+
+std::string mib(uint64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
 
 }  // namespace
 
 Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
-    : config_(std::move(config)), comm_(std::move(comm)), isa_(active_isa()) {
-  GroupSpec base;
-  base.name = "default";
-  base.hyper = config_.optimizer;
-  base.base_lr = config_.optimizer.lr;
-  groups_.push_back(base);
-  scaler_ = LossScaler(config_.loss_scale, config_.compute_dtype == DType::kF16);
+    : config_(std::move(config)),
+      comm_(std::move(comm)),
+      guard_(comm_),
+      registration_(config_.optimizer),
+      store_(comm_, guard_),
+      reducer_(config_, comm_, guard_, store_),
+      stepper_(config_, comm_.rank(), comm_.local_size()),
+      checkpointer_(config_, comm_, guard_, registration_, store_, stepper_) {
   comm_.set_timeout(config_.timeout_s);
-  threads_requested_ = config_.optimizer_threads;
-  threads_ = threads_requested_ > 0 ? threads_requested_ : automatic_threads(comm_.local_size());
+  // The plan of the stage before any unit exists: calls before finalize already know whether a gather would be
+  // collective.
+  store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
   for (const std::string& w : config_.warnings) log_message(ZERO_LOG_WARNING, comm_.rank(), w);
   if (!config_.no_effect_keys.empty()) {
     std::string keys;
@@ -85,351 +35,198 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
   }
 }
 
-Engine::~Engine() {
-  // A collective given up after a timeout (or a failure while in flight) may still be written by the backend:
-  // its buffers must outlive the engine. Leaking them is the price of never crashing.
-  if (comm_.abandoned_requests()) {
-    for (auto& us : units_) {
-      us.params.leak();
-      us.grads.leak();
-    }
-    gathered_pool_.leak();
-    bucket_pool_.leak();
-  }
-}
-
-void Engine::require_state(State wanted, const char* call) const {
-  if (aborted_.load()) fail(ZERO_ERR_ABORTED, std::string(call) + ": zero_engine_abort was called on this engine");
-  if (state_ == State::kBroken)
-    fail(ZERO_ERR_INVALID_STATE,
-         std::string(call) + ": the engine is unusable after an earlier failure (" + broken_reason_ + "); destroy it");
-  if (comm_.backend().aborted())
-    fail(ZERO_ERR_ABORTED, std::string(call) + ": the engine's communicator was aborted on this rank (" +
-                               comm_.backend().abort_reason() + ")");
-  if (state_ == wanted) return;
-  if (wanted == State::kRegistering) {
-    if (std::string(call) == "zero_engine_finalize")
-      fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: the engine is already finalized");
-    fail(ZERO_ERR_INVALID_STATE, std::string(call) + " must come before zero_engine_finalize");
-  }
-  fail(ZERO_ERR_INVALID_STATE, std::string(call) + " needs zero_engine_finalize first");
-}
-
-void Engine::check_param(int param, const char* call) const {
-  if (param < 0 || param >= static_cast<int>(params_.size()))
-    fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": no param with id " + std::to_string(param) +
-                                        " (ids are 0.." + std::to_string(params_.size()) + "-1)");
-}
-
-void Engine::check_unit(int unit, const char* call) const {
-  if (unit < 0 || unit >= static_cast<int>(units_.size()))
-    fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": no unit " + std::to_string(unit) + " (units are 0.." +
-                                        std::to_string(units_.size()) + "-1)");
-}
-
-void Engine::broken(const std::exception& e) {
-  state_ = State::kBroken;
-  broken_reason_ = e.what();
-  comm_.abort("it failed: " + broken_reason_);
-  throw;
-}
-
-void Engine::agree(const char* call, const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain,
-                   bool share_status) {
-  try {
-    comm_.agree(call, tag, local, explain, share_status);
-  } catch (const Error& e) {
-    if (e.status() == ZERO_ERR_MISMATCH || comm_.failed()) broken(e);
-    throw;
-  }
-}
-
-void Engine::abort() {
-  aborted_.store(true);
-  comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));  // the rank, for the others
+PlanSpec Engine::plan_spec() const {
+  PlanSpec spec;
+  spec.stage = config_.stage;
+  spec.compute_dtype = config_.compute_dtype;
+  spec.grad_accum_dtype = config_.grad_accum_dtype;
+  spec.optimizer_states = state_count(config_.optimizer);
+  spec.persistence_threshold = config_.param_persistence_threshold;
+  spec.bucket_elems = config_.reduce_bucket_size;
+  spec.space = MemorySpace::kHost;
+  spec.world_size = comm_.size();
+  spec.rank = comm_.rank();
+  return spec;
 }
 
 void Engine::set_num_threads(int threads) {
   if (threads < 0 || threads > 4096)  // the range of libzero.optimizer_threads
     fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_set_num_threads: threads must be in [0, 4096]");
-  threads_requested_ = threads;
-  threads_ = threads > 0 ? threads : automatic_threads(comm_.local_size());
+  stepper_.set_threads(threads);
 }
 
 int Engine::add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2,
                             double eps) {
-  require_state(State::kRegistering, "zero_engine_add_param_group");
-  if (!is_valid_utf8(name))
-    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_add_param_group: the group name is not valid UTF-8");
-  GroupSpec g = groups_[0];
-  g.name = name.empty() ? "group " + std::to_string(groups_.size()) : name;
-  auto take = [&](double value, double& field, const char* what, double lo, double hi) {
-    if (value == -1.0) return;  // ZERO_INHERIT
-    if (!(value >= lo && value < hi))
-      fail(ZERO_ERR_INVALID_ARGUMENT, "param group '" + g.name + "': " + what + " = " + std::to_string(value) +
-                                          " is out of range (use ZERO_INHERIT to keep the config's value)");
-    field = value;
-  };
-  take(lr, g.hyper.lr, "lr", 0.0, 1e6);
-  take(weight_decay, g.hyper.weight_decay, "weight_decay", 0.0, 1e6);
-  take(beta1, g.hyper.beta1, "beta1", 0.0, 1.0);
-  take(beta2, g.hyper.beta2, "beta2", 0.0, 1.0);
-  take(eps, g.hyper.eps, "eps", 0.0, 1.0);
-  g.base_lr = g.hyper.lr;
-  groups_.push_back(g);
-  return static_cast<int>(groups_.size()) - 1;
+  guard_.require(CallGuard::State::kRegistering, "zero_engine_add_param_group");
+  return registration_.add_group(name, lr, weight_decay, beta1, beta2, eps);
 }
 
 int Engine::add_param(ParamShape shape, ParamInit init) {
-  require_state(State::kRegistering, "zero_engine_add_param");
-  if (shape.name.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_add_param: the param name is empty");
-  if (!is_valid_utf8(shape.name))
-    fail(ZERO_ERR_INVALID_ARGUMENT,
-         "zero_engine_add_param: the param name is not valid UTF-8 (names are written "
-         "into checkpoints, which are JSON)");
-  for (const auto& p : params_)
-    if (p.name == shape.name)
-      fail(ZERO_ERR_INVALID_ARGUMENT, "zero_engine_add_param: a param named '" + shape.name + "' already exists");
-  // Elements must fit with room to spare: every byte count below multiplies them by at most 8.
-  uint64_t numel = 1;
-  for (int64_t d : shape.dims) {
-    if (d <= 0) fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': every extent must be positive");
-    if (static_cast<uint64_t>(d) > kMaxModelElems / numel)
-      fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': its shape has more than 2^56 elements");
-    numel *= static_cast<uint64_t>(d);
-  }
-  if (shape.unit < 0) fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': unit must be >= 0");
-  if (shape.group < 0 || shape.group >= static_cast<int>(groups_.size()))
-    fail(ZERO_ERR_INVALID_ARGUMENT, "param '" + shape.name + "': no param group " + std::to_string(shape.group) +
-                                        " (add groups with zero_engine_add_param_group first)");
-  params_.push_back(std::move(shape));
-  init_.push_back(init);
-  return static_cast<int>(params_.size()) - 1;
+  guard_.require(CallGuard::State::kRegistering, "zero_engine_add_param");
+  return registration_.add_param(std::move(shape), init);
+}
+
+void Engine::set_allocator(MemorySpace space, std::shared_ptr<Allocator> allocator) {
+  guard_.require(CallGuard::State::kRegistering, "zero_engine_set_allocator");
+  store_.allocators().set(space, std::move(allocator));
 }
 
 const ParamShape& Engine::param_shape(int param) const {
-  check_param(param, "zero_param_info");
-  return params_[param];
+  registration_.check_param(param, "zero_param_info");
+  return registration_.param(param);
 }
 
 UnitInfo Engine::unit_info(int unit) const {
-  require_state(State::kReady, "zero_unit_info");
-  check_unit(unit, "zero_unit_info");
-  UnitInfo info;
-  const UnitState& us = units_[unit];
-  info.gathered = us.gathered != nullptr;
-  info.generation = us.generation;
-  info.num_params = static_cast<int>(layout_.units[unit].params.size());
-  for (int p : layout_.units[unit].params) info.numel += layout_.params[p].numel;
-  return info;
+  guard_.require(CallGuard::State::kReady, "zero_unit_info");
+  store_.check_unit(unit, "zero_unit_info");
+  return store_.unit_info(unit);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Finalize: agree on the registration, allocate, agree that every rank could, then move the initial values.
+// Finalize: agree on the registration, plan and allocate, agree that every rank could, then move the initial
+// values.
 
 void Engine::finalize() {
   const char* call = "zero_engine_finalize";
-  std::unique_ptr<Error> local = local_checks(call, [&] { require_state(State::kRegistering, call); });
+  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
+    guard_.require(CallGuard::State::kRegistering, call);
+    if (config_.require_deterministic && !comm_.backend().capabilities().deterministic_sums)
+      fail(ZERO_ERR_UNSUPPORTED,
+           "zero_engine_finalize: the config asks for libzero.deterministic, but this communicator does not sum in "
+           "rank order (a custom backend says it does with ZERO_COMM_DETERMINISTIC; MPI and single-process do)");
+  });
+  Layout layout;
   try {
-    verify_registration_across_ranks(local.get());
+    layout = registration_.agree_across_ranks(comm_, config_, local.get());
   } catch (const Error& e) {
-    if (comm_.failed()) broken(e);  // the exchange itself failed: the collective sequences are apart
+    if (comm_.failed()) guard_.broken(e);  // the exchange itself failed: the collective sequences are apart
     throw;
   }
+  const size_t padded = layout.total_padded_elems();
   std::unique_ptr<Error> allocation_error;
   try {
-    allocate();
+    Plan plan = make_plan(plan_spec(), layout);
+    store_.set_plan(std::move(layout), std::move(plan));
+    store_.allocate(registration_.params());
+    reducer_.allocate(registration_.num_params());
+    stepper_.allocate(store_, registration_.groups().size());
+    // zero_memory_stats reports the plan: what was allocated must be exactly that.
+    if (!(store_.allocated_bytes(reducer_.bucket_bytes()) == memory_stats()))
+      fail(ZERO_ERR_INTERNAL, "zero_engine_finalize: the buffers allocated differ from the placement plan");
   } catch (const Error& e) {
     allocation_error = std::make_unique<Error>(e);
   } catch (const std::bad_alloc&) {
     allocation_error = std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY,
                                                std::string(call) + ": out of memory allocating this rank's buffers (" +
-                                                   std::to_string(layout_.total_padded_elems()) + " padded elements)");
+                                                   std::to_string(padded) + " padded elements)");
   }
-  if (allocation_error) {
-    units_.clear();
-    bucket_states_.clear();
-    buckets_.clear();
-  }
-  CallTag tag{CallKind::kFinalize, 0, static_cast<int64_t>(layout_.total_padded_elems()), 0};
+  auto clear = [&] {
+    store_.clear();
+    reducer_.clear();
+  };
+  if (allocation_error) clear();
   try {
-    agree(call, tag, allocation_error.get());
+    guard_.agree(call, CallTag{CallKind::kFinalize, 0, static_cast<int64_t>(padded), 0}, allocation_error.get());
   } catch (const Error&) {
-    if (!allocation_error) units_.clear(), bucket_states_.clear(), buckets_.clear();
+    if (!allocation_error) clear();
     throw;
   }
-  moving_data([&] { load_initial_values(); });
-  param_ready_.assign(params_.size(), 0);
-  param_touched_.assign(params_.size(), 0);
-  param_expected_.assign(params_.size(), 1);
-  state_ = State::kReady;
+  guard_.moving_data([&] { store_.load_initial_values(registration_, config_.compute_dtype); });
+  registration_.forget_initial_values();
+  guard_.set_ready();
   if (comm_.rank() == 0 && log_enabled(ZERO_LOG_INFO)) {
     const MemoryStats m = memory_stats();
-    auto mib = [](uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
     log_message(ZERO_LOG_INFO, 0,
-                "zero_engine_finalize: stage " + std::to_string(config_.stage) + " over " +
-                    std::to_string(comm_.size()) + " ranks, " + std::to_string(params_.size()) + " params in " +
-                    std::to_string(units_.size()) + " units (" + std::to_string(layout_.total_padded_elems()) +
-                    " padded elements); rank 0 holds " + mib(m.total()) + ": params " + mib(m.param_bytes) +
-                    ", gradients " + mib(m.grad_bytes) + ", fp32 master " + mib(m.master_param_bytes) +
-                    ", optimizer state " + mib(m.optimizer_state_bytes) + ", buckets " + mib(m.bucket_bytes) +
-                    ", gathered units " + mib(m.gathered_bytes) + "; optimizer on the " + isa_name(active_isa()) +
-                    " path with " + std::to_string(threads_) + " thread(s)");
+                "zero_engine_finalize: " + store_.plan().describe() + "; " +
+                    std::to_string(registration_.num_params()) + " params in " + std::to_string(store_.num_units()) +
+                    " units (" + std::to_string(padded) + " padded elements); rank 0 holds " + mib(m.total()) +
+                    ": params " + mib(m.param_bytes) + ", gradients " + mib(m.grad_bytes) + ", fp32 master " +
+                    mib(m.master_param_bytes) + ", optimizer state " + mib(m.optimizer_state_bytes) + ", buckets " +
+                    mib(m.bucket_bytes) + ", gathered units " + mib(m.gathered_bytes) + "; optimizer on the " +
+                    isa_name(stepper_.isa()) + " path with " + std::to_string(stepper_.threads()) + " thread(s)");
   }
 }
 
-void Engine::allocate() {
-  const int rank = comm_.rank();
-  const int stage = config_.stage;
-  const DType compute = config_.compute_dtype;
-  units_.clear();
-  test_hooks::maybe_fail("finalize.alloc", rank);
-  units_.resize(layout_.units.size());
-  size_t largest_gathered = 0, largest_norm_blocks = 0;
-  uint64_t global_offset = 0, element_base = 0;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const UnitLayout& ul = layout_.units[u];
-    UnitState& us = units_[u];
-    const size_t full = ul.padded_elems, shard = ul.shard_elems;
-    us.persistent = stage == 3 && ul.used_elems < static_cast<size_t>(config_.param_persistence_threshold);
-    us.full_params = !sharded_params(static_cast<int>(u));
-    us.params.resize(us.full_params ? full : shard, compute);
-    if (!us.full_params) largest_gathered = std::max(largest_gathered, full);
-    us.grads.resize(stage <= 1 ? full : shard, config_.grad_accum_dtype);
-    // Stage 0 updates the whole unit on every rank; the other stages update this rank's shard only.
-    us.update_begin = stage == 0 ? 0 : rank * shard;
-    us.update_elems = stage == 0 ? full : shard;
-    if (separate_master()) us.master.resize(us.update_elems, DType::kF32);
-    const int n_states = state_count(config_.optimizer);
-    for (int s = 0; s < n_states; ++s) us.state[s].resize(us.update_elems, DType::kF32);
-    us.global_offset = global_offset;
-    global_offset += full;
-    us.element_base = element_base;
-    element_base += ul.used_elems;
-    us.segments = layout_.segments(static_cast<int>(u), us.update_begin, us.update_elems, params_);
-    us.norm_begin = rank * shard;
-    us.norm_segments = layout_.segments(static_cast<int>(u), us.norm_begin, shard, params_);
-    for (const ShardSegment& s : us.norm_segments)
-      largest_norm_blocks = std::max(largest_norm_blocks, sum_squares_blocks(s.numel));
-  }
-  norm_scratch_.assign(largest_norm_blocks, 0.0);
-  // One gathered unit and one gradient bucket at a time is the documented footprint; both are allocated now, so
-  // that no collective allocates (a rank that cannot would leave the others waiting).
-  gathered_pool_.set_capacity(largest_gathered, compute);
-  if (largest_gathered > 0) gathered_pool_.reserve(1);
-  if (bucketed_grads()) {
-    buckets_ = build_buckets(layout_, config_.reduce_bucket_size);
-    size_t largest_bucket = 0;
-    bucket_states_.assign(buckets_.size(), BucketState{});
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      largest_bucket = std::max(largest_bucket, buckets_[b].elems);
-      for (size_t i = 0; i < buckets_[b].units.size(); ++i) {
-        int u = buckets_[b].units[i];
-        units_[u].bucket = static_cast<int>(b);
-        units_[u].offset_in_bucket = buckets_[b].unit_offsets[i];
-        bucket_states_[b].params_total += layout_.units[u].params.size();
-        bucket_states_[b].params_expected += layout_.units[u].params.size();
-      }
-    }
-    bucket_pool_.set_capacity(largest_bucket, config_.grad_accum_dtype);
-    bucket_pool_.reserve(1);
-  }
-  step_scalars_.resize(groups_.size());
+// ---------------------------------------------------------------------------------------------------------------
+// The micro-step: params and gradients of the framework's forward and backward passes.
+
+void Engine::check_window(const char* call) const {
+  if (micro_steps_ == config_.gradient_accumulation_steps)
+    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": gradient_accumulation_steps (" +
+                                     std::to_string(config_.gradient_accumulation_steps) +
+                                     ") micro-steps are complete; call zero_step first");
 }
 
-// Rank 0's initial values reach every rank in fp32, in pieces of at most kInitialValuesChunk elements, so that no
-// rank holds more than one extra piece however large a unit is, and the fp32 master starts exact even when the
-// params train in bf16 or fp16.
-void Engine::load_initial_values() {
-  constexpr size_t kInitialValuesChunk = size_t{1} << 24;  // 64 MiB of fp32
-  const int rank = comm_.rank();
-  std::vector<float> staging;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const UnitLayout& ul = layout_.units[u];
-    UnitState& us = units_[u];
-    const size_t own = us.full_params ? 0 : rank * ul.shard_elems, own_end = own + us.params.size();
-    for (size_t begin = 0; begin < ul.padded_elems; begin += kInitialValuesChunk) {
-      const size_t end = std::min(ul.padded_elems, begin + kInitialValuesChunk);
-      staging.assign(end - begin, 0.0f);
-      if (rank == 0) {
-        for (int p : ul.params) {
-          const ParamPlacement& pl = layout_.params[p];
-          const size_t lo = std::max(begin, pl.offset), hi = std::min(end, pl.offset + pl.numel);
-          if (init_[p].data == nullptr || lo >= hi) continue;
-          const char* src = static_cast<const char*>(init_[p].data) + (lo - pl.offset) * dtype_size(init_[p].dtype);
-          convert(staging.data() + (lo - begin), DType::kF32, src, init_[p].dtype, hi - lo);
-        }
-      }
-      comm_.broadcast(staging.data(), end - begin, ElemType::kF32, 0,
-                      "zero_engine_finalize: rank 0's initial values of unit " + std::to_string(u) +
-                          (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : ""));
-      size_t lo = std::max(begin, own), hi = std::min(end, own_end);
-      if (lo < hi)
-        round_from_f32(us.params.at(lo - own), config_.compute_dtype, staging.data() + (lo - begin), hi - lo);
-      lo = std::max(begin, us.update_begin), hi = std::min(end, us.update_begin + us.update_elems);
-      if (separate_master() && lo < hi)
-        std::memcpy(us.master.f32() + (lo - us.update_begin), staging.data() + (lo - begin), (hi - lo) * sizeof(float));
-    }
-  }
-  init_.assign(init_.size(), ParamInit{});  // the caller's pointers are no longer needed, nor valid
+void* Engine::param_data(int param) {
+  guard_.require(CallGuard::State::kReady, "zero_param_data");
+  registration_.check_param(param, "zero_param_data");
+  const ParamPlacement& pl = store_.layout().params[param];
+  void* unit = store_.gathered(pl.unit);
+  // The same rule for every unit, so that code written against a small model or a low stage keeps working when
+  // units grow past the persistence threshold or the stage changes.
+  if (unit == nullptr)
+    fail(ZERO_ERR_INVALID_STATE, "zero_param_data: param '" + registration_.param(param).name + "' lives in " +
+                                     unit_name(pl.unit) + ", which is not gathered; call zero_gather(engine, " +
+                                     std::to_string(pl.unit) + ") first (at every stage: it is free below stage 3)");
+  return static_cast<char*>(unit) + pl.offset * dtype_size(config_.compute_dtype);
 }
 
-// The fp32 values this rank updates: the separate master, or the params themselves when they are fp32.
-float* Engine::master_of(int unit) {
-  UnitState& us = units_[unit];
-  if (separate_master()) return us.master.f32();
-  return us.params.f32() + (us.full_params ? us.update_begin : 0);
+void* Engine::grad_data(int param) {
+  guard_.require(CallGuard::State::kReady, "zero_grad_data");
+  registration_.check_param(param, "zero_grad_data");
+  check_window("zero_grad_data");
+  return reducer_.grad_buffer(param, registration_.param(param).name);
 }
 
-// Where the optimizer writes the compute-dtype copy of what this rank updates (null when params are the master).
-void* Engine::copy_of(int unit) {
-  UnitState& us = units_[unit];
-  if (!separate_master()) return nullptr;
-  return us.params.at(us.full_params ? us.update_begin : 0);
+void Engine::gather(int unit) { store_.gather(unit, "zero_gather"); }
+
+void Engine::release(int unit) { store_.release(unit, "zero_release"); }
+
+void Engine::grad_ready(int param) {
+  const char* call = "zero_grad_ready";
+  guard_.require(CallGuard::State::kReady, call);
+  registration_.check_param(param, call);
+  check_window(call);
+  if (reducer_.declared_ready(param))
+    fail(ZERO_ERR_INVALID_STATE,
+         "zero_grad_ready: '" + registration_.param(param).name + "' was already declared ready in this micro-step");
+  reducer_.grad_ready(param, call);
 }
 
-// The reduced gradients of what this rank updates.
-void* Engine::grads_of(int unit) {
-  UnitState& us = units_[unit];
-  return config_.stage <= 1 ? us.grads.at(us.update_begin) : us.grads.data();
-}
-
-CopyMode Engine::copy_mode() const {
-  switch (config_.compute_dtype) {
-    case DType::kBF16:
-      return config_.stochastic_rounding ? CopyMode::kBf16Stochastic : CopyMode::kBf16Rne;
-    case DType::kF16:
-      return CopyMode::kFp16Rne;
-    case DType::kF32:
-      break;
-  }
-  return CopyMode::kNone;
+void Engine::backward_end() {
+  const char* call = "zero_backward_end";
+  // A rank whose call is wrong (too many micro-steps, not finalized) still joins the agreement, so the others hear
+  // of it.
+  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
+    guard_.require(CallGuard::State::kReady, call);
+    check_window(call);
+    test_hooks::maybe_fail("backward_end", comm_.rank());
+  });
+  if (!local) reducer_.reduce_remaining(call);
+  guard_.agree(call, CallTag{CallKind::kBackwardEnd, micro_step_count_ + 1, 0, 0}, local.get());
+  reducer_.finish_micro_step(call);
+  micro_steps_ += 1;
+  micro_step_count_ += 1;
 }
 
 void Engine::set_lr(int group, double lr) {
   const char* call = "zero_set_lr";
-  if (aborted_.load() || state_ == State::kBroken) require_state(State::kReady, call);
+  if (guard_.aborted() || guard_.state() == CallGuard::State::kBroken) guard_.require(CallGuard::State::kReady, call);
   if (config_.scheduler.kind != SchedulerConfig::Kind::kNone)
     fail(ZERO_ERR_INVALID_STATE, "zero_set_lr: the config has a 'scheduler'; it sets the learning rate every step");
   if (!(lr >= 0.0 && lr < 1e6))  // the range zero_engine_add_param_group and the config accept
     fail(ZERO_ERR_INVALID_ARGUMENT, "zero_set_lr: lr must be in [0, 1e6), got " + exact_decimal(lr));
-  if (group != -1 && (group < 0 || group >= static_cast<int>(groups_.size())))
+  if (group != -1 && (group < 0 || group >= static_cast<int>(registration_.groups().size())))
     fail(ZERO_ERR_INVALID_ARGUMENT, "zero_set_lr: no param group " + std::to_string(group));
-  for (int g = 0; g < static_cast<int>(groups_.size()); ++g)
-    if (group == -1 || g == group) groups_[g].base_lr = lr;
+  registration_.set_base_lr(group, lr);
 }
 
-MemoryStats Engine::memory_stats() const {
-  MemoryStats s;
-  for (const auto& us : units_) {
-    s.param_bytes += us.params.n_bytes();
-    s.grad_bytes += us.grads.n_bytes();
-    s.master_param_bytes += us.master.n_bytes();
-    s.optimizer_state_bytes += us.state[0].n_bytes() + us.state[1].n_bytes();
-  }
-  s.bucket_bytes = bucket_pool_.allocated_bytes();
-  s.gathered_bytes = gathered_pool_.allocated_bytes();
-  return s;
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  checkpointer_.save(dir, tag, micro_steps_);
+}
+
+void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  checkpointer_.load(dir, tag, micro_steps_);
 }
 
 }  // namespace zero

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "engine.hpp"
 #include "error.hpp"
+#include "registration.hpp"
 
 namespace zero {
 namespace {
@@ -75,13 +75,13 @@ Difference first_difference(EngineComm& comm, const std::vector<std::string>& de
 
 }  // namespace
 
-void Engine::verify_registration_across_ranks(const Error* precheck) {
-  EngineComm& comm = comm_;
+Layout Registration::agree_across_ranks(EngineComm& comm, const Config& config, const Error* precheck) const {
+  Layout layout;
   std::string local_error = precheck != nullptr ? precheck->what() : "";
   zero_status_t local_status = precheck != nullptr ? precheck->status() : ZERO_OK;
   if (precheck == nullptr) try {
       if (params_.empty()) fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: no params were registered");
-      layout_ = build_layout(params_, comm.size());
+      layout = build_layout(params_, comm.size());
     } catch (const Error& e) {
       local_error = std::string("zero_engine_finalize: ") + e.what();
       local_status = e.status();
@@ -90,7 +90,7 @@ void Engine::verify_registration_across_ranks(const Error* precheck) {
   std::vector<std::string> param_text, group_text;
   for (const auto& p : params_) param_text.push_back(describe(p));
   for (const auto& g : groups_) group_text.push_back(describe(g));
-  const std::vector<std::string> config_text = result_settings(config_);
+  const std::vector<std::string> config_text = result_settings(config);
   uint64_t params_digest = 0, groups_digest = 0, config_digest = 0;
   for (const auto& t : param_text) params_digest = fnv1a(t, params_digest ^ 0x9e3779b97f4a7c15ull);
   for (const auto& t : group_text) groups_digest = fnv1a(t, groups_digest ^ 0x9e3779b97f4a7c15ull);
@@ -136,6 +136,7 @@ void Engine::verify_registration_across_ranks(const Error* precheck) {
                                 ": rank 0 has " + d.on_root + ", rank " + std::to_string(d.rank) + " has " + d.on_rank +
                                 ".");
   }
+  return layout;
 }
 
 }  // namespace zero

@@ -4,7 +4,8 @@
 //
 // ZERO_TEST_FAIL=<site>:<rank>[,<site>:<rank>...] makes `site` fail on `rank`. Sites: finalize.alloc (out of
 // memory allocating the buffers), gather, gather.alloc, bucket, backward_end, step, save, load, comm_finalize (a
-// local failure in the call's checks), save.enospc (no space writing the shard files), save.manifest-enospc and
+// local failure in the call's checks), bucket.group (a failure after a bucket's reduce-scatters started: data are
+// moving, so the engine breaks), save.enospc (no space writing the shard files), save.manifest-enospc and
 // save.latest-enospc (no space writing the manifest, or `latest`, on rank 0), save.kill (the rank exits abruptly
 // after writing its shards).
 #pragma once

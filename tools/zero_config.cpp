@@ -1,17 +1,21 @@
 // zero-config: checks a DeepSpeed config the way libzero will read it, before a job starts, and estimates the
-// per-rank memory of the model states for each ZeRO stage.
+// per-rank memory of the model states for each ZeRO stage from the engine's own placement plan (core/plan.hpp):
+// the bytes zero_memory_stats reports after finalize, for the same layout.
 //
 //   zero-config check CONFIG.json [--world-size N]
-//   zero-config estimate --params P [--world-size N]
+//   zero-config estimate --params P [--world-size N] [--units U] [--config CONFIG.json]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "config.hpp"
 #include "error.hpp"
+#include "layout.hpp"
+#include "plan.hpp"
 
 namespace {
 
@@ -21,9 +25,12 @@ int usage(FILE* out) {
                "  zero-config check CONFIG.json [--world-size N]\n"
                "      Validates a DeepSpeed config as libzero reads it and prints the resolved settings.\n"
                "      Exit status 0 if libzero accepts it, 1 otherwise (the message names the key).\n"
-               "  zero-config estimate --params P [--world-size N]\n"
-               "      Per-rank bytes of params, gradients and Adam state for ZeRO stages 0-3 (fp32; the\n"
-               "      ZeRO paper's formula with K = 8, before padding to 16 x N elements per unit).\n");
+               "  zero-config estimate --params P [--world-size N] [--units U] [--config CONFIG.json]\n"
+               "      Per-rank bytes of the model states at ZeRO stages 0-3, as libzero's placement plan\n"
+               "      allocates them (what zero_memory_stats reports after finalize): params, gradients, fp32\n"
+               "      master, optimizer state, one gradient bucket and one gathered unit, for P params in U\n"
+               "      equal units (default 1), with the config's dtypes, optimizer, reduce_bucket_size and\n"
+               "      stage3_param_persistence_threshold (fp32 AdamW and DeepSpeed's defaults without one).\n");
   return out == stdout ? 0 : 2;
 }
 
@@ -53,22 +60,71 @@ void print_bytes(double b) {
   std::printf(" %10.2f %-3s", b, units[u]);
 }
 
-int estimate(double params, int world) {
-  const double n = world;
-  const double params_b[4] = {4 * params, 4 * params, 4 * params, 4 * params / n};
-  const double grads_b[4] = {4 * params, 4 * params, 4 * params / n, 4 * params / n};
-  const double optim_b[4] = {8 * params, 8 * params / n, 8 * params / n, 8 * params / n};
-  std::printf("per-rank model states for %.0f params on %d ranks (fp32, Adam)\n", params, world);
-  std::printf("stage       params          grads      optimizer          total\n");
-  for (int s = 0; s < 4; ++s) {
-    std::printf("%-5d", s);
-    print_bytes(params_b[s]);
-    print_bytes(grads_b[s]);
-    print_bytes(optim_b[s]);
-    print_bytes(params_b[s] + grads_b[s] + optim_b[s]);
+int estimate(double params, int world, int64_t units, const std::string& config_path) {
+  zero::Config config;
+  if (!config_path.empty()) {
+    std::ifstream in(config_path);
+    if (!in) {
+      std::fprintf(stderr, "zero-config: cannot read %s\n", config_path.c_str());
+      return 1;
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+      config = zero::parse_config(text.str(), world);
+    } catch (const zero::Error& e) {
+      std::fprintf(stderr, "zero-config: %s: %s\n", zero::status_name(e.status()), e.what());
+      return 1;
+    }
+  }
+  const uint64_t total = static_cast<uint64_t>(params);
+  if (params < 1 || params > 1e16 || units < 1 || static_cast<uint64_t>(units) > total || units > 1000000) {
+    std::fprintf(stderr, "zero-config: --params must be in [1, 1e16] and --units in [1, min(params, 1e6)]\n");
+    return 2;
+  }
+  // U units of equal size (the first ones one element larger when P does not divide), one param each.
+  std::vector<zero::ParamShape> shapes(static_cast<size_t>(units));
+  for (int64_t u = 0; u < units; ++u) {
+    const uint64_t n = total / units + (static_cast<uint64_t>(u) < total % units ? 1 : 0);
+    shapes[u].name = "unit" + std::to_string(u);
+    shapes[u].dims = {static_cast<int64_t>(n)};
+    shapes[u].unit = static_cast<int>(u);
+  }
+  zero::Layout layout;
+  try {
+    layout = zero::build_layout(shapes, world);
+  } catch (const zero::Error& e) {
+    std::fprintf(stderr, "zero-config: %s\n", e.what());
+    return 1;
+  }
+  std::printf("per-rank model states of %.0f params in %lld unit(s) on %d ranks: %s params, %s gradients, %s\n", params,
+              static_cast<long long>(units), world, zero::dtype_name(config.compute_dtype),
+              zero::dtype_name(config.grad_accum_dtype), zero::optimizer_name(config.optimizer.kind));
+  std::printf("stage       params          grads    fp32 master      optimizer  bucket+gather          total\n");
+  for (int stage = 0; stage < 4; ++stage) {
+    zero::PlanSpec spec;
+    spec.stage = stage;
+    spec.compute_dtype = config.compute_dtype;
+    spec.grad_accum_dtype = config.grad_accum_dtype;
+    spec.optimizer_states = zero::state_count(config.optimizer);
+    spec.persistence_threshold = config.param_persistence_threshold;
+    spec.bucket_elems = config.reduce_bucket_size;
+    spec.world_size = world;
+    spec.rank = 0;
+    const zero::MemoryStats m = zero::make_plan(spec, layout).bytes();
+    std::printf("%-1d%-4s", stage, !config_path.empty() && stage == config.stage ? " *" : "");
+    print_bytes(static_cast<double>(m.param_bytes));
+    print_bytes(static_cast<double>(m.grad_bytes));
+    print_bytes(static_cast<double>(m.master_param_bytes));
+    print_bytes(static_cast<double>(m.optimizer_state_bytes));
+    print_bytes(static_cast<double>(m.bucket_bytes + m.gathered_bytes));
+    print_bytes(static_cast<double>(m.total()));
     std::printf("\n");
   }
-  std::printf("plus, at stages 2-3, one gradient bucket and, at stage 3, one buffer per gathered unit\n");
+  std::printf(
+      "rank 0's bytes%s; units padded to 16 x N elements; a stage-3 unit below the persistence\n"
+      "threshold stays whole; gathering several units at once adds one buffer each\n",
+      config_path.empty() ? "" : " (* the config's stage)");
   return 0;
 }
 
@@ -80,13 +136,18 @@ int main(int argc, char** argv) {
   if (command == "--help" || command == "-h" || command == "help") return usage(stdout);
   int world = 1;
   double params = -1;
-  std::string file;
+  int64_t units = 1;
+  std::string file, config_path;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--world-size" && i + 1 < argc) {
       world = std::atoi(argv[++i]);
     } else if (a == "--params" && i + 1 < argc) {
       params = std::strtod(argv[++i], nullptr);
+    } else if (a == "--units" && i + 1 < argc) {
+      units = std::strtoll(argv[++i], nullptr, 10);
+    } else if (a == "--config" && i + 1 < argc) {
+      config_path = argv[++i];
     } else if (file.empty() && a[0] != '-') {
       file = a;
     } else {
@@ -98,6 +159,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command == "check" && !file.empty()) return check(file, world);
-  if (command == "estimate" && params > 0) return estimate(params, world);
+  if (command == "estimate" && params > 0) return estimate(params, world, units, config_path);
   return usage(stderr);
 }

@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -280,9 +281,7 @@ class Backend {
       default:
         fail(ZERO_ERR_INVALID_ARGUMENT, "unknown collective kind " + std::to_string(coll.kind));
     }
-    pending_ = coll.sequence;
-    pending_label_ = op->label;
-    waiting_since_ = Clock::now();
+    in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};
     return op.release();
   }
 
@@ -504,13 +503,13 @@ class Backend {
       zero::sum_blocks_in_rank_order(op->coll.buf, op->coll.count, size_, rank_, op->coll.dtype);
     completed_ = op->coll.sequence;
     completed_label_ = op->label;
-    pending_ = 0;
+    in_flight_.erase(op->coll.sequence);
   }
 
   // A collective given up while in flight: MPI cannot cancel it, so its request (and the caller's buffer) stay.
   void abandon(Op* op) {
+    in_flight_.erase(op->coll.sequence);
     abandoned_.emplace_back(op);
-    pending_ = 0;
   }
 
   void post_inbox() {
@@ -559,10 +558,12 @@ class Backend {
         CtlMsg r;
         r.type = kReply;
         r.rank = rank_;
-        r.a = pending_;
+        // The oldest collective in flight is the one this rank waits in (a group may have several started).
+        const bool waiting = !in_flight_.empty();
+        r.a = waiting ? in_flight_.begin()->first : 0;
         r.b = completed_;
-        r.seconds = pending_ != 0 ? seconds_since(waiting_since_) : 0.0;
-        copy_text(r.text, pending_ != 0 ? pending_label_ : completed_label_);
+        r.seconds = waiting ? seconds_since(in_flight_.begin()->second.since) : 0.0;
+        copy_text(r.text, waiting ? in_flight_.begin()->second.label : completed_label_);
         send(m.rank, r);
       } else if (m.type == kReply) {
         p.replied = true;
@@ -592,9 +593,14 @@ class Backend {
   CtlMsg inbox_;
   MPI_Request inbox_request_ = MPI_REQUEST_NULL;
   std::list<Outgoing> outbox_;  // MPI_Isend keeps pointing at each message: a list never moves them
-  uint64_t completed_ = 0, pending_ = 0;
-  std::string completed_label_, pending_label_;
-  Clock::time_point waiting_since_ = Clock::now();
+  uint64_t completed_ = 0;
+  std::string completed_label_;
+  // Collectives started and not completed, by sequence (several when the engine starts a group).
+  struct InFlight {
+    std::string label;
+    Clock::time_point since;
+  };
+  std::map<uint64_t, InFlight> in_flight_;
   std::vector<std::unique_ptr<Op>> abandoned_;
   std::atomic<bool> abort_requested_{false};
   mutable std::mutex abort_mutex_;

@@ -1,4 +1,5 @@
-// The collectives the engine uses, behind one interface: start a collective, wait for it with a timeout, abort.
+// The collectives the engine uses, behind one interface: start a collective (alone or in a group), wait for it
+// with a timeout, abort; what a backend guarantees (CommCapabilities) and the queue a collective is ordered on.
 // Backends: single process (comm/single_communicator.*), a custom table of callbacks (comm/custom_communicator.*,
 // which is also how the MPI module in backends/mpi plugs in). Conventions are NCCL's and zero.h's
 // (zero_collective_t): element counts as size_t, in-place buffers, a rank's block at buf + rank * count.
@@ -46,6 +47,17 @@ struct Collective {
   size_t count = 0;       // per block (all-gather, reduce-scatter) or in all (all-reduce, broadcast)
   uint64_t sequence = 0;  // set by Communicator::start
   std::string label;      // what it is for, for diagnostics
+  // The queue the collective is ordered on: a CUDA stream for a device backend (the engine's stream, so that it
+  // runs after the kernels that produced its input), null for host backends and for the backend's own queue.
+  void* queue = nullptr;
+};
+
+// What a backend guarantees; the engine asks for what it needs (libzero.deterministic) and reports the rest
+// (zero_engine_info).
+struct CommCapabilities {
+  bool deterministic_sums = false;  // float sums add contributions in rank order (ZERO_COMM_DETERMINISTIC)
+  bool timeouts = false;            // a started collective can be waited for with a timeout (start/wait)
+  bool device_buffers = false;      // buffers may live in device memory
 };
 
 // A collective in flight. Owned by whoever started it until wait() reports it done or failed.
@@ -62,6 +74,17 @@ class Communicator {
   bool deterministic() const { return deterministic_; }
   // Whether a started collective can be waited for with a timeout. Without it a collective blocks in start().
   virtual bool can_time_out() const { return false; }
+  CommCapabilities capabilities() const {
+    CommCapabilities c;
+    c.deterministic_sums = deterministic_;
+    c.timeouts = can_time_out();
+    c.device_buffers = accepts_device_buffers();
+    return c;
+  }
+  // A group of collectives started between group_begin and group_end may be fused by the backend (NCCL's
+  // ncclGroupStart/End); each still completes through wait(). Host backends start each one as it comes.
+  virtual void group_begin() {}
+  virtual void group_end() {}
 
   // Numbers the collective (1, 2, ... per communicator: every rank issues collective n with the same arguments)
   // and starts it. Returns null if it already completed. Throws zero::Error.
@@ -86,6 +109,7 @@ class Communicator {
   virtual Request do_start(const Collective& c) = 0;
   virtual void do_abort(const std::string& /*reason*/) {}
   virtual void do_finalize() {}
+  virtual bool accepts_device_buffers() const { return false; }
 
  private:
   int rank_, size_, local_size_;

@@ -166,32 +166,43 @@ std::string EngineComm::recent_json() const {
   return out.dump(1);
 }
 
-// Start, then wait in slices until done or past the deadline. On a timeout the request stays in flight inside the
-// backend (no backend can cancel a collective), so its buffer must outlive the engine: abandoned_.
-void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
+// Start, then wait (below). A failure to start leaves the sequences apart on this rank: the engine breaks.
+EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
   count(counter, bytes, wire_bytes);
-  const auto begin = std::chrono::steady_clock::now();
-  Request request = nullptr;
+  Pending p;
+  p.begin_ = std::chrono::steady_clock::now();
   try {
-    request = comm_->start(c);
+    p.request_ = comm_->start(c);
   } catch (const Error& e) {
     record_end(record_start(c), c.sequence, 2);
     failed_ = true;
     fail(e.status(), c.label + ": " + e.what());
   }
-  const size_t slot = record_start(c);
-  if (request == nullptr) {
-    record_end(slot, c.sequence, 1);
+  p.slot_ = record_start(c);
+  p.c_ = std::move(c);
+  p.owner_ = this;
+  p.active_ = true;
+  return p;
+}
+
+// Waits in slices until done or past the deadline. On a timeout the request stays in flight inside the backend
+// (no backend can cancel a collective), so its buffer must outlive the engine: abandoned_.
+void EngineComm::wait(Pending& p) {
+  if (!p.active_) fail(ZERO_ERR_INTERNAL, "a collective was waited for twice");
+  p.active_ = false;
+  const Collective& c = p.c_;
+  if (p.request_ == nullptr) {
+    record_end(p.slot_, c.sequence, 1);
     return;
   }
-  const auto deadline = begin + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(timeout_s_));
+  const auto deadline = p.begin_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(timeout_s_));
   try {
     for (;;) {
       const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) break;
-      if (comm_->wait(request, std::min(left, 0.25))) {
-        record_end(slot, c.sequence, 1);
+      if (comm_->wait(p.request_, std::min(left, 0.25))) {
+        record_end(p.slot_, c.sequence, 1);
         return;
       }
       // zero_engine_abort from another thread: return now even if the backend would keep waiting.
@@ -199,11 +210,11 @@ void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wir
         fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank (" + comm_->abort_reason() + ")");
     }
   } catch (const Error& e) {
-    record_end(slot, c.sequence, 2);
+    record_end(p.slot_, c.sequence, 2);
     failed_ = abandoned_ = true;  // a failed wait may leave the backend's request (and our buffer) in flight
     fail(e.status(), c.label + ": " + e.what());
   }
-  record_end(slot, c.sequence, 2);
+  record_end(p.slot_, c.sequence, 2);
   failed_ = abandoned_ = true;
   std::string what = c.label + ": collective #" + std::to_string(c.sequence) + " (" + coll_kind_name(c.kind) + " of " +
                      std::to_string(c.count) + " " + elem_type_name(c.type) + ") did not complete within " +
@@ -214,6 +225,32 @@ void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wir
   comm_->abort("it timed out after " + format_seconds(timeout_s_) + " s waiting in collective #" +
                std::to_string(c.sequence) + " (" + c.label + ")");
   fail(ZERO_ERR_TIMEOUT, what);
+}
+
+void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
+  Pending p = start(std::move(c), counter, bytes, wire_bytes);
+  wait(p);
+}
+
+void EngineComm::wait_all(std::vector<Pending>& pendings) {
+  // After a failure the rest stay in flight in the backend: their buffers must never be freed.
+  for (Pending& p : pendings)
+    if (p.active_) wait(p);
+}
+
+std::vector<EngineComm::Pending> EngineComm::start_group(std::vector<Planned> group) {
+  std::vector<Pending> pendings;
+  pendings.reserve(group.size());
+  comm_->group_begin();
+  try {
+    for (Planned& g : group) pendings.push_back(start_data(g.kind, g.buf, g.block, g.type, g.label));
+  } catch (const Error&) {
+    comm_->group_end();
+    if (!pendings.empty()) abandoned_ = true;  // started ones may still write into their buffers
+    throw;
+  }
+  comm_->group_end();
+  return pendings;
 }
 
 namespace {
@@ -230,16 +267,34 @@ Collective collective(CollKind kind, void* buf, size_t count, ElemType type, std
 
 }  // namespace
 
-void EngineComm::all_gather(void* buf, size_t block, ElemType type, const std::string& label) {
+// All-gathers and reduce-scatters move (N-1)/N of the N blocks per rank, whichever algorithm runs them.
+EngineComm::Pending EngineComm::start_data(CollKind kind, void* buf, size_t block, ElemType type,
+                                           const std::string& label) {
+  if (kind != CollKind::kAllGather && kind != CollKind::kReduceScatter)
+    fail(ZERO_ERR_INTERNAL, label + ": only all-gathers and reduce-scatters start without waiting");
   const uint64_t block_bytes = block * elem_size(type), n = size();
-  run(collective(CollKind::kAllGather, buf, block, type, label), Counter::kAllGather, block_bytes * n,
-      block_bytes * (n - 1));
+  return start(collective(kind, buf, block, type, label),
+               kind == CollKind::kAllGather ? Counter::kAllGather : Counter::kReduceScatter, block_bytes * n,
+               block_bytes * (n - 1));
+}
+
+EngineComm::Pending EngineComm::start_all_gather(void* buf, size_t block, ElemType type, const std::string& label) {
+  return start_data(CollKind::kAllGather, buf, block, type, label);
+}
+
+EngineComm::Pending EngineComm::start_reduce_scatter_sum(void* buf, size_t block, ElemType type,
+                                                         const std::string& label) {
+  return start_data(CollKind::kReduceScatter, buf, block, type, label);
+}
+
+void EngineComm::all_gather(void* buf, size_t block, ElemType type, const std::string& label) {
+  Pending p = start_all_gather(buf, block, type, label);
+  wait(p);
 }
 
 void EngineComm::reduce_scatter_sum(void* buf, size_t block, ElemType type, const std::string& label) {
-  const uint64_t block_bytes = block * elem_size(type), n = size();
-  run(collective(CollKind::kReduceScatter, buf, block, type, label), Counter::kReduceScatter, block_bytes * n,
-      block_bytes * (n - 1));
+  Pending p = start_reduce_scatter_sum(buf, block, type, label);
+  wait(p);
 }
 
 void EngineComm::all_reduce_sum(void* buf, size_t n_elems, ElemType type, const std::string& label) {

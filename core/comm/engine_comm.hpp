@@ -75,7 +75,50 @@ class EngineComm {
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
 
-  // ---- Data collectives (the ZeRO traffic). Blocking, with the timeout.
+  // ---- Non-blocking data collectives. start_* issues a collective (every rank in the same order) and returns at
+  // once; wait() completes it under the watchdog (the timeout counts from its start). A Pending must be waited
+  // for, in start order, before its buffer is touched. A group is started back to back with the backend told so
+  // (NCCL fuses a group into one launch); wait_all() completes it.
+  class Pending {
+   public:
+    Pending() = default;
+    Pending(Pending&& o) noexcept { *this = std::move(o); }
+    Pending& operator=(Pending&& o) noexcept {
+      std::swap(owner_, o.owner_), std::swap(c_, o.c_), std::swap(request_, o.request_), std::swap(slot_, o.slot_);
+      std::swap(begin_, o.begin_), std::swap(active_, o.active_);
+      return *this;
+    }
+    // Dropped without wait() (an exception between start and wait): the collective may still run in the backend
+    // and write its buffer, and this rank's sequence is apart from the others'.
+    ~Pending() {
+      if (active_ && owner_ != nullptr) owner_->abandoned_ = owner_->failed_ = true;
+    }
+    bool active() const { return active_; }
+
+   private:
+    friend class EngineComm;
+    EngineComm* owner_ = nullptr;
+    Collective c_;
+    Request request_ = nullptr;
+    size_t slot_ = 0;
+    std::chrono::steady_clock::time_point begin_;
+    bool active_ = false;
+  };
+  Pending start_all_gather(void* buf, size_t block, ElemType type, const std::string& label);
+  Pending start_reduce_scatter_sum(void* buf, size_t block, ElemType type, const std::string& label);
+  void wait(Pending& pending);
+  // Starts every collective of `group` (see Communicator::group_begin) and returns their Pendings, in order.
+  struct Planned {
+    CollKind kind;
+    void* buf;
+    size_t block;
+    ElemType type;
+    std::string label;
+  };
+  std::vector<Pending> start_group(std::vector<Planned> group);
+  void wait_all(std::vector<Pending>& pendings);
+
+  // ---- Blocking data collectives (the ZeRO traffic): start and wait, with the timeout.
   // `buf` holds size() blocks of `block` elements; this rank's block (at rank() * block) is the input.
   void all_gather(void* buf, size_t block, ElemType type, const std::string& label);
   // `buf` holds size() blocks of `block` elements; afterwards this rank's block holds the sum over ranks.
@@ -119,6 +162,8 @@ class EngineComm {
  private:
   enum class Counter { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kControl, kNone };
   void run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
+  Pending start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
+  Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
 
   struct Record {

@@ -143,6 +143,13 @@ const KernelTable& kernels(Isa isa) {
   }
 }
 
+const KernelTable& kernels(MemorySpace space, Isa isa) {
+  if (!host_addressable(space))
+    fail(ZERO_ERR_UNSUPPORTED, std::string("optimizer kernels on ") + space_name(space) +
+                                   " memory: this build of libzero has none (the CUDA build adds device kernels)");
+  return kernels(isa);
+}
+
 namespace {
 
 // Below this many elements per thread, starting threads costs more than it saves.

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "dtype.hpp"
+#include "memory/space.hpp"
 
 namespace zero {
 
@@ -62,6 +63,9 @@ struct KernelTable {
 Isa active_isa();
 bool isa_supported(Isa isa);
 const KernelTable& kernels(Isa isa);
+// The kernels for buffers in `space` on the `isa` path (host and pinned host memory: the CPU's; ZERO_ERR_UNSUPPORTED
+// for a space this build has no kernels for).
+const KernelTable& kernels(MemorySpace space, Isa isa);
 
 const KernelTable& kernel_table_scalar();
 const KernelTable& kernel_table_avx2();

@@ -691,6 +691,84 @@ static void test_training_run(void** state) {
   zero_comm_destroy(NULL);
 }
 
+/* A framework's allocator: counts what it hands out; can be told to refuse. */
+typedef struct {
+  size_t live_bytes, calls;
+  int refuse;
+} CountingPool;
+
+static void* pool_alloc(void* user_data, size_t bytes, size_t alignment) {
+  CountingPool* pool = (CountingPool*)user_data;
+  if (pool->refuse) return NULL;
+  void* p = NULL;
+  if (posix_memalign(&p, alignment, bytes) != 0) return NULL;
+  pool->live_bytes += bytes, pool->calls += 1;
+  return p;
+}
+
+static void pool_free(void* user_data, void* ptr, size_t bytes) {
+  CountingPool* pool = (CountingPool*)user_data;
+  pool->live_bytes -= bytes;
+  free(ptr);
+}
+
+static void test_allocator_hook(void** state) {
+  (void)state;
+  zero_allocator_t a;
+  assert_fails(zero_allocator_init(&a, 8), ZERO_ERR_INVALID_ARGUMENT, "struct_size");
+  assert_int_equal(zero_allocator_init(&a, sizeof a), ZERO_OK);
+  assert_fails(zero_engine_set_allocator(NULL, ZERO_MEMORY_HOST, &a), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+
+  CountingPool pool = {0, 0, 0};
+  a.alloc = pool_alloc;
+  a.free = pool_free;
+  a.user_data = &pool;
+  zero_comm_t* comm = NULL;
+  zero_engine_t* engine = new_engine_with(
+      &comm,
+      "{\"optimizer\": {\"type\": \"AdamW\"}, \"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2}}");
+  zero_comm_destroy(comm);
+  assert_fails(zero_engine_set_allocator(engine, 7, &a), ZERO_ERR_INVALID_ARGUMENT, "not a zero_memory_space_t");
+  zero_allocator_t no_free = a;
+  no_free.free = NULL;
+  assert_fails(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, &no_free), ZERO_ERR_INVALID_ARGUMENT,
+               "callback is NULL");
+  assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, &a), ZERO_OK);
+  add_param(engine, "w", 1000, 0);
+  add_param(engine, "b", 7, 1);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  /* Every buffer of the plan came from the pool: params, gradients, master, Adam state, the bucket. */
+  zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
+  assert_int_equal(zero_memory_stats(&mem, engine), ZERO_OK);
+  assert_true(pool.calls >= 2 * 5);
+  assert_true(pool.live_bytes >= mem.total_bytes);
+  assert_true(pool.live_bytes < mem.total_bytes + 64 * pool.calls); /* only the 64-byte rounding on top */
+  assert_fails(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, &a), ZERO_ERR_INVALID_STATE,
+               "must come before zero_engine_finalize");
+  zero_engine_destroy(engine);
+  assert_int_equal(pool.live_bytes, 0); /* everything went back */
+
+  /* A pool that refuses: finalize fails cleanly, and nothing is left allocated. */
+  pool.refuse = 1;
+  engine = new_engine(&comm);
+  zero_comm_destroy(comm);
+  assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, &a), ZERO_OK);
+  add_param(engine, "w", 1000, 0);
+  assert_fails(zero_engine_finalize(engine), ZERO_ERR_OUT_OF_MEMORY, "out of memory");
+  zero_engine_destroy(engine);
+
+  /* Device memory is not allocatable in the CPU build, but an allocator for it may be given (the plan does not
+   * use it); NULL restores the defaults. */
+  engine = new_engine(&comm);
+  zero_comm_destroy(comm);
+  assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_DEVICE, &a), ZERO_OK);
+  assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_DEVICE, NULL), ZERO_OK);
+  assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, NULL), ZERO_OK);
+  add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  zero_engine_destroy(engine);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_strings_and_version),
@@ -705,6 +783,7 @@ int main(void) {
       cmocka_unit_test(test_custom_backend_that_never_completes),
       cmocka_unit_test(test_comm_finalize),
       cmocka_unit_test(test_training_run),
+      cmocka_unit_test(test_allocator_hook),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

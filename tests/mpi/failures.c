@@ -25,6 +25,10 @@
  *                    gets ZERO_ERR_REMOTE when it arrives.
  *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
  *                    and loads it back.
+ *   fail-in-group    stage 2: the last rank fails after a bucket's reduce-scatters were started together (a
+ *                    group, hook bucket.group) and before it waits for them. Data were moving, so it gets its own
+ *                    error and its engine breaks; the others, waiting in the group, get ZERO_ERR_REMOTE naming it
+ *                    within seconds, and every rank's engine is unusable afterwards (no rank trains on).
  *   bad-unit         stage 3: the last rank calls zero_gather with a unit id that does not exist: its argument
  *                    error reaches the others (ZERO_ERR_REMOTE), it does not leave them waiting.
  *   early-step       the last rank calls zero_step before zero_backward_end: the others, in zero_backward_end,
@@ -46,6 +50,7 @@
 #include "harness.h"
 
 static int g_rank = 0, g_world = 1, g_last = 0;
+static long g_bucket_elems = 300; /* reduce_bucket_size: one unit per bucket */
 static const char* g_scenario = "";
 static char g_dir[512];
 
@@ -78,9 +83,9 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int stage, double timeout_s
   char config[512];
   snprintf(config, sizeof config,
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
-           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 300,"
+           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
            " \"stage3_param_persistence_threshold\": 0}, \"libzero\": {\"timeout_s\": %g}}",
-           stage, timeout_s);
+           stage, g_bucket_elems, timeout_s);
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
   register_test_model(engine, ZERO_DTYPE_FP32, NULL, ids);
@@ -194,6 +199,32 @@ static void fail_at(zero_comm_t* comm, const char* site, int stage) {
   /* Training goes on: one more full step on every rank. */
   micro_step(engine, ids);
   CHECK(zero_step(NULL, engine));
+  zero_engine_destroy(engine);
+}
+
+/* fail-in-group: a failure while a group of collectives is in flight. */
+static void fail_in_group(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  g_bucket_elems = 1000; /* all three units in one bucket: a group of three reduce-scatters */
+  zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
+  set_fault("bucket.group");
+  zero_status_t s = ZERO_OK;
+  const double t = now();
+  for (int p = kNumParams - 1; p >= 0 && s == ZERO_OK; --p) {
+    float* g = NULL;
+    CHECK(zero_grad_data((void**)&g, engine, ids[p]));
+    g[0] += 1.0f / 1024;
+    s = zero_grad_ready(engine, ids[p]);
+  }
+  unsetenv("ZERO_TEST_FAIL");
+  char fragment[64];
+  snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
+  if (g_rank == g_last)
+    expect_status(engine, s, ZERO_ERR_INTERNAL, "injected failure at 'bucket.group'", t, 8.0, "zero_grad_ready");
+  else
+    expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 8.0, "zero_grad_ready (group in flight)");
+  EXPECT(zero_backward_end(engine) == ZERO_ERR_INVALID_STATE && strstr(zero_last_error(), "unusable") != NULL,
+         "after a failure in a group: %s", zero_last_error());
   zero_engine_destroy(engine);
 }
 
@@ -419,6 +450,8 @@ int main(int argc, char** argv) {
   else if (strcmp(g_scenario, "skip-step") == 0 || strcmp(g_scenario, "different-unit") == 0 ||
            strcmp(g_scenario, "different-lr") == 0)
     divergence(comm, g_scenario);
+  else if (strcmp(g_scenario, "fail-in-group") == 0)
+    fail_in_group(comm);
   else if (strcmp(g_scenario, "stall") == 0)
     stall(comm);
   else if (strcmp(g_scenario, "abort-thread") == 0)

@@ -238,7 +238,10 @@ TEST(Engine, InfoMessagesReportFinalizeAndLossScaleChanges) {
   }
   set_log_callback(nullptr, nullptr, ZERO_LOG_WARNING);
   ASSERT_EQ(messages.size(), 2u);
-  EXPECT_NE(messages[0].find("zero_engine_finalize: stage 1 over 1 ranks, 1 params in 1 units"), std::string::npos)
+  EXPECT_NE(messages[0].find("zero_engine_finalize: stage 1 on 1 ranks: params full, grads full fp32, optimizer state "
+                             "sharded, fp32 master beside fp16 params (host); gradients reduce-scattered in "
+                             "zero_step; 1 params in 1 units"),
+            std::string::npos)
       << messages[0];
   EXPECT_NE(messages[1].find("loss scale 65536 -> 32768 (gradients overflowed; step skipped)"), std::string::npos)
       << messages[1];

@@ -612,6 +612,36 @@ ZERO_API zero_status_t zero_comm_stats(zero_comm_stats_t* out_stats, const zero_
  * with zero_string_destroy. Any thread, any time (also while the engine's thread is blocked in a collective). */
 ZERO_API zero_status_t zero_engine_recent_collectives(char** out_json, const zero_engine_t* engine);
 
+/* Memory spaces of the engine's buffers (docs/architecture.md, "Placement plan"). The CPU engine places
+ * everything in host memory; pinned host and device memory come with the CUDA build. */
+typedef int32_t zero_memory_space_t;
+enum zero_memory_space { ZERO_MEMORY_HOST = 0, ZERO_MEMORY_PINNED_HOST = 1, ZERO_MEMORY_DEVICE = 2 };
+
+/* An allocator a framework hands to an engine (ONNX Runtime's OrtAllocator in spirit), so that the engine's
+ * buffers in one memory space come from the framework's pool and show in its accounting. `alloc` returns
+ * `bytes` aligned to `alignment` (a power of two, 64 or 2 MiB; `bytes` is a multiple of it), or NULL when it
+ * cannot: finalize then fails with ZERO_ERR_OUT_OF_MEMORY on every rank. libzero zeroes the memory itself.
+ * `free` gets each pointer back with the byte count `alloc` was called with, at the latest when the engine is
+ * destroyed (never, for buffers a collective that timed out may still write). Both are called from threads that
+ * call libzero, one at a time per engine. `user_data` must stay valid until every engine given the allocator is
+ * destroyed. */
+typedef struct zero_allocator {
+  size_t struct_size;
+  void* (*alloc)(void* user_data, size_t bytes, size_t alignment);
+  void (*free)(void* user_data, void* ptr, size_t bytes);
+  void* user_data;
+} zero_allocator_t;
+
+#define ZERO_ALLOCATOR_INIT \
+  { sizeof(zero_allocator_t), NULL, NULL, NULL }
+
+ZERO_API zero_status_t zero_allocator_init(zero_allocator_t* allocator, size_t struct_size);
+
+/* The engine's buffers in `space` come from `allocator` (copied; NULL restores the default: libzero's own for host
+ * memory, none for the others). Before zero_engine_finalize. Local. */
+ZERO_API zero_status_t zero_engine_set_allocator(zero_engine_t* engine, zero_memory_space_t space,
+                                                 const zero_allocator_t* allocator);
+
 #endif /* ZERO_EXPERIMENTAL_API */
 
 #ifdef __cplusplus

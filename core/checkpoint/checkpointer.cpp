@@ -16,13 +16,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpointer.hpp"
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/safetensors.hpp"
-#include "convert.hpp"
-#include "engine.hpp"
 #include "error.hpp"
 #include "log.hpp"
+#include "memory/ops.hpp"
 #include "test_hooks.hpp"
 #include "zero/zero_version.h"
 
@@ -58,8 +58,8 @@ std::unique_ptr<Error> capture(Body&& body) {
 
 // A checkpoint phase's agreement: a failure on one rank (a file it cannot write or read) is the same news for all,
 // so every rank reports that rank's status (EngineComm::agree's share_status).
-void Engine::agree_checkpoint(const char* call, CallKind kind, int phase, const Error* local, int64_t check,
-                              const std::string& what) {
+void Checkpointer::agree_phase(const char* call, CallKind kind, int phase, const Error* local, int64_t check,
+                               const std::string& what) {
   // `check` is a digest of what every rank must agree on (where it saves, which checkpoint it loaded); on a
   // difference every rank learns each rank's `what`.
   auto explain = [&]() {
@@ -69,7 +69,7 @@ void Engine::agree_checkpoint(const char* call, CallKind kind, int phase, const 
               comm_.broadcast_text(what, r, std::string(call) + ": what each rank has");
     return text + ". Every rank must save to the same directory and tag, and load the same checkpoint.";
   };
-  agree(call, CallTag{kind, phase, 0, check}, local, explain, true);
+  guard_.agree(call, CallTag{kind, phase, 0, check}, local, explain, true);
 }
 
 namespace {
@@ -80,26 +80,23 @@ int64_t digest(const std::string& text) {
 }
 }  // namespace
 
-void Engine::require_step_boundary(const char* call) const {
-  if (micro_steps_ != 0)
-    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + std::to_string(micro_steps_) +
+void Checkpointer::require_step_boundary(const char* call, int64_t micro_steps) const {
+  if (micro_steps != 0)
+    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + std::to_string(micro_steps) +
                                      " micro-steps have run since the last zero_step; save and load between steps");
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].gathered != nullptr)
-      fail(ZERO_ERR_INVALID_STATE,
-           std::string(call) + ": unit " + std::to_string(u) + " is gathered; release every unit first");
+  const int u = store_.first_gathered();
+  if (u >= 0)
+    fail(ZERO_ERR_INVALID_STATE,
+         std::string(call) + ": unit " + std::to_string(u) + " is gathered; release every unit first");
 }
 
 // This rank's files: shard `rank` of every unit. Fills record = [master bytes, master xxh64, optimizer bytes,
 // optimizer xxh64, params bytes, params xxh64] (params only with stochastic rounding, whose bf16 copy is not a
 // function of the master).
-void Engine::write_shard_files(const std::string& dir, std::vector<int64_t>& record) {
+void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t>& record) {
   const int rank = comm_.rank(), world = comm_.size();
 
   const int n_states = state_count(config_.optimizer);
-  auto shard_ptr = [&](int u, const float* base) {
-    return base + (rank * layout_.units[u].shard_elems - units_[u].update_begin);
-  };
   auto write_file = [&](const std::string& kind, std::vector<ckpt::TensorInfo> tensors, auto&& write_data, int slot) {
     ckpt::SafetensorsWriter w(dir + "/" + ckpt::shard_file_name(kind, rank, world), std::move(tensors),
                               {{"format", ckpt::kFormatName}, {"kind", kind}});
@@ -110,44 +107,38 @@ void Engine::write_shard_files(const std::string& dir, std::vector<int64_t>& rec
     record[2 * slot] = static_cast<int64_t>(w.file().bytes_written());
     record[2 * slot + 1] = static_cast<int64_t>(w.file().xxh64());
   };
+  const Layout& layout = store_.layout();
+  const int units = store_.num_units();
+  const size_t compute_size = dtype_size(config_.compute_dtype);
   std::vector<ckpt::TensorInfo> master_tensors, state_tensors, param_tensors;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const uint64_t shard = layout_.units[u].shard_elems;
+  for (int u = 0; u < units; ++u) {
+    const uint64_t shard = layout.units[u].shard_elems;
     const std::string base = "unit." + std::to_string(u);
     master_tensors.push_back({base, "F32", {static_cast<int64_t>(shard)}, 0, shard * 4});
     for (int s = 0; s < n_states; ++s)
       state_tensors.push_back(
           {base + "." + state_name(config_.optimizer, s), "F32", {static_cast<int64_t>(shard)}, 0, shard * 4});
-    param_tensors.push_back({base,
-                             ckpt::safetensors_dtype(config_.compute_dtype),
-                             {static_cast<int64_t>(shard)},
-                             0,
-                             shard * compute_size()});
+    param_tensors.push_back(
+        {base, ckpt::safetensors_dtype(config_.compute_dtype), {static_cast<int64_t>(shard)}, 0, shard * compute_size});
   }
   write_file(
       "master", master_tensors,
       [&](ckpt::SafetensorsWriter& w) {
-        for (size_t u = 0; u < units_.size(); ++u)
-          w.write(shard_ptr(static_cast<int>(u), master_of(static_cast<int>(u))), layout_.units[u].shard_elems * 4);
+        for (int u = 0; u < units; ++u) w.write(store_.master_shard(u), layout.units[u].shard_elems * 4);
       },
       0);
   write_file(
       "optimizer", state_tensors,
       [&](ckpt::SafetensorsWriter& w) {
-        for (size_t u = 0; u < units_.size(); ++u)
-          for (int s = 0; s < n_states; ++s)
-            w.write(shard_ptr(static_cast<int>(u), units_[u].state[s].f32()), layout_.units[u].shard_elems * 4);
+        for (int u = 0; u < units; ++u)
+          for (int s = 0; s < n_states; ++s) w.write(store_.state_shard(u, s), layout.units[u].shard_elems * 4);
       },
       1);
   if (config_.stochastic_rounding) {
     write_file(
         "params", param_tensors,
         [&](ckpt::SafetensorsWriter& w) {
-          for (size_t u = 0; u < units_.size(); ++u) {
-            UnitState& us = units_[u];
-            const size_t shard = layout_.units[u].shard_elems;
-            w.write(us.full_params ? us.params.at(rank * shard) : us.params.data(), shard * compute_size());
-          }
+          for (int u = 0; u < units; ++u) w.write(store_.params_shard(u), layout.units[u].shard_elems * compute_size);
         },
         2);
   }
@@ -156,38 +147,40 @@ void Engine::write_shard_files(const std::string& dir, std::vector<int64_t>& rec
 
 // The whole model in the compute dtype, one tensor per param, streamed one unit at a time (stage 3 gathers each
 // unit; rank 0 writes). Collective.
-void Engine::write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64) {
+void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64) {
+  const Layout& layout = store_.layout();
+  const size_t compute_size = dtype_size(config_.compute_dtype);
   std::unique_ptr<ckpt::SafetensorsWriter> w;
   std::unique_ptr<Error> error;
   if (comm_.rank() == 0) {
     error = capture([&] {
       std::vector<ckpt::TensorInfo> tensors;
-      for (size_t u = 0; u < units_.size(); ++u)
-        for (int p : layout_.units[u].params)
-          tensors.push_back({params_[p].name, ckpt::safetensors_dtype(config_.compute_dtype), params_[p].dims, 0,
-                             layout_.params[p].numel * compute_size()});
+      for (const UnitLayout& ul : layout.units)
+        for (int p : ul.params)
+          tensors.push_back({registration_.param(p).name, ckpt::safetensors_dtype(config_.compute_dtype),
+                             registration_.param(p).dims, 0, layout.params[p].numel * compute_size});
       w = std::make_unique<ckpt::SafetensorsWriter>(
           path, tensors, std::map<std::string, std::string>{{"format", "pt"}, {"producer", "libzero"}});
     });
   }
   const char* call = "zero_save_checkpoint";
-  agree_checkpoint(call, CallKind::kSaveCheckpoint, 10, error.get());
-  for (size_t u = 0; u < units_.size(); ++u) {
-    gather(static_cast<int>(u));
+  agree_phase(call, CallKind::kSaveCheckpoint, 10, error.get());
+  for (int u = 0; u < store_.num_units(); ++u) {
+    store_.gather(u, "zero_gather");
     if (comm_.rank() == 0 && !error)
       error = capture([&] {
-        for (int p : layout_.units[u].params)
-          w->write(static_cast<char*>(units_[u].gathered) + layout_.params[p].offset * compute_size(),
-                   layout_.params[p].numel * compute_size());
+        for (int p : layout.units[u].params)
+          w->write(static_cast<char*>(store_.gathered(u)) + layout.params[p].offset * compute_size,
+                   layout.params[p].numel * compute_size);
       });
-    release(static_cast<int>(u));
+    store_.release(u, "zero_release");
   }
   if (comm_.rank() == 0 && !error) error = capture([&] { w->finish(); });
-  agree_checkpoint(call, CallKind::kSaveCheckpoint, 11, error.get());
+  agree_phase(call, CallKind::kSaveCheckpoint, 11, error.get());
   if (comm_.rank() == 0) bytes = w->file().bytes_written(), xxh64 = w->file().xxh64();
 }
 
-void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t micro_steps) {
   const char* call = "zero_save_checkpoint";
   const int rank = comm_.rank(), world = comm_.size();
   const std::string final_dir = dir + "/" + tag, tmp_dir = dir + "/.tmp." + tag;
@@ -195,15 +188,15 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
     // 0. Every rank checks the call — its state, arguments and step boundary — and that all ranks save to the same
     //    place (a rank whose call is wrong must not leave the others waiting), 1. rank 0 prepares a fresh
     //    temporary directory next to the final one.
-    std::unique_ptr<Error> error = local_checks(call, [&] {
-      require_state(State::kReady, call);
+    std::unique_ptr<Error> error = guard_.local_checks(call, [&] {
+      guard_.require(CallGuard::State::kReady, call);
       if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
-      require_step_boundary(call);
+      require_step_boundary(call, micro_steps);
       check_tag(tag, call);
       test_hooks::maybe_fail("save", rank);
     });
-    agree_checkpoint(call, CallKind::kSaveCheckpoint, 0, error.get(), digest(dir + '\0' + tag),
-                     "saves to '" + final_dir + "'");
+    agree_phase(call, CallKind::kSaveCheckpoint, 0, error.get(), digest(dir + '\0' + tag),
+                "saves to '" + final_dir + "'");
     if (rank == 0)
       error = capture([&] {
         ckpt::make_directories(dir);
@@ -213,14 +206,14 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         ckpt::remove_tree(tmp_dir);
         ckpt::make_directories(tmp_dir);
       });
-    agree_checkpoint(call, CallKind::kSaveCheckpoint, 1, error.get());
+    agree_phase(call, CallKind::kSaveCheckpoint, 1, error.get());
 
     // 2. Every rank writes and syncs its shard files; the sizes and checksums go to every rank.
     std::vector<int64_t> record(6, 0);
     error = capture([&] { write_shard_files(tmp_dir, record); });
     std::unique_ptr<Error> shard_error = std::move(error);
     try {
-      agree_checkpoint(call, CallKind::kSaveCheckpoint, 2, shard_error.get());
+      agree_phase(call, CallKind::kSaveCheckpoint, 2, shard_error.get());
     } catch (const Error&) {
       if (rank == 0) ckpt::remove_tree(tmp_dir);
       throw;
@@ -248,26 +241,28 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
         m.library_version = ZERO_VERSION_STRING;
         m.tag = tag;
         m.world_size = world;
-        m.stage = config_.stage;
-        m.step = steps_;
+        m.stage = store_.plan().stage;
+        m.step = stepper_.steps();
         m.param_dtype = dtype_name(config_.compute_dtype);
         m.optimizer = optimizer_name(config_.optimizer.kind);
         for (int s = 0; s < state_count(config_.optimizer); ++s)
           m.state_names.push_back(state_name(config_.optimizer, s));
-        const LossScaler::State ls = scaler_.state();
+        const LossScaler::State ls = stepper_.scaler_state();
         m.loss_scale = ls.scale;
         m.hysteresis_left = ls.hysteresis_left;
         m.scaler_iteration = ls.iteration;
         m.scaler_last_overflow = ls.last_overflow_iteration;
-        for (const GroupSpec& g : groups_)
+        for (const GroupSpec& g : registration_.groups())
           m.groups.push_back({g.name, g.base_lr, g.hyper.weight_decay, g.hyper.beta1, g.hyper.beta2, g.hyper.eps});
-        for (size_t u = 0; u < units_.size(); ++u)
-          m.units.push_back({static_cast<int>(u), layout_.units[u].padded_elems, layout_.units[u].shard_elems,
-                             units_[u].global_offset});
-        for (size_t p = 0; p < params_.size(); ++p) {
-          const ParamPlacement& pl = layout_.params[p];
-          m.params.push_back({params_[p].name, params_[p].dims, pl.unit, params_[p].group, pl.offset, pl.numel,
-                              units_[pl.unit].global_offset + pl.offset});
+        const Layout& layout = store_.layout();
+        for (int u = 0; u < store_.num_units(); ++u)
+          m.units.push_back(
+              {u, layout.units[u].padded_elems, layout.units[u].shard_elems, store_.unit_plan(u).global_offset});
+        for (int p = 0; p < registration_.num_params(); ++p) {
+          const ParamPlacement& pl = layout.params[p];
+          const ParamShape& shape = registration_.param(p);
+          m.params.push_back({shape.name, shape.dims, pl.unit, shape.group, pl.offset, pl.numel,
+                              store_.unit_plan(pl.unit).global_offset + pl.offset});
         }
         const char* kinds[3] = {"master", "optimizer", "params"};
         for (int r = 0; r < world; ++r)
@@ -303,38 +298,28 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
                         "); it still names the previous checkpoint: load this one by its tag",
                     true);
     }
-    agree_checkpoint(call, CallKind::kSaveCheckpoint, 3, error.get());
+    agree_phase(call, CallKind::kSaveCheckpoint, 3, error.get());
     if (rank == 0)
       log_message(ZERO_LOG_INFO, 0,
-                  std::string(call) + ": saved '" + final_dir + "' (step " + std::to_string(steps_) + ", " +
+                  std::string(call) + ": saved '" + final_dir + "' (step " + std::to_string(stepper_.steps()) + ", " +
                       std::to_string(comm_.size()) + " ranks)");
   }
 }
 
-void Engine::publish_params_from_master() {
-  for (size_t u = 0; u < units_.size(); ++u) {
-    UnitState& us = units_[u];
-    if (separate_master())
-      round_from_f32(copy_of(static_cast<int>(u)), config_.compute_dtype, us.master.f32(), us.update_elems);
-    if (config_.stage >= 1 && us.full_params)
-      comm_.all_gather(us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype),
-                       "zero_load_checkpoint: all-gather of the loaded params of unit " + std::to_string(u));
-  }
-}
-
-void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
+void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64_t micro_steps) {
   const char* call = "zero_load_checkpoint";
   const int rank = comm_.rank(), world = comm_.size();
+  const std::vector<ParamShape>& params = registration_.params();
   {
     // 1. The call's preconditions, the manifest, and whether it fits what this engine registered; every rank must
     //    have read the same manifest (the same checkpoint: a digest of its text).
     Manifest m;
     std::string path, manifest_text;
-    std::unique_ptr<Error> error = local_checks(call, [&] { require_state(State::kReady, call); });
+    std::unique_ptr<Error> error = guard_.local_checks(call, [&] { guard_.require(CallGuard::State::kReady, call); });
     if (!error)
       error = capture([&] {
         if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
-        require_step_boundary(call);
+        require_step_boundary(call, micro_steps);
         test_hooks::maybe_fail("load", rank);
         std::string tag = tag_in;
         if (tag.empty()) {
@@ -348,48 +333,48 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
         check_tag(tag, call);
         path = dir + "/" + tag;
         m = ckpt::read_manifest(path, &manifest_text);
-        if (m.params.size() != params_.size())
+        if (m.params.size() != params.size())
           fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.params.size()) +
-                                      " params, this engine registered " + std::to_string(params_.size()));
+                                      " params, this engine registered " + std::to_string(params.size()));
         auto shape_text = [](const std::vector<int64_t>& dims) {
           std::string t = "[";
           for (size_t i = 0; i < dims.size(); ++i) t += (i ? ", " : "") + std::to_string(dims[i]);
           return t + "]";
         };
-        for (size_t p = 0; p < params_.size(); ++p) {
+        for (size_t p = 0; p < params.size(); ++p) {
           const ckpt::ManifestParam& mp = m.params[p];
           std::string differs;
-          if (mp.name != params_[p].name)
-            differs = "name '" + mp.name + "' in the checkpoint, '" + params_[p].name + "' in this engine";
-          else if (mp.shape != params_[p].dims)
-            differs = "shape " + shape_text(mp.shape) + " in the checkpoint, " + shape_text(params_[p].dims) +
+          if (mp.name != params[p].name)
+            differs = "name '" + mp.name + "' in the checkpoint, '" + params[p].name + "' in this engine";
+          else if (mp.shape != params[p].dims)
+            differs = "shape " + shape_text(mp.shape) + " in the checkpoint, " + shape_text(params[p].dims) +
                       " in this engine";
-          else if (mp.unit != params_[p].unit)
-            differs = "unit " + std::to_string(mp.unit) + " in the checkpoint, " + std::to_string(params_[p].unit) +
+          else if (mp.unit != params[p].unit)
+            differs = "unit " + std::to_string(mp.unit) + " in the checkpoint, " + std::to_string(params[p].unit) +
                       " in this engine";
-          else if (mp.offset_in_unit != layout_.params[p].offset)
+          else if (mp.offset_in_unit != store_.layout().params[p].offset)
             differs = "its place in the unit (the params before it differ)";
           if (!differs.empty())
-            fail(ZERO_ERR_MISMATCH, std::string(call) + ": param #" + std::to_string(p) + " '" + params_[p].name +
+            fail(ZERO_ERR_MISMATCH, std::string(call) + ": param #" + std::to_string(p) + " '" + params[p].name +
                                         "': " + differs + "; register the same params in the same order");
         }
         if (m.optimizer != optimizer_name(config_.optimizer.kind))
           fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint holds " + m.optimizer +
                                       " state, this engine runs " + optimizer_name(config_.optimizer.kind));
-        if (m.groups.size() != groups_.size())
+        if (m.groups.size() != registration_.groups().size())
           fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.groups.size()) +
-                                      " param groups, this engine " + std::to_string(groups_.size()));
-        if (m.units.size() != units_.size())
+                                      " param groups, this engine " + std::to_string(registration_.groups().size()));
+        if (m.units.size() != static_cast<size_t>(store_.num_units()))
           fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.units.size()) +
-                                      " units, this engine " + std::to_string(units_.size()));
+                                      " units, this engine " + std::to_string(static_cast<size_t>(store_.num_units())));
         for (int r = 0; r < m.world_size; ++r)
           for (const char* kind : {"master", "optimizer"})
             if (m.file(kind, r) == nullptr)
               fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": the manifest of '" + path + "' lists no " +
                                                     kind + " file for rank " + std::to_string(r));
       });
-    agree_checkpoint(call, CallKind::kLoadCheckpoint, 0, error.get(), error ? 0 : digest(manifest_text),
-                     "loads '" + path + "' (step " + std::to_string(m.step) + ")");
+    agree_phase(call, CallKind::kLoadCheckpoint, 0, error.get(), error ? 0 : digest(manifest_text),
+                "loads '" + path + "' (step " + std::to_string(m.step) + ")");
 
     // 2. Sizes and checksums, each rank verifying every world-th file, before anything is read.
     error = capture([&] {
@@ -408,15 +393,15 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
                                                 ckpt::hex64(d.xxh64) + ", manifest " + ckpt::hex64(f.xxh64) + ")");
       }
     });
-    agree_checkpoint(call, CallKind::kLoadCheckpoint, 1, error.get());
+    agree_phase(call, CallKind::kLoadCheckpoint, 1, error.get());
 
     // 3. This rank's element ranges, from whichever saved shards hold them, into staging buffers.
     const int n_states = state_count(config_.optimizer);
     const bool load_params = config_.stochastic_rounding && m.file("params", 0) != nullptr &&
                              m.param_dtype == dtype_name(config_.compute_dtype);
-    std::vector<std::vector<float>> master(units_.size());
-    std::vector<std::vector<std::vector<float>>> states(units_.size());
-    std::vector<std::vector<uint16_t>> params16(units_.size());
+    std::vector<std::vector<float>> master(static_cast<size_t>(store_.num_units()));
+    std::vector<std::vector<std::vector<float>>> states(static_cast<size_t>(store_.num_units()));
+    std::vector<std::vector<uint16_t>> params16(static_cast<size_t>(store_.num_units()));
     error = capture([&] {
       std::vector<std::unique_ptr<ckpt::SafetensorsReader>> readers(3 * static_cast<size_t>(m.world_size));
       auto reader = [&](int kind, int r) -> ckpt::SafetensorsReader& {
@@ -425,8 +410,8 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
         if (!slot) slot = std::make_unique<ckpt::SafetensorsReader>(path + "/" + m.file(kinds[kind], r)->name);
         return *slot;
       };
-      for (size_t u = 0; u < units_.size(); ++u) {
-        const UnitState& us = units_[u];
+      for (size_t u = 0; u < static_cast<size_t>(store_.num_units()); ++u) {
+        const UnitPlan& us = store_.unit_plan(static_cast<int>(u));
         const uint64_t begin = us.update_begin, end = us.update_begin + us.update_elems;
         const uint64_t old_shard = m.units[u].shard_elems;
         master[u].assign(us.update_elems, 0.0f);
@@ -445,31 +430,33 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) 
         }
       }
     });
-    agree_checkpoint(call, CallKind::kLoadCheckpoint, 2, error.get());
+    agree_phase(call, CallKind::kLoadCheckpoint, 2, error.get());
 
     // 4. Every rank has what it needs: commit.
-    for (size_t u = 0; u < units_.size(); ++u) {
-      UnitState& us = units_[u];
-      std::memcpy(master_of(static_cast<int>(u)), master[u].data(), us.update_elems * sizeof(float));
+    for (int u = 0; u < store_.num_units(); ++u) {
+      ParameterStore::UnitBuffers& ub = store_.unit(u);
+      const size_t n = store_.unit_plan(u).update_elems;
+      const MemorySpace master_space = ub.master.empty() ? ub.params.space() : ub.master.space();
+      copy_bytes(master_space, store_.master(u), MemorySpace::kHost, master[u].data(), n * sizeof(float));
       for (int s = 0; s < n_states; ++s)
-        std::memcpy(us.state[s].f32(), states[u][s].data(), us.update_elems * sizeof(float));
-      us.grads.zero();
+        copy_bytes(ub.state[s].space(), ub.state[s].f32(), MemorySpace::kHost, states[u][s].data(), n * sizeof(float));
     }
-    moving_data([&] {
-      publish_params_from_master();
-      if (load_params)
-        for (size_t u = 0; u < units_.size(); ++u) {
-          UnitState& us = units_[u];
-          std::memcpy(copy_of(static_cast<int>(u)), params16[u].data(), us.update_elems * 2);
-          if (config_.stage >= 1 && us.full_params)
-            comm_.all_gather(
-                us.params.data(), layout_.units[u].shard_elems, elem_type(config_.compute_dtype),
-                "zero_load_checkpoint: all-gather of the stochastically rounded params of unit " + std::to_string(u));
-        }
+    store_.clear_grads();
+    guard_.moving_data([&] {
+      store_.write_params_from_master();
+      if (!load_params) store_.publish("zero_load_checkpoint: all-gather of the loaded params");
+      if (load_params) {
+        for (int u = 0; u < store_.num_units(); ++u)
+          copy_bytes(store_.unit(u).params.space(), store_.copy(u), MemorySpace::kHost, params16[u].data(),
+                     store_.unit_plan(u).update_elems * 2);
+        store_.publish("zero_load_checkpoint: all-gather of the stochastically rounded params");
+      }
     });
-    steps_ = m.step;
-    scaler_.restore(LossScaler::State{m.loss_scale, m.hysteresis_left, m.scaler_iteration, m.scaler_last_overflow});
-    for (size_t g = 0; g < groups_.size(); ++g) groups_[g].base_lr = m.groups[g].lr;
+    stepper_.set_steps(m.step);
+    stepper_.restore_scaler(
+        LossScaler::State{m.loss_scale, m.hysteresis_left, m.scaler_iteration, m.scaler_last_overflow});
+    for (size_t g = 0; g < registration_.groups().size(); ++g)
+      registration_.set_base_lr(static_cast<int>(g), m.groups[g].lr);
     if (rank == 0)
       log_message(ZERO_LOG_INFO, 0,
                   std::string(call) + ": loaded '" + path + "' (step " + std::to_string(m.step) + ", saved by " +

@@ -1,0 +1,209 @@
+#include "grad_reducer.hpp"
+
+#include <algorithm>
+
+#include "error.hpp"
+#include "memory/ops.hpp"
+#include "test_hooks.hpp"
+
+namespace zero {
+namespace {
+
+std::string unit_name(int unit) { return "unit " + std::to_string(unit); }
+
+}  // namespace
+
+GradientReducer::~GradientReducer() {
+  if (comm_.abandoned_requests()) bucket_pool_.leak();  // a backend may still write into a bucket
+}
+
+void GradientReducer::allocate(int num_params) {
+  const Plan& plan = store_.plan();
+  buckets_.assign(plan.buckets.size(), BucketState{});
+  for (size_t b = 0; b < plan.buckets.size(); ++b)
+    for (int u : plan.buckets[b].units) buckets_[b].params_expected += store_.layout().units[u].params.size();
+  if (plan.bucket.extent != Extent::kNone) {
+    bucket_pool_.set_capacity(plan.bucket.space, plan.bucket.elems, plan.bucket.dtype,
+                              store_.allocators().get(plan.bucket.space, "a gradient bucket"));
+    bucket_pool_.reserve(1);
+  }
+  param_ready_.assign(static_cast<size_t>(num_params), 0);
+  param_touched_.assign(static_cast<size_t>(num_params), 0);
+  param_expected_.assign(static_cast<size_t>(num_params), 1);
+}
+
+void GradientReducer::clear() {
+  buckets_.clear();
+  bucket_pool_.clear();
+}
+
+int GradientReducer::bucket_of_param(int param) const {
+  return store_.plan().bucket_of_unit[store_.layout().params[param].unit];
+}
+
+void* GradientReducer::grad_buffer(int param, const std::string& param_name) {
+  if (param_ready_[param])
+    fail(ZERO_ERR_INVALID_STATE,
+         "zero_grad_data: the gradient of '" + param_name + "' was already declared ready in this micro-step");
+  param_touched_[param] = 1;
+  const ParamPlacement& pl = store_.layout().params[param];
+  if (!store_.plan().bucketed()) return store_.unit(pl.unit).grads.at(pl.offset);
+  // A bucket already reduced in this micro-step (its param was unused last time) gets a fresh buffer, which
+  // zero_backward_end reduces again.
+  const int b = bucket_of_param(param);
+  BucketState& bs = buckets_[b];
+  if (bs.buffer == nullptr) {
+    bucket_pool_.reserve(1);  // a local call: allocating here cannot leave another rank waiting
+    bs.buffer = bucket_pool_.acquire();
+    fill_zero(bucket_pool_.space(), bs.buffer, store_.plan().buckets[b].elems * grad_size());
+  }
+  return static_cast<char*>(bs.buffer) + (store_.plan().offset_in_bucket[pl.unit] + pl.offset) * grad_size();
+}
+
+void GradientReducer::grad_ready(int param, const char* call) {
+  param_ready_[param] = 1;
+  param_touched_[param] = 1;
+  if (!store_.plan().bucketed() || !param_expected_[param]) return;  // an unexpected param waits for backward_end
+  buckets_[bucket_of_param(param)].params_ready += 1;
+  reduce_ready_buckets(call);
+}
+
+// Buckets are reduced strictly in bucket order, so every rank issues the same sequence of collectives even if
+// their backward passes declare gradients ready in a different order.
+void GradientReducer::reduce_ready_buckets(const char* call) {
+  while (next_bucket_to_reduce_ < static_cast<int>(buckets_.size())) {
+    BucketState& bs = buckets_[next_bucket_to_reduce_];
+    if (bs.params_ready != bs.params_expected) return;
+    // A bucket that expects nothing (every param of it unused last time) is not reduced in order: if some rank
+    // wrote gradients into it after all, zero_backward_end reduces it.
+    if (bs.params_expected > 0) reduce_bucket(next_bucket_to_reduce_, false, call);
+    next_bucket_to_reduce_ += 1;
+  }
+}
+
+void GradientReducer::reduce_remaining(const char* call) {
+  if (!store_.plan().bucketed()) return;
+  while (next_bucket_to_reduce_ < static_cast<int>(buckets_.size())) {
+    if (buckets_[next_bucket_to_reduce_].params_expected > 0) reduce_bucket(next_bucket_to_reduce_, false, call);
+    next_bucket_to_reduce_ += 1;
+  }
+}
+
+// The units of a bucket: each narrowed in place to the communication dtype, all reduce-scattered as one group
+// (started together, so a backend can overlap or fuse them), and this rank's block of each added into its shard
+// accumulator. One agreement per bucket: which call triggers a bucket's reduction may differ between ranks
+// (zero_grad_ready on one, zero_backward_end on another), the bucket may not.
+void GradientReducer::reduce_bucket(int bucket, bool again, const char* call) {
+  BucketState& bs = buckets_[bucket];
+  const Bucket& b = store_.plan().buckets[bucket];
+  std::unique_ptr<Error> local;
+  try {
+    test_hooks::maybe_fail("bucket", comm_.rank());
+    if (bs.buffer == nullptr) bucket_pool_.reserve(1);  // no gradient was asked for: this rank contributes zeros
+  } catch (const Error& e) {
+    local = std::make_unique<Error>(e);
+  } catch (const std::bad_alloc&) {
+    local = std::make_unique<Error>(
+        ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory for gradient bucket " + std::to_string(bucket));
+  }
+  // A second reduction of a bucket in one micro-step is a different call: the agreement tells them apart.
+  guard_.agree(call, CallTag{CallKind::kReduceBucket, again ? -(bucket + 1) : bucket, static_cast<int64_t>(b.elems), 0},
+               local.get());
+  guard_.moving_data([&] {
+    if (bs.buffer == nullptr) {
+      bs.buffer = bucket_pool_.acquire();
+      fill_zero(bucket_pool_.space(), bs.buffer, b.elems * grad_size());
+    }
+    const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
+    const ElementOps& ops = element_ops(bucket_pool_.space());
+    std::vector<EngineComm::Planned> group;
+    for (size_t i = 0; i < b.units.size(); ++i) {
+      const int u = b.units[i];
+      char* full = static_cast<char*>(bs.buffer) + b.unit_offsets[i] * grad_size();
+      ops.convert(full, comm_type, full, accum, store_.layout().units[u].padded_elems);
+      group.push_back(
+          {CollKind::kReduceScatter, full, store_.layout().units[u].shard_elems, elem_type(comm_type),
+           std::string(call) + ": reduce-scatter of bucket " + std::to_string(bucket) + ", " + unit_name(u)});
+    }
+    std::vector<EngineComm::Pending> pending = comm_.start_group(std::move(group));
+    test_hooks::maybe_fail("bucket.group", comm_.rank());  // a failure while the group is in flight
+    comm_.wait_all(pending);
+    const int rank = comm_.rank();
+    for (size_t i = 0; i < b.units.size(); ++i) {
+      const int u = b.units[i];
+      const size_t shard = store_.layout().units[u].shard_elems;
+      const char* full = static_cast<const char*>(bs.buffer) + b.unit_offsets[i] * grad_size();
+      ops.accumulate(store_.unit(u).grads.data(), accum, full + rank * shard * dtype_size(comm_type), comm_type, shard);
+    }
+    bucket_pool_.give_back(bs.buffer);
+    bs.buffer = nullptr;
+  });
+}
+
+// Stages 0-1, in zero_step: the full gradient of a unit, reduced in the communication dtype and back. The reduced
+// values land in this rank's block, where the optimizer reads them (reduce-scatter), or everywhere (all-reduce).
+void GradientReducer::reduce_full_grads(int unit) {
+  ParameterStore::UnitBuffers& ub = store_.unit(unit);
+  const UnitPlan& up = store_.unit_plan(unit);
+  const ElementOps& ops = element_ops(ub.grads.space());
+  const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
+  const size_t full = store_.layout().units[unit].padded_elems, shard = store_.layout().units[unit].shard_elems;
+  void* g = ub.grads.data();
+  ops.convert(g, comm_type, g, accum, full);
+  if (store_.plan().reduction == GradReduction::kAllReduceInStep) {
+    comm_.all_reduce_sum(g, full, elem_type(comm_type), "zero_step: all-reduce of " + unit_name(unit));
+    ops.convert(g, accum, g, comm_type, full);
+  } else {
+    comm_.reduce_scatter_sum(g, shard, elem_type(comm_type), "zero_step: reduce-scatter of " + unit_name(unit));
+    // The rank's block sits at update_begin in the communication dtype; widen it into the accumulation dtype's
+    // place for the same elements (at the same byte or entirely after it: convert() allows both).
+    ops.convert(ub.grads.at(up.update_begin), accum, static_cast<char*>(g) + up.update_begin * dtype_size(comm_type),
+                comm_type, shard);
+  }
+}
+
+void GradientReducer::reduce_in_step() {
+  if (store_.plan().bucketed()) return;  // reduced bucket by bucket during backward
+  for (int u = 0; u < store_.num_units(); ++u) reduce_full_grads(u);
+}
+
+// zero_backward_end's second half: buckets that hold gradients no reduction covered — written after their bucket
+// was reduced, or into a bucket that expected nothing — on any rank. The ranks exchange which buckets those are, and
+// which params had a gradient (what each bucket expects in the next micro-step), in one all-gather of two bitmaps;
+// every rank then reduces the same buckets, contributing zeros where it has nothing.
+void GradientReducer::finish_micro_step(const char* call) {
+  if (store_.plan().bucketed()) {
+    guard_.moving_data([&] { reduce_pending_buckets(call); });
+    for (auto& bs : buckets_) bs.params_ready = 0;
+    next_bucket_to_reduce_ = 0;
+    bucket_pool_.trim(1);  // what a micro-step held beyond one bucket goes back (the first one can hold more)
+  }
+  std::fill(param_ready_.begin(), param_ready_.end(), 0);
+  std::fill(param_touched_.begin(), param_touched_.end(), 0);
+}
+
+void GradientReducer::reduce_pending_buckets(const char* call) {
+  const size_t n_params = param_touched_.size(), n_buckets = buckets_.size();
+  const size_t words = (n_params + n_buckets + 63) / 64;
+  std::vector<uint64_t> all(words * static_cast<size_t>(comm_.size()), 0);
+  uint64_t* mine = all.data() + words * comm_.rank();
+  for (size_t p = 0; p < n_params; ++p)
+    if (param_touched_[p]) mine[p / 64] |= uint64_t{1} << (p % 64);
+  for (size_t b = 0; b < n_buckets; ++b)
+    if (buckets_[b].buffer != nullptr) mine[(n_params + b) / 64] |= uint64_t{1} << ((n_params + b) % 64);
+  comm_.control_all_gather(all.data(), words * sizeof(uint64_t),
+                           std::string(call) + ": which params had gradients, which buckets hold unreduced ones");
+  std::vector<uint64_t> any(words, 0);
+  for (int r = 0; r < comm_.size(); ++r)
+    for (size_t w = 0; w < words; ++w) any[w] |= all[words * r + w];
+  auto bit = [&](size_t i) { return (any[i / 64] >> (i % 64)) & 1u; };
+  for (size_t b = 0; b < n_buckets; ++b)
+    if (bit(n_params + b)) reduce_bucket(static_cast<int>(b), true, call);
+  for (auto& bs : buckets_) bs.params_expected = 0;
+  for (size_t p = 0; p < n_params; ++p) {
+    param_expected_[p] = static_cast<char>(bit(p));
+    if (param_expected_[p]) buckets_[bucket_of_param(static_cast<int>(p))].params_expected += 1;
+  }
+}
+
+}  // namespace zero

@@ -1,0 +1,76 @@
+// The gradient reducer: where the framework's gradients go and how they are summed over ranks, as the plan says
+// (Plan::reduction). With buckets (stages 2-3) it owns the bucket buffers and their state during backward; in
+// zero_step it reduces the full gradient buffers of the stages that keep them (0-1). Every reduction it starts is
+// a collective under the engine's CallGuard.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "call_guard.hpp"
+#include "comm/engine_comm.hpp"
+#include "config.hpp"
+#include "memory/pool.hpp"
+#include "param_store.hpp"
+
+namespace zero {
+
+class GradientReducer {
+ public:
+  GradientReducer(const Config& config, EngineComm& comm, CallGuard& guard, ParameterStore& store)
+      : config_(config), comm_(comm), guard_(guard), store_(store) {}
+  ~GradientReducer();
+
+  // finalize: per-param state and the bucket buffer of the plan. Local; throws on allocation failure.
+  void allocate(int num_params);
+  void clear();
+
+  // zero_grad_data: where the framework adds the gradient of `param` in this micro-step.
+  void* grad_buffer(int param, const std::string& param_name);
+  bool declared_ready(int param) const { return param_ready_[param] != 0; }
+  // zero_grad_ready: reduces every bucket that is complete, in bucket order (collective when one is).
+  void grad_ready(int param, const char* call);
+  // zero_backward_end, before its agreement: the buckets not reduced yet that expect gradients. Collective.
+  void reduce_remaining(const char* call);
+  // zero_backward_end, after its agreement: gradients no reduction covered, on any rank (collective); then the
+  // state of the next micro-step.
+  void finish_micro_step(const char* call);
+  // zero_step: the reductions the plan leaves to the step (full gradient buffers: stages 0-1). Collective.
+  void reduce_in_step();
+
+  // The buckets allocated now (what zero_memory_stats reports beyond the plan's one).
+  size_t buckets_held() const { return bucket_pool_.buffers(); }
+  uint64_t bucket_bytes() const { return bucket_pool_.allocated_bytes(); }
+
+ private:
+  // A gradient bucket of the current micro-step. A bucket is reduced as soon as every param it expects is
+  // declared ready; it expects the params that had a gradient (on any rank) in the previous micro-step — all of
+  // them in the first one — so that an unused or frozen param does not hold its bucket, and every later one, back
+  // until zero_backward_end. A gradient that arrives after its bucket was reduced (a param unused last time) goes
+  // into a fresh buffer that zero_backward_end reduces again.
+  struct BucketState {
+    void* buffer = nullptr;      // from the bucket pool while it holds gradients not reduced yet
+    size_t params_ready = 0;     // expected params declared ready
+    size_t params_expected = 0;  // params the bucket waits for
+  };
+
+  void reduce_ready_buckets(const char* call);
+  void reduce_bucket(int bucket, bool again, const char* call);
+  void reduce_pending_buckets(const char* call);
+  void reduce_full_grads(int unit);
+  int bucket_of_param(int param) const;
+  size_t grad_size() const { return dtype_size(config_.grad_accum_dtype); }
+
+  const Config& config_;
+  EngineComm& comm_;
+  CallGuard& guard_;
+  ParameterStore& store_;
+  std::vector<BucketState> buckets_;
+  BufferPool bucket_pool_;
+  int next_bucket_to_reduce_ = 0;
+  std::vector<char> param_ready_;     // per param, this micro-step
+  std::vector<char> param_touched_;   // per param: zero_grad_data was called in this micro-step
+  std::vector<char> param_expected_;  // per param: its bucket waits for it (BucketState)
+};
+
+}  // namespace zero

@@ -1,0 +1,27 @@
+// The operations on buffer memory, chosen by memory space: copies, zeroing and the element-wise conversions and
+// accumulation of gradients. Engine code goes through these (never std::memcpy or a raw loop on a buffer), so
+// that a buffer placed in device memory gets the device's implementation, and a space this build cannot operate
+// on is a clear error rather than a crash. The host implementations are the exact ones of core/convert.hpp.
+#pragma once
+
+#include <cstddef>
+
+#include "dtype.hpp"
+#include "memory/space.hpp"
+
+namespace zero {
+
+// Copies `bytes` from src to dst (they must not overlap).
+void copy_bytes(MemorySpace dst_space, void* dst, MemorySpace src_space, const void* src, size_t bytes);
+void fill_zero(MemorySpace space, void* p, size_t bytes);
+
+// The element-wise kernels on gradients and params in one space (see core/convert.hpp for their exact semantics).
+struct ElementOps {
+  void (*convert)(void* dst, DType dst_type, const void* src, DType src_type, size_t n);
+  void (*accumulate)(void* acc, DType acc_type, const void* src, DType src_type, size_t n);
+  void (*round_from_f32)(void* dst, DType dst_type, const float* src, size_t n);
+};
+// Throws ZERO_ERR_UNSUPPORTED for a space this build has no kernels for.
+const ElementOps& element_ops(MemorySpace space);
+
+}  // namespace zero

@@ -1,0 +1,69 @@
+// Buffers of one capacity handed out and taken back, so that nothing is allocated per step: gathered units at
+// stage 3, gradient buckets at stages 2-3. reserve() allocates before any collective needs a buffer, so a
+// collective never allocates (a rank that could not would leave the others waiting).
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "error.hpp"
+#include "memory/buffer.hpp"
+
+namespace zero {
+
+class BufferPool {
+ public:
+  void set_capacity(MemorySpace space, size_t elems, DType dtype, std::shared_ptr<Allocator> allocator) {
+    space_ = space, capacity_ = elems, dtype_ = dtype, allocator_ = std::move(allocator);
+  }
+  void reserve(size_t buffers) {
+    while (free_.size() < buffers) {
+      all_.push_back(std::make_unique<Buffer>());
+      all_.back()->allocate(space_, capacity_, dtype_, allocator_);
+      free_.push_back(all_.back()->data());
+    }
+  }
+  bool has_free() const { return !free_.empty(); }
+  // reserve() first.
+  void* acquire() {
+    if (free_.empty()) fail(ZERO_ERR_INTERNAL, "a pooled buffer was taken without being reserved first");
+    void* buffer = free_.back();
+    free_.pop_back();
+    return buffer;
+  }
+  void give_back(void* buffer) { free_.push_back(buffer); }
+  size_t buffers() const { return all_.size(); }
+  uint64_t allocated_bytes() const {
+    uint64_t total = 0;
+    for (const auto& b : all_) total += b->n_bytes();
+    return total;
+  }
+  // Frees buffers beyond `keep`, when all of them are back in the pool (never one in use).
+  void trim(size_t keep) {
+    if (free_.size() != all_.size()) return;
+    while (all_.size() > keep) {
+      free_.erase(std::find(free_.begin(), free_.end(), all_.back()->data()));
+      all_.pop_back();
+    }
+  }
+  // After a timeout a backend may still write into the buffers: they are never freed.
+  void leak() {
+    for (auto& b : all_) b->leak();
+  }
+  void clear() {
+    free_.clear();
+    all_.clear();
+  }
+  MemorySpace space() const { return space_; }
+
+ private:
+  MemorySpace space_ = MemorySpace::kHost;
+  size_t capacity_ = 0;
+  DType dtype_ = DType::kF32;
+  std::shared_ptr<Allocator> allocator_;
+  std::vector<std::unique_ptr<Buffer>> all_;
+  std::vector<void*> free_;
+};
+
+}  // namespace zero

@@ -1,0 +1,248 @@
+#include "param_store.hpp"
+
+#include <algorithm>
+
+#include "error.hpp"
+#include "memory/ops.hpp"
+#include "test_hooks.hpp"
+
+namespace zero {
+namespace {
+
+std::string unit_name(int unit) { return "unit " + std::to_string(unit); }
+
+void allocate_placed(Buffer& b, const Placement& p, const Allocators& allocators, const char* what) {
+  if (p.extent == Extent::kNone) return;
+  b.allocate(p.space, p.elems, p.dtype, allocators.get(p.space, what));
+}
+
+}  // namespace
+
+ParameterStore::~ParameterStore() {
+  // A collective given up after a timeout (or a failure while in flight) may still be written by the backend:
+  // its buffers must outlive the engine. Leaking them is the price of never crashing.
+  if (comm_.abandoned_requests()) leak();
+}
+
+void ParameterStore::leak() {
+  for (auto& ub : units_) {
+    ub.params.leak();
+    ub.grads.leak();
+  }
+  gathered_pool_.leak();
+}
+
+void ParameterStore::allocate(const std::vector<ParamShape>& params) {
+  units_.clear();
+  test_hooks::maybe_fail("finalize.alloc", comm_.rank());
+  units_.resize(plan_.units.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitPlan& up = plan_.units[u];
+    UnitBuffers& ub = units_[u];
+    allocate_placed(ub.params, up.params, allocators_, "the params");
+    allocate_placed(ub.grads, up.grads, allocators_, "the gradients");
+    allocate_placed(ub.master, up.master, allocators_, "the fp32 master");
+    for (int s = 0; s < 2; ++s) allocate_placed(ub.state[s], up.state[s], allocators_, "the optimizer state");
+    ub.segments = layout_.segments(static_cast<int>(u), up.update_begin, up.update_elems, params);
+    ub.norm_segments = layout_.segments(static_cast<int>(u), up.norm_begin, layout_.units[u].shard_elems, params);
+  }
+  // One gathered unit at a time is the documented footprint; it is allocated now, so that no collective allocates.
+  const Placement& g = plan_.gathered;
+  if (g.extent != Extent::kNone) {
+    gathered_pool_.set_capacity(g.space, g.elems, g.dtype, allocators_.get(g.space, "a gathered unit"));
+    gathered_pool_.reserve(1);
+  }
+}
+
+void ParameterStore::clear() {
+  units_.clear();
+  gathered_pool_.clear();
+}
+
+// Rank 0's initial values reach every rank in fp32, in pieces of at most kInitialValuesChunk elements, so that no
+// rank holds more than one extra piece however large a unit is, and the fp32 master starts exact even when the
+// params train in bf16 or fp16.
+void ParameterStore::load_initial_values(const Registration& registration, DType compute_dtype) {
+  constexpr size_t kInitialValuesChunk = size_t{1} << 24;  // 64 MiB of fp32
+  const int rank = comm_.rank();
+  std::vector<float> staging;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& ul = layout_.units[u];
+    const UnitPlan& up = plan_.units[u];
+    UnitBuffers& ub = units_[u];
+    const ElementOps& ops = element_ops(up.params.space);
+    const size_t own = up.sharded_params() ? rank * ul.shard_elems : 0, own_end = own + ub.params.size();
+    for (size_t begin = 0; begin < ul.padded_elems; begin += kInitialValuesChunk) {
+      const size_t end = std::min(ul.padded_elems, begin + kInitialValuesChunk);
+      staging.assign(end - begin, 0.0f);
+      if (rank == 0) {
+        for (int p : ul.params) {
+          const ParamPlacement& pl = layout_.params[p];
+          const ParamInit& init = registration.init(p);
+          const size_t lo = std::max(begin, pl.offset), hi = std::min(end, pl.offset + pl.numel);
+          if (init.data == nullptr || lo >= hi) continue;
+          const char* src = static_cast<const char*>(init.data) + (lo - pl.offset) * dtype_size(init.dtype);
+          element_ops(MemorySpace::kHost).convert(staging.data() + (lo - begin), DType::kF32, src, init.dtype, hi - lo);
+        }
+      }
+      comm_.broadcast(staging.data(), end - begin, ElemType::kF32, 0,
+                      "zero_engine_finalize: rank 0's initial values of unit " + std::to_string(u) +
+                          (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : ""));
+      size_t lo = std::max(begin, own), hi = std::min(end, own_end);
+      if (lo < hi) ops.round_from_f32(ub.params.at(lo - own), compute_dtype, staging.data() + (lo - begin), hi - lo);
+      lo = std::max(begin, up.update_begin), hi = std::min(end, up.update_begin + up.update_elems);
+      if (!ub.master.empty() && lo < hi)
+        copy_bytes(ub.master.space(), ub.master.f32() + (lo - up.update_begin), MemorySpace::kHost,
+                   staging.data() + (lo - begin), (hi - lo) * sizeof(float));
+    }
+  }
+}
+
+void ParameterStore::check_unit(int unit, const char* call) const {
+  if (unit < 0 || unit >= static_cast<int>(units_.size()))
+    fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": no unit " + std::to_string(unit) + " (units are 0.." +
+                                        std::to_string(units_.size()) + "-1)");
+}
+
+void ParameterStore::gather(int unit, const char* call) {
+  // Units with full params are gathered locally. Where params are sharded, a call with a unit id this rank does
+  // not know (or before finalize) is treated as the collective it was meant to be: its failure reaches the
+  // others through the agreement.
+  const bool known = guard_.ready() && unit >= 0 && unit < static_cast<int>(units_.size());
+  if ((known && !plan_.units[unit].sharded_params()) || (!known && !plan_.params_sharded)) {
+    guard_.require(CallGuard::State::kReady, call);
+    check_unit(unit, call);
+    UnitBuffers& ub = units_[unit];
+    if (ub.gathered != nullptr)
+      fail(ZERO_ERR_INVALID_STATE,
+           std::string(call) + ": " + unit_name(unit) + " is already gathered; release it first");
+    ub.gathered = ub.params.data();
+    ub.generation += 1;
+    return;
+  }
+  // Collective from here: every rank reaches the agreement, even one whose call is wrong.
+  void* buffer = nullptr;
+  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
+    guard_.require(CallGuard::State::kReady, call);
+    check_unit(unit, call);
+    if (units_[unit].gathered != nullptr)
+      fail(ZERO_ERR_INVALID_STATE,
+           std::string(call) + ": " + unit_name(unit) + " is already gathered; release it first");
+    test_hooks::maybe_fail("gather", comm_.rank());
+    try {
+      if (!gathered_pool_.has_free()) test_hooks::maybe_fail("gather.alloc", comm_.rank());
+      gathered_pool_.reserve(1);
+    } catch (const std::bad_alloc&) {
+      fail(ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory for the gathered " + unit_name(unit) +
+                                       " (more units gathered at once?)");
+    }
+    buffer = gathered_pool_.acquire();
+  });
+  const int64_t elems = local ? 0 : static_cast<int64_t>(layout_.units[unit].padded_elems);
+  try {
+    guard_.agree(call, CallTag{CallKind::kGather, unit, elems, 0}, local.get());
+  } catch (const Error&) {
+    if (buffer != nullptr) gathered_pool_.give_back(buffer);
+    throw;
+  }
+  UnitBuffers& ub = units_[unit];
+  const size_t shard = layout_.units[unit].shard_elems;
+  const DType dtype = ub.params.dtype();
+  guard_.moving_data([&] {
+    copy_bytes(gathered_pool_.space(), static_cast<char*>(buffer) + comm_.rank() * shard * dtype_size(dtype),
+               ub.params.space(), ub.params.data(), shard * dtype_size(dtype));
+    comm_.all_gather(buffer, shard, elem_type(dtype), "zero_gather: all-gather of " + unit_name(unit));
+  });
+  ub.gathered = buffer;
+  ub.generation += 1;
+}
+
+void ParameterStore::release(int unit, const char* call) {
+  guard_.require(CallGuard::State::kReady, call);
+  check_unit(unit, call);
+  UnitBuffers& ub = units_[unit];
+  if (ub.gathered == nullptr)
+    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + unit_name(unit) + " is not gathered");
+  if (plan_.units[unit].sharded_params()) gathered_pool_.give_back(ub.gathered);
+  ub.gathered = nullptr;
+  ub.generation += 1;
+}
+
+int ParameterStore::first_gathered() const {
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].gathered != nullptr) return static_cast<int>(u);
+  return -1;
+}
+
+UnitInfo ParameterStore::unit_info(int unit) const {
+  UnitInfo info;
+  const UnitBuffers& ub = units_[unit];
+  info.gathered = ub.gathered != nullptr;
+  info.generation = ub.generation;
+  info.num_params = static_cast<int>(layout_.units[unit].params.size());
+  for (int p : layout_.units[unit].params) info.numel += layout_.params[p].numel;
+  return info;
+}
+
+float* ParameterStore::master(int u) {
+  UnitBuffers& ub = units_[u];
+  if (plan_.separate_master()) return ub.master.f32();
+  return ub.params.f32() + plan_.units[u].update_in_params;
+}
+
+void* ParameterStore::copy(int u) {
+  if (!plan_.separate_master()) return nullptr;
+  return units_[u].params.at(plan_.units[u].update_in_params);
+}
+
+const float* ParameterStore::master_shard(int u) {
+  return master(u) + (plan_.units[u].norm_begin - plan_.units[u].update_begin);
+}
+
+const float* ParameterStore::state_shard(int u, int s) {
+  return units_[u].state[s].f32() + (plan_.units[u].norm_begin - plan_.units[u].update_begin);
+}
+
+const void* ParameterStore::params_shard(int u) {
+  const UnitPlan& up = plan_.units[u];
+  return units_[u].params.at(up.sharded_params() ? 0 : up.norm_begin);
+}
+
+void ParameterStore::clear_grads() {
+  for (auto& ub : units_) ub.grads.zero();
+}
+
+void ParameterStore::write_params_from_master() {
+  if (!plan_.separate_master()) return;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitBuffers& ub = units_[u];
+    element_ops(ub.params.space())
+        .round_from_f32(copy(static_cast<int>(u)), plan_.compute_dtype, ub.master.f32(), plan_.units[u].update_elems);
+  }
+}
+
+void ParameterStore::publish(const std::string& what) {
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (plan_.units[u].publish == Publish::kAllGatherAfterStep)
+      comm_.all_gather(units_[u].params.data(), layout_.units[u].shard_elems, elem_type(plan_.compute_dtype),
+                       what + " of unit " + std::to_string(u));
+}
+
+MemoryStats ParameterStore::memory_stats(size_t buckets_held) const {
+  return plan_.bytes(buckets_held, gathered_pool_.buffers());
+}
+
+MemoryStats ParameterStore::allocated_bytes(uint64_t bucket_bytes) const {
+  MemoryStats s;
+  for (const auto& ub : units_) {
+    s.param_bytes += ub.params.n_bytes();
+    s.grad_bytes += ub.grads.n_bytes();
+    s.master_param_bytes += ub.master.n_bytes();
+    s.optimizer_state_bytes += ub.state[0].n_bytes() + ub.state[1].n_bytes();
+  }
+  s.bucket_bytes = bucket_bytes;
+  s.gathered_bytes = gathered_pool_.allocated_bytes();
+  return s;
+}
+
+}  // namespace zero

@@ -1,0 +1,144 @@
+#include "plan.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "error.hpp"
+
+namespace zero {
+namespace {
+
+Placement place(Extent extent, MemorySpace space, DType dtype, size_t elems) {
+  Placement p;
+  p.extent = elems == 0 ? Extent::kNone : extent;
+  p.space = space;
+  p.dtype = dtype;
+  p.elems = elems;
+  return p;
+}
+
+}  // namespace
+
+const char* extent_name(Extent e) {
+  switch (e) {
+    case Extent::kNone:
+      return "none";
+    case Extent::kFull:
+      return "full";
+    case Extent::kShard:
+      return "shard";
+  }
+  return "unknown";
+}
+
+Plan make_plan(const PlanSpec& spec, const Layout& layout) {
+  if (spec.stage < 0 || spec.stage > 3)
+    fail(ZERO_ERR_INVALID_ARGUMENT, "ZeRO stage " + std::to_string(spec.stage) + " does not exist (0-3)");
+  Plan plan;
+  plan.stage = spec.stage;
+  plan.world_size = spec.world_size;
+  plan.rank = spec.rank;
+  plan.compute_dtype = spec.compute_dtype;
+  plan.grad_accum_dtype = spec.grad_accum_dtype;
+  // The three things a stage decides: whether gradients are sharded (from stage 2, reduced during backward),
+  // whether params are (stage 3, except persistent units), and whether a rank updates everything (stage 0) or
+  // its shard of the optimizer state (stage 1 on).
+  const bool shard_optimizer = spec.stage >= 1;
+  const bool shard_grads = spec.stage >= 2;
+  const bool shard_params = spec.stage >= 3;
+  plan.sharded_optimizer = shard_optimizer;
+  plan.params_sharded = shard_params;
+  plan.reduction = shard_grads       ? GradReduction::kBucketsInBackward
+                   : shard_optimizer ? GradReduction::kReduceScatterInStep
+                                     : GradReduction::kAllReduceInStep;
+
+  const MemorySpace space = spec.space;
+  size_t largest_gathered = 0;
+  uint64_t element_base = 0, global_offset = 0;
+  plan.units.resize(layout.units.size());
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const UnitLayout& ul = layout.units[u];
+    UnitPlan& up = plan.units[u];
+    const size_t full = ul.padded_elems, shard = ul.shard_elems, own = spec.rank * shard;
+    up.persistent =
+        shard_params && ul.used_elems < static_cast<size_t>(std::max<int64_t>(0, spec.persistence_threshold));
+    const bool sharded = shard_params && !up.persistent;
+    up.params = place(sharded ? Extent::kShard : Extent::kFull, space, spec.compute_dtype, sharded ? shard : full);
+    up.grads =
+        place(shard_grads ? Extent::kShard : Extent::kFull, space, spec.grad_accum_dtype, shard_grads ? shard : full);
+    up.update_begin = shard_optimizer ? own : 0;
+    up.update_elems = shard_optimizer ? shard : full;
+    const Extent updated = shard_optimizer ? Extent::kShard : Extent::kFull;
+    if (spec.compute_dtype != DType::kF32) up.master = place(updated, space, DType::kF32, up.update_elems);
+    for (int s = 0; s < spec.optimizer_states && s < 2; ++s)
+      up.state[s] = place(updated, space, DType::kF32, up.update_elems);
+    up.update_in_params = sharded ? 0 : up.update_begin;
+    up.update_in_grads = shard_grads ? 0 : up.update_begin;
+    up.norm_begin = own;
+    up.norm_in_grads = shard_grads ? 0 : own;
+    up.publish = sharded ? Publish::kGatherOnDemand : shard_optimizer ? Publish::kAllGatherAfterStep : Publish::kNone;
+    up.element_base = element_base;
+    element_base += ul.used_elems;
+    up.global_offset = global_offset;
+    global_offset += full;
+    if (sharded) largest_gathered = std::max(largest_gathered, full);
+  }
+  plan.gathered = place(Extent::kFull, space, spec.compute_dtype, largest_gathered);
+
+  plan.bucket_of_unit.assign(layout.units.size(), -1);
+  plan.offset_in_bucket.assign(layout.units.size(), 0);
+  if (plan.bucketed()) {
+    plan.buckets = build_buckets(layout, spec.bucket_elems);
+    size_t largest_bucket = 0;
+    for (size_t b = 0; b < plan.buckets.size(); ++b) {
+      largest_bucket = std::max(largest_bucket, plan.buckets[b].elems);
+      for (size_t i = 0; i < plan.buckets[b].units.size(); ++i) {
+        plan.bucket_of_unit[plan.buckets[b].units[i]] = static_cast<int>(b);
+        plan.offset_in_bucket[plan.buckets[b].units[i]] = plan.buckets[b].unit_offsets[i];
+      }
+    }
+    plan.bucket = place(Extent::kFull, space, spec.grad_accum_dtype, largest_bucket);
+  }
+  return plan;
+}
+
+MemoryStats Plan::bytes(size_t buckets_held, size_t units_gathered) const {
+  MemoryStats m;
+  for (const UnitPlan& up : units) {
+    m.param_bytes += up.params.bytes();
+    m.grad_bytes += up.grads.bytes();
+    m.master_param_bytes += up.master.bytes();
+    m.optimizer_state_bytes += up.state[0].bytes() + up.state[1].bytes();
+  }
+  m.bucket_bytes = bucket.bytes() * buckets_held;
+  m.gathered_bytes = gathered.bytes() * units_gathered;
+  return m;
+}
+
+std::string Plan::describe() const {
+  size_t full = 0, sharded = 0, persistent = 0;
+  for (const UnitPlan& up : units) {
+    (up.sharded_params() ? sharded : full) += 1;
+    persistent += up.persistent ? 1 : 0;
+  }
+  const UnitPlan* first = units.empty() ? nullptr : &units[0];
+  std::ostringstream os;
+  os << "stage " << stage << " on " << world_size << " ranks: ";
+  os << "params "
+     << (sharded ? (full ? "sharded (" + std::to_string(persistent) + " persistent units full)" : "sharded")
+                 : std::string("full"));
+  if (first != nullptr) {
+    os << ", grads " << extent_name(first->grads.extent) << " " << dtype_name(grad_accum_dtype);
+    os << ", optimizer state " << (sharded_optimizer ? "sharded" : "full");
+    if (separate_master()) os << ", fp32 master beside " << dtype_name(compute_dtype) << " params";
+    os << " (" << space_name(first->params.space) << ")";
+  }
+  os << "; gradients "
+     << (reduction == GradReduction::kAllReduceInStep ? "all-reduced in zero_step"
+         : reduction == GradReduction::kReduceScatterInStep
+             ? "reduce-scattered in zero_step"
+             : std::to_string(buckets.size()) + " bucket(s) reduce-scattered during backward");
+  return os.str();
+}
+
+}  // namespace zero

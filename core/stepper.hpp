@@ -1,0 +1,73 @@
+// The stepper: what zero_step computes once the gradients are reduced — this rank's part of the squared norm, the
+// norm itself, the clip and loss-scale decisions, each group's learning rate, and the fused optimizer pass over
+// the ranges the plan gives this rank (kernels chosen by memory space and SIMD path). It owns the loss scaler,
+// the step counter and the per-step scratch, so that zero_step allocates nothing.
+#pragma once
+
+#include <vector>
+
+#include "config.hpp"
+#include "loss_scaler.hpp"
+#include "optim/kernels.hpp"
+#include "param_store.hpp"
+#include "registration.hpp"
+
+namespace zero {
+
+struct StepResult {
+  int64_t step = 0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  double loss_scale = 1.0;
+  bool skipped = false;
+};
+
+// What the optimizer pass needs from the decision: every gradient is divided by `divisor` (world size x
+// accumulation steps x loss scale), then multiplied by `clip`.
+struct StepDecision {
+  StepResult result;
+  double divisor = 1.0;
+  double clip = 1.0;
+};
+
+class Stepper {
+ public:
+  Stepper(const Config& config, int rank, int ranks_on_node);
+
+  // finalize: the scratch of the norm and the per-group scalars.
+  void allocate(const ParameterStore& store, size_t groups);
+  // This rank's sum of squares of its shard of the reduced gradients, in fp64 (also the overflow test: an inf or
+  // nan anywhere makes it non-finite; finite fp32 squares cannot overflow fp64).
+  double local_sum_squares(ParameterStore& store);
+  // From the sum over ranks: the norm, the skip and loss-scale decisions, the clip, the learning rate of group 0.
+  StepDecision decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups);
+  // The fused optimizer pass over every unit's update range (counts the step).
+  void update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision);
+  // After the step: a skipped step is logged, and too many in a row end the run (throws).
+  void account(const StepResult& result);
+
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+  double loss_scale() const { return scaler_.scale(); }
+  LossScaler::State scaler_state() const { return scaler_.state(); }
+  void restore_scaler(const LossScaler::State& s) { scaler_.restore(s); }
+  Isa isa() const { return isa_; }
+  int threads() const { return threads_; }
+  void set_threads(int requested);  // 0: automatic
+
+ private:
+  CopyMode copy_mode() const;
+
+  const Config& config_;
+  Isa isa_;
+  int rank_ = 0;
+  int ranks_on_node_ = 1;
+  int threads_ = 1;                        // optimizer threads per rank
+  std::vector<StepScalars> step_scalars_;  // per group, reused
+  std::vector<double> norm_scratch_;       // block sums of the norm (parallel_sum_squares)
+  LossScaler scaler_;
+  int64_t steps_ = 0;          // optimizer steps taken (skipped ones excluded)
+  int consecutive_skips_ = 0;  // skipped steps in a row that count toward giving up (account())
+};
+
+}  // namespace zero
