@@ -185,6 +185,7 @@ const std::vector<KeyRule>& deepspeed_key_rules() {
       // ---- libzero's own
       {"libzero.timeout_s", H, nullptr, ""},
       {"libzero.optimizer_threads", H, nullptr, ""},
+      {"libzero.deterministic", H, nullptr, ""},
 
       // ---- activation_checkpointing and aio: valid keys, no effect (the blocks are listed above)
       {"activation_checkpointing.partition_activations", N, nullptr, ""},

@@ -160,6 +160,7 @@ std::string config_report(const Config& c, int world) {
     put("  persistence threshold  %lld elements (smaller units stay resident)\n",
         static_cast<long long>(c.param_persistence_threshold));
   put("  collective timeout     %g s\n", c.timeout_s);
+  if (c.require_deterministic) os << "  deterministic sums     required (libzero.deterministic)\n";
   if (c.optimizer_threads > 0)
     put("  optimizer threads      %d\n", c.optimizer_threads);
   else

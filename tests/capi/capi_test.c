@@ -530,6 +530,32 @@ static void test_custom_communicator(void** state) {
   assert_int_equal(cs.destroyed, 0);
   zero_engine_destroy(engine);
   assert_int_equal(cs.destroyed, 1);
+
+  /* Determinism is a capability the config may ask for: a backend without ZERO_COMM_DETERMINISTIC is refused at
+   * finalize with libzero.deterministic, accepted (and reported) without it. */
+  const char* strict =
+      "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 2}, \"libzero\": {\"deterministic\": "
+      "true}}";
+  ops.flags = 0;
+  cs.runs = 0; /* a new communicator numbers its collectives from 1 again */
+  assert_int_equal(zero_comm_create_custom(&comm, &ops, &cs), ZERO_OK);
+  assert_int_equal(zero_engine_create(&engine, strict, comm), ZERO_OK);
+  add_param(engine, "w", 10, 0);
+  assert_fails(zero_engine_finalize(engine), ZERO_ERR_UNSUPPORTED, "does not sum in rank order");
+  zero_engine_destroy(engine);
+  assert_int_equal(zero_engine_create(&engine, kConfig, comm), ZERO_OK);
+  add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  assert_int_equal(zero_engine_info(&info, engine), ZERO_OK);
+  assert_int_equal(info.deterministic, 0);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+  zero_comm_t* single = NULL;
+  engine = new_engine_with(&single, strict); /* the single-process backend is deterministic */
+  zero_comm_destroy(single);
+  add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  zero_engine_destroy(engine);
 }
 
 /* A start/wait backend whose collectives never complete (a peer that never arrives): the watchdog fires with the

@@ -243,8 +243,12 @@ TEST(DeepSpeed, ConfigKeyTableCoversDeepSpeedsKeys) {
     for (const auto& [key, why] : removed.items()) deepspeed.insert(section == "top" ? key : section + "." + key);
 
   for (const std::string& key : deepspeed) EXPECT_EQ(table.count(key), 1u) << "DeepSpeed's key '" << key << "'";
-  const std::set<std::string> own = {"libzero", "libzero.timeout_s", "libzero.optimizer_threads",
-                                     "bf16.stochastic_rounding", "bf16.stochastic_rounding_seed"};
+  const std::set<std::string> own = {"libzero",
+                                     "libzero.timeout_s",
+                                     "libzero.optimizer_threads",
+                                     "libzero.deterministic",
+                                     "bf16.stochastic_rounding",
+                                     "bf16.stochastic_rounding_seed"};
   for (const std::string& key : table)
     if (own.count(key) == 0) {
       EXPECT_EQ(deepspeed.count(key), 1u) << "the table's key '" << key << "'";
