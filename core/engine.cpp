@@ -120,9 +120,10 @@ void Engine::finalize() {
                                                std::string(call) + ": out of memory allocating this rank's buffers (" +
                                                    std::to_string(padded) + " padded elements)");
   }
-  auto clear = [&] {
+  auto clear = [&] {  // nothing allocated, nothing planned: as before finalize, which may be retried
     store_.clear();
     reducer_.clear();
+    store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
   };
   if (allocation_error) clear();
   try {

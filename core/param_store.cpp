@@ -63,9 +63,20 @@ void ParameterStore::clear() {
 // rank holds more than one extra piece however large a unit is, and the fp32 master starts exact even when the
 // params train in bf16 or fp16.
 void ParameterStore::load_initial_values(const Registration& registration, DType compute_dtype) {
+  std::vector<float> staging;
+  try {
+    broadcast_initial_values(registration, compute_dtype, staging);
+  } catch (...) {
+    // A broadcast given up in flight may still write into the staging piece: it must never be freed.
+    if (comm_.abandoned_requests()) static_cast<void>(new std::vector<float>(std::move(staging)));
+    throw;
+  }
+}
+
+void ParameterStore::broadcast_initial_values(const Registration& registration, DType compute_dtype,
+                                              std::vector<float>& staging) {
   constexpr size_t kInitialValuesChunk = size_t{1} << 24;  // 64 MiB of fp32
   const int rank = comm_.rank();
-  std::vector<float> staging;
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& ul = layout_.units[u];
     const UnitPlan& up = plan_.units[u];

@@ -99,6 +99,8 @@ class ParameterStore {
   void leak();
 
  private:
+  void broadcast_initial_values(const Registration& registration, DType compute_dtype, std::vector<float>& staging);
+
   EngineComm& comm_;
   CallGuard& guard_;
   Allocators allocators_;

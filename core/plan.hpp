@@ -6,15 +6,14 @@
 // are new values in a plan, not new branches in the engine.
 //
 // What each stage decides (P: the unit's padded elements, S = P / N the rank's shard):
-//
-//   stage | params          | grads (accumulation dtype) | master, optimizer state | reduction            | publishing
-//   0     | full P          | full P                     | full P (every rank)     | all-reduce in step   | none needed
-//   1     | full P          | full P                     | shard S                 | reduce-scatter, step | all-gather
-//   after step 2     | full P          | shard S (reduced buckets)  | shard S                 | buckets in backward  |
-//   all-gather after step 3     | shard S (full P | shard S                    | shard S                 | buckets in
-//   backward  | gathered on demand
-//         |  if persistent) |                            |                         |                      |
-//         (persistent: as 2)
+// clang-format off
+//   stage | params            | grads (accum dtype)  | master, opt. state | reduction            | publishing
+//   0     | full P            | full P               | full P (all ranks) | all-reduce, in step  | none needed
+//   1     | full P            | full P               | shard S            | reduce-scatter, step | all-gather after step
+//   2     | full P            | shard S (buckets)    | shard S            | buckets in backward  | all-gather after step
+//   3     | shard S (full P   | shard S              | shard S            | buckets in backward  | gathered on demand
+//         |  if persistent)   |                      |                    |                      | (persistent: as 2)
+// clang-format on
 #pragma once
 
 #include <cstddef>

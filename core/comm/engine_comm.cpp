@@ -178,8 +178,14 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
     failed_ = true;
     fail(e.status(), c.label + ": " + e.what());
   }
-  p.slot_ = record_start(c);
-  p.c_ = std::move(c);
+  // From here the collective runs in the backend: whatever fails in the bookkeeping, its buffer stays protected.
+  try {
+    p.slot_ = record_start(c);
+    p.c_ = std::move(c);
+  } catch (...) {
+    failed_ = abandoned_ = true;
+    throw;
+  }
   p.owner_ = this;
   p.active_ = true;
   return p;
@@ -213,6 +219,10 @@ void EngineComm::wait(Pending& p) {
     record_end(p.slot_, c.sequence, 2);
     failed_ = abandoned_ = true;  // a failed wait may leave the backend's request (and our buffer) in flight
     fail(e.status(), c.label + ": " + e.what());
+  } catch (...) {
+    record_end(p.slot_, c.sequence, 2);
+    failed_ = abandoned_ = true;
+    throw;
   }
   record_end(p.slot_, c.sequence, 2);
   failed_ = abandoned_ = true;
@@ -244,9 +254,9 @@ std::vector<EngineComm::Pending> EngineComm::start_group(std::vector<Planned> gr
   comm_->group_begin();
   try {
     for (Planned& g : group) pendings.push_back(start_data(g.kind, g.buf, g.block, g.type, g.label));
-  } catch (const Error&) {
+  } catch (...) {
     comm_->group_end();
-    if (!pendings.empty()) abandoned_ = true;  // started ones may still write into their buffers
+    if (!pendings.empty()) abandoned_ = failed_ = true;  // started ones may still write into their buffers
     throw;
   }
   comm_->group_end();

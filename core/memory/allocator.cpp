@@ -59,7 +59,7 @@ void Allocators::set(MemorySpace space, std::shared_ptr<Allocator> allocator) {
 const std::shared_ptr<Allocator>& Allocators::get(MemorySpace space, const char* what) const {
   const auto& a = by_space_[static_cast<int>(space)];
   if (!a)
-    fail(ZERO_ERR_UNSUPPORTED, std::string(what) + " is placed in " + space_name(space) +
+    fail(ZERO_ERR_UNSUPPORTED, std::string("the placement plan puts ") + what + " in " + space_name(space) +
                                    " memory, which this build of libzero cannot allocate (no allocator for it; "
                                    "give one with zero_engine_set_allocator)");
   return a;

@@ -19,8 +19,10 @@ class BufferPool {
   }
   void reserve(size_t buffers) {
     while (free_.size() < buffers) {
-      all_.push_back(std::make_unique<Buffer>());
-      all_.back()->allocate(space_, capacity_, dtype_, allocator_);
+      auto b = std::make_unique<Buffer>();
+      b->allocate(space_, capacity_, dtype_, allocator_);  // joins the pool only once it exists
+      free_.reserve(all_.size() + 1);
+      all_.push_back(std::move(b));
       free_.push_back(all_.back()->data());
     }
   }

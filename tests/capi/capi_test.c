@@ -781,7 +781,34 @@ static void test_allocator_hook(void** state) {
   assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, &a), ZERO_OK);
   add_param(engine, "w", 1000, 0);
   assert_fails(zero_engine_finalize(engine), ZERO_ERR_OUT_OF_MEMORY, "out of memory");
+  assert_int_equal(zero_memory_stats(&mem, engine), ZERO_OK);
+  assert_true(mem.total_bytes == 0); /* nothing is held after a failed finalize, and nothing is reported */
+  pool.refuse = 0;
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK); /* a retry works */
+  /* Stage 3: a second unit gathered at once needs a second buffer; the pool refuses it. The engine reports what it
+   * holds, no more, and takes the buffer when the pool has memory again. */
   zero_engine_destroy(engine);
+  zero_memory_stats_t before = ZERO_MEMORY_STATS_INIT;
+  engine = new_engine(&comm);
+  zero_comm_destroy(comm);
+  assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, &a), ZERO_OK);
+  add_param(engine, "u0", 1000, 0);
+  add_param(engine, "u1", 1000, 1);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  assert_int_equal(zero_memory_stats(&before, engine), ZERO_OK);
+  pool.refuse = 1;
+  assert_fails(zero_gather(engine, 1), ZERO_ERR_OUT_OF_MEMORY, "out of memory for the gathered unit 1");
+  assert_int_equal(zero_memory_stats(&mem, engine), ZERO_OK);
+  assert_true(mem.gathered_bytes == before.gathered_bytes);
+  pool.refuse = 0;
+  assert_int_equal(zero_gather(engine, 1), ZERO_OK);
+  assert_int_equal(zero_memory_stats(&mem, engine), ZERO_OK);
+  assert_true(mem.gathered_bytes == 2 * before.gathered_bytes);
+  assert_int_equal(zero_release(engine, 0), ZERO_OK);
+  assert_int_equal(zero_release(engine, 1), ZERO_OK);
+  zero_engine_destroy(engine);
+  assert_int_equal(pool.live_bytes, 0);
 
   /* Device memory is not allocatable in the CPU build, but an allocator for it may be given (the plan does not
    * use it); NULL restores the defaults. */

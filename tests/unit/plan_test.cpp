@@ -137,7 +137,8 @@ TEST(Memory, ASpaceWithoutAllocatorOrKernelsIsAClearError) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), ZERO_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(e.what()).find("the params is placed in device memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the placement plan puts the params in device memory"), std::string::npos)
+        << e.what();
   }
   int x = 1, y = 0;
   EXPECT_THROW(copy_bytes(MemorySpace::kDevice, &y, MemorySpace::kHost, &x, sizeof x), Error);

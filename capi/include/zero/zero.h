@@ -219,7 +219,10 @@ typedef struct zero_comm_ops {
   zero_status_t (*run)(void* user_data, const zero_collective_t* coll);
   /* Starts a collective; *out_request identifies it until wait reports it done (NULL: it already completed).
    * `coll` and its buffer stay valid until then. With start/wait, libzero's timeout covers the collective even
-   * if a rank never arrives, and zero_engine_abort interrupts the wait. */
+   * if a rank never arrives, and zero_engine_abort interrupts the wait. libzero may start several collectives
+   * before it waits for the first (a gradient bucket's reduce-scatters, one per unit), always in the same order
+   * on every rank, and then waits for them in the order it started them; a transport that cannot have more than
+   * one in flight runs each to completion in start and returns NULL. */
   zero_status_t (*start)(void** out_request, void* user_data, const zero_collective_t* coll);
   /* Waits up to `timeout_s` seconds (0: just test). *out_done = 1 when the collective completed (the request is
    * then gone), 0 if still in flight. After a failure libzero never waits for the request again; it keeps the
@@ -620,7 +623,8 @@ enum zero_memory_space { ZERO_MEMORY_HOST = 0, ZERO_MEMORY_PINNED_HOST = 1, ZERO
 /* An allocator a framework hands to an engine (ONNX Runtime's OrtAllocator in spirit), so that the engine's
  * buffers in one memory space come from the framework's pool and show in its accounting. `alloc` returns
  * `bytes` aligned to `alignment` (a power of two, 64 or 2 MiB; `bytes` is a multiple of it), or NULL when it
- * cannot: finalize then fails with ZERO_ERR_OUT_OF_MEMORY on every rank. libzero zeroes the memory itself.
+ * cannot: finalize then fails with ZERO_ERR_OUT_OF_MEMORY on this rank and ZERO_ERR_REMOTE naming it on the
+ * others. libzero zeroes the memory itself.
  * `free` gets each pointer back with the byte count `alloc` was called with, at the latest when the engine is
  * destroyed (never, for buffers a collective that timed out may still write). Both are called from threads that
  * call libzero, one at a time per engine. `user_data` must stay valid until every engine given the allocator is
