@@ -40,6 +40,7 @@
 #include "comm/rank_order_sum.hpp"
 #include "message_blocks.hpp"
 #include "mpi_backend.h"
+#include "node_window.hpp"
 
 namespace {
 
@@ -203,13 +204,39 @@ Count mpi_count(uint64_t count, int32_t dtype) {
   return c;
 }
 
-// One collective in flight.
+// One collective in flight: an MPI request, or a collective through the node's shared window.
 struct Op {
   zero_collective_t coll;
   std::string label;
   MPI_Request request = MPI_REQUEST_NULL;
   Count count;
+  bool shm = false;
+  zero_mpi::NodeWindow::Op shm_op;
 };
+
+size_t dtype_bytes(int32_t dtype) {
+  switch (dtype) {
+    case ZERO_DTYPE_FP32:
+      return 4;
+    case ZERO_DTYPE_FP64:
+    case ZERO_DTYPE_INT64:
+      return 8;
+    case ZERO_DTYPE_BF16:
+    case ZERO_DTYPE_FP16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// The shared-memory path (node_window.hpp) when every rank is on one node, unless ZERO_MPI_SHM=0 on any rank;
+// ZERO_MPI_SHM_HALF_BYTES sets the chunk buffer per rank (two of them; 512 KiB by default: a chunk stays in cache
+// between its copy and its sum).
+size_t shm_half_bytes() {
+  const char* env = std::getenv("ZERO_MPI_SHM_HALF_BYTES");
+  const unsigned long long v = env != nullptr ? std::strtoull(env, nullptr, 10) : 0;
+  return v >= 4096 && v <= (1ull << 30) ? static_cast<size_t>(v) : size_t{512} << 10;
+}
 
 class Backend {
  public:
@@ -220,6 +247,17 @@ class Backend {
     check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
     check(MPI_Comm_size(node, &local_size_), "MPI_Comm_size");
     MPI_Comm_free(&node);
+    // Collective decision: every rank must agree to make the window (an environment that differs between ranks
+    // must not leave some in MPI_Win_allocate_shared).
+    const char* shm = std::getenv("ZERO_MPI_SHM");
+    int want = local_size_ == size_ && size_ > 1 && !(shm != nullptr && std::strcmp(shm, "0") == 0) ? 1 : 0;
+    check(MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MIN, data_), "MPI_Allreduce");
+    if (want) window_ = zero_mpi::NodeWindow::create(data_, shm_half_bytes());
+#ifdef ZERO_TEST_HOOKS
+    // The tests of the window path make sure it is the path they test.
+    if (want && !window_ && std::getenv("ZERO_TEST_MPI_REQUIRE_SHM") != nullptr)
+      fail(ZERO_ERR_INTERNAL, "ZERO_TEST_MPI_REQUIRE_SHM: the shared-memory window could not be made");
+#endif
     peers_.resize(static_cast<size_t>(size_));
     post_inbox();
   }
@@ -253,6 +291,15 @@ class Backend {
     op->coll = coll;
     op->label = coll.label != nullptr ? coll.label : "";
     op->coll.label = op->label.c_str();
+    const bool float_type =
+        coll.dtype == ZERO_DTYPE_FP32 || coll.dtype == ZERO_DTYPE_BF16 || coll.dtype == ZERO_DTYPE_FP16;
+    if (window_ && (coll.kind == ZERO_COLL_ALL_GATHER || (coll.kind == ZERO_COLL_REDUCE_SCATTER && float_type))) {
+      // Moved in wait(), chunk by chunk, in the order collectives are waited for (the order they started).
+      op->shm = true;
+      op->shm_op = window_->begin(coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
+      in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};
+      return op.release();
+    }
     op->count = mpi_count(coll.count, coll.dtype);
     const Count& c = op->count;
     switch (coll.kind) {
@@ -291,7 +338,9 @@ class Backend {
     const auto begin = Clock::now();
     for (;;) {
       int done = 0;
-      if (MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      if (op->shm) {
+        done = window_->step(op->shm_op) ? 1 : 0;
+      } else if (MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         abandon(op);  // kept, with its type and buffer, as a collective given up in flight
         fail(ZERO_ERR_COMM,
              "MPI_Test failed on collective #" + std::to_string(op->coll.sequence) + " (" + op->label + ")");
@@ -413,6 +462,7 @@ class Backend {
       InCall in(this);
       poll_control();
       close_control(1.0);
+      if (window_) window_->free();
       MPI_Comm_free(&data_);
       MPI_Comm_free(&ctl_);
     }
@@ -499,7 +549,7 @@ class Backend {
 
   void complete(Op* op) {
     std::unique_ptr<Op> owned(op);
-    if (op->coll.kind == ZERO_COLL_REDUCE_SCATTER)
+    if (op->coll.kind == ZERO_COLL_REDUCE_SCATTER && !op->shm)
       zero::sum_blocks_in_rank_order(op->coll.buf, op->coll.count, size_, rank_, op->coll.dtype);
     completed_ = op->coll.sequence;
     completed_label_ = op->label;
@@ -508,7 +558,7 @@ class Backend {
 
   // A collective given up while in flight: MPI cannot cancel it, so its request (and the caller's buffer) stay.
   void abandon(Op* op) {
-    in_flight_.erase(op->coll.sequence);
+    in_flight_.clear();  // after a failure nothing more completes here (the engine stops using the communicator)
     abandoned_.emplace_back(op);
   }
 
@@ -601,6 +651,9 @@ class Backend {
     Clock::time_point since;
   };
   std::map<uint64_t, InFlight> in_flight_;
+  // Every rank on one node: reduce-scatters and all-gathers go through this window (freed by finalize; a local
+  // destroy leaves it to MPI_Finalize, as it does the communicators).
+  std::unique_ptr<zero_mpi::NodeWindow> window_;
   std::vector<std::unique_ptr<Op>> abandoned_;
   std::atomic<bool> abort_requested_{false};
   mutable std::mutex abort_mutex_;

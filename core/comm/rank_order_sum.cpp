@@ -2,45 +2,53 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "dtype.hpp"
 
 namespace zero {
 
-// Works through the blocks in chunks: each chunk's sums are built in a small local array, pass by pass in rank
-// order (so the passes vectorise), then stored into block `into`, which is itself one of the inputs.
-void sum_blocks_in_rank_order(void* buf, size_t block, int n, int into, int32_t dtype) {
+// Works in chunks: each chunk's sums are built in a small local array, pass by pass in rank order (so the passes
+// vectorise), then stored into dst, which may itself be one of the inputs.
+void sum_in_rank_order(void* dst, const void* const* src, int n, size_t count, int32_t dtype) {
   constexpr size_t kChunk = 512;
-  char* base = static_cast<char*>(buf);
-  const size_t esize = (dtype == ZERO_DTYPE_FP32 ? 4 : 2), block_bytes = block * esize;
+  const size_t esize = dtype == ZERO_DTYPE_FP32 ? 4 : 2;
   const bool bf16 = dtype == ZERO_DTYPE_BF16;
   float sum[kChunk];
-  for (size_t begin = 0; begin < block; begin += kChunk) {
-    const size_t m = std::min(kChunk, block - begin);
+  for (size_t begin = 0; begin < count; begin += kChunk) {
+    const size_t m = std::min(kChunk, count - begin);
     for (int k = 0; k < n; ++k) {
-      const char* src = base + static_cast<size_t>(k) * block_bytes + begin * esize;
+      const char* from = static_cast<const char*>(src[k]) + begin * esize;
       if (dtype == ZERO_DTYPE_FP32) {
-        const float* f = reinterpret_cast<const float*>(src);
+        const float* f = reinterpret_cast<const float*>(from);
         if (k == 0)
           for (size_t i = 0; i < m; ++i) sum[i] = f[i];
         else
           for (size_t i = 0; i < m; ++i) sum[i] += f[i];
       } else {
-        const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(from);
         for (size_t i = 0; i < m; ++i) {
           const float v = bf16 ? bf16_to_float(h[i]) : fp16_to_float(h[i]);
           sum[i] = k == 0 ? v : sum[i] + v;
         }
       }
     }
-    char* dst = base + static_cast<size_t>(into) * block_bytes + begin * esize;
+    char* to = static_cast<char*>(dst) + begin * esize;
     if (dtype == ZERO_DTYPE_FP32) {
-      std::memcpy(dst, sum, m * sizeof(float));
+      std::memcpy(to, sum, m * sizeof(float));
     } else {
-      uint16_t* h = reinterpret_cast<uint16_t*>(dst);
+      uint16_t* h = reinterpret_cast<uint16_t*>(to);
       for (size_t i = 0; i < m; ++i) h[i] = bf16 ? float_to_bf16_rne(sum[i]) : float_to_fp16_rne(sum[i]);
     }
   }
+}
+
+void sum_blocks_in_rank_order(void* buf, size_t block, int n, int into, int32_t dtype) {
+  char* base = static_cast<char*>(buf);
+  const size_t block_bytes = block * (dtype == ZERO_DTYPE_FP32 ? 4 : 2);
+  std::vector<const void*> src(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) src[static_cast<size_t>(k)] = base + static_cast<size_t>(k) * block_bytes;
+  sum_in_rank_order(base + static_cast<size_t>(into) * block_bytes, src.data(), n, block, dtype);
 }
 
 }  // namespace zero

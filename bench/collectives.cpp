@@ -1,0 +1,137 @@
+// libzero's collectives against Open MPI's and against a memory-copy ceiling, measured in the same run.
+//
+//   mpirun -np N build/release/bench_collectives [--sizes 1,4,16,64,256] [--reps 7]
+//
+// For each size (MiB of the whole buffer per rank, nccl-tests' "size": N blocks for reduce-scatter and
+// all-gather) and each implementation, the median over --reps timed runs (after one warm-up) of the slowest rank,
+// as bus bandwidth in nccl-tests' convention: busBw = size / time x (N - 1) / N for reduce-scatter and all-gather,
+// x 2 (N - 1) / N for all-reduce. Implementations:
+//   libzero       the MPI module through libzero's communicator (shared-memory window when every rank is on one
+//                 node: the default)
+//   libzero-mpi   the same module with ZERO_MPI_SHM=0 (an in-place all-to-all and a rank-order sum)
+//   Open MPI      MPI_Reduce_scatter_block (out of place), MPI_Allgather and MPI_Allreduce (in place), fp32 sum
+// The ceiling is memcpy of size x (N - 1) / N bytes on every rank at once (what a rank must at least move),
+// expressed as the same bus bandwidth; "of ceiling" is libzero's fraction of it. All ranks run every measurement
+// together, separated by barriers; the buffers are touched before timing (no first-touch page faults timed).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/engine_comm.hpp"
+#include "comm/mpi_loader.hpp"
+
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// The median over `reps` of the slowest rank's time of `body` (after a warm-up run).
+double median_time(int reps, const std::function<void()>& body) {
+  body();
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = now();
+    body();
+    double t = now() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    times.push_back(t);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+std::vector<double> parse_list(const char* text) {
+  std::vector<double> out;
+  std::string s(text);
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    out.push_back(std::atof(s.substr(start, comma - start).c_str()));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  std::vector<double> sizes = {1, 4, 16, 64, 256};
+  int reps = 7;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--sizes") == 0) sizes = parse_list(argv[i + 1]);
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
+  }
+  if (std::getenv("ZERO_MPI_BACKEND") == nullptr) setenv("ZERO_MPI_BACKEND", ZERO_MPI_MODULE_PATH, 1);
+  auto shm = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
+  setenv("ZERO_MPI_SHM", "0", 1);
+  auto plain = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
+  unsetenv("ZERO_MPI_SHM");
+  zero::EngineComm lz(shm), lz_mpi(plain);
+
+  const double n = world, share = (n - 1) / n;
+  if (rank == 0) {
+    std::printf("bench_collectives: %d ranks, fp32, median of %d, bus bandwidth GB/s (nccl-tests convention)\n", world,
+                reps);
+    std::printf("%-15s %8s %10s %10s %10s %10s %10s %10s\n", "collective", "MiB", "libzero", "lz-mpi", "Open MPI",
+                "ceiling", "of ceil", "vs OMPI");
+  }
+  for (double mib : sizes) {
+    const size_t bytes = static_cast<size_t>(mib * 1048576.0) / (4 * static_cast<size_t>(world)) * 4 * world;
+    const size_t elems = bytes / 4, block = elems / static_cast<size_t>(world);
+    std::vector<float> buf(elems, 1.0f), recv(block, 0.0f), src(elems, 0.5f), dst(elems, 0.0f);
+    // The ceiling: every rank copies what it must move, at once.
+    const size_t moved = static_cast<size_t>(static_cast<double>(bytes) * share);
+    const double t_copy = median_time(reps, [&] { std::memcpy(dst.data(), src.data(), moved); });
+    const double ceiling = static_cast<double>(bytes) * share / t_copy / 1e9;
+    struct Row {
+      const char* name;
+      double factor;
+      std::function<void()> lz, lz_mpi, ompi;
+    };
+    const Row rows[] = {
+        {"reduce-scatter", share, [&] { lz.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] { lz_mpi.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] {
+           MPI_Reduce_scatter_block(buf.data(), recv.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM,
+                                    MPI_COMM_WORLD);
+         }},
+        {"all-gather", share, [&] { lz.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] { lz_mpi.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] {
+           MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), static_cast<int>(block), MPI_FLOAT,
+                         MPI_COMM_WORLD);
+         }},
+        {"all-reduce", 2 * share, [&] { lz.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
+         [&] { lz_mpi.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
+         [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(elems), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
+    };
+    for (const Row& row : rows) {
+      auto bw = [&](double t) { return static_cast<double>(bytes) * row.factor / t / 1e9; };
+      // Paired: each implementation in turn, so that drift in the machine's state affects all alike.
+      const double a = bw(median_time(reps, row.lz)), b = bw(median_time(reps, row.lz_mpi)),
+                   c = bw(median_time(reps, row.ompi));
+      if (rank == 0)
+        std::printf("%-15s %8.0f %10.2f %10.2f %10.2f %10.2f %9.0f%% %9.2fx\n", row.name, mib, a, b, c,
+                    ceiling * row.factor / share, 100.0 * a / (ceiling * row.factor / share), a / c);
+    }
+    std::fflush(stdout);
+  }
+  lz.backend().finalize();
+  plain->finalize();
+  MPI_Finalize();
+  return 0;
+}

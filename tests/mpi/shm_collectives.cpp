@@ -1,0 +1,152 @@
+// The MPI module's two paths give the same bits: reduce-scatters and all-gathers through the node's shared window
+// (the default when every rank is on one node) against the in-place all-to-all and rank-order sum (ZERO_MPI_SHM=0),
+// on values whose sums round (random signs and exponents), in fp32, bf16 and fp16, for counts that are not
+// multiples of a chunk, with chunks small enough that a collective takes many of them
+// (ZERO_MPI_SHM_HALF_BYTES=4096), several collectives started before the first is waited for (a group), and
+// all-gathers of control bytes. Also checks the sums against a sum computed here in rank order.
+//
+//   mpirun -np N test_shm_collectives
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/engine_comm.hpp"
+#include "comm/mpi_loader.hpp"
+#include "comm/rank_order_sum.hpp"
+#include "dtype.hpp"
+
+namespace {
+
+int g_failures = 0;
+#define EXPECT(cond, ...)                                     \
+  do {                                                        \
+    if (!(cond)) {                                            \
+      std::fprintf(stderr, "FAILED: " __VA_ARGS__);           \
+      std::fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__); \
+      ++g_failures;                                           \
+    }                                                         \
+  } while (0)
+
+// Rank r's contribution: values of every magnitude and sign, different per rank and element.
+std::vector<uint16_t> make_bits(int rank, size_t n, zero::ElemType type, std::vector<float>& as_float) {
+  std::mt19937 rng(1234u + 77u * static_cast<unsigned>(rank));
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> expo(-12, 12);
+  std::vector<uint16_t> bits(type == zero::ElemType::kF32 ? 2 * n : n);
+  as_float.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    float v = std::ldexp(mant(rng), expo(rng));
+    if (type == zero::ElemType::kBF16) {
+      bits[i] = zero::float_to_bf16_rne(v);
+      v = zero::bf16_to_float(bits[i]);
+    } else if (type == zero::ElemType::kF16) {
+      bits[i] = zero::float_to_fp16_rne(v);
+      v = zero::fp16_to_float(bits[i]);
+    } else {
+      std::memcpy(&bits[2 * i], &v, 4);
+    }
+    as_float[i] = v;
+  }
+  return bits;
+}
+
+int32_t zdtype(zero::ElemType t) { return static_cast<int32_t>(t); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  setenv("ZERO_MPI_SHM_HALF_BYTES", "4096", 1);
+  auto shm = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
+  setenv("ZERO_MPI_SHM", "0", 1);
+  auto plain = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
+  zero::EngineComm a(shm), b(plain);
+  a.set_timeout(60), b.set_timeout(60);
+
+  for (zero::ElemType type : {zero::ElemType::kF32, zero::ElemType::kBF16, zero::ElemType::kF16}) {
+    const size_t esize = zero::elem_size(type);
+    for (size_t block : {size_t{1}, size_t{7}, size_t{1000}, size_t{4099}, size_t{100003}}) {
+      const size_t n = block * static_cast<size_t>(world);
+      std::vector<float> mine;
+      const std::vector<uint16_t> input = make_bits(rank, n, type, mine);
+      std::vector<uint16_t> x = input, y = input;
+      a.reduce_scatter_sum(x.data(), block, type, "test: reduce-scatter (window)");
+      b.reduce_scatter_sum(y.data(), block, type, "test: reduce-scatter (all-to-all)");
+      const char* mx = reinterpret_cast<const char*>(x.data()) + rank * block * esize;
+      const char* my = reinterpret_cast<const char*>(y.data()) + rank * block * esize;
+      EXPECT(std::memcmp(mx, my, block * esize) == 0, "rank %d: %s reduce-scatter of %zu differs between the paths",
+             rank, zero::elem_type_name(type), block);
+      // The reference: every rank's input (regenerated here), summed in rank order.
+      std::vector<std::vector<uint16_t>> all(static_cast<size_t>(world));
+      std::vector<const void*> src;
+      for (int r = 0; r < world; ++r) {
+        std::vector<float> ignored;
+        all[static_cast<size_t>(r)] = make_bits(r, n, type, ignored);
+        src.push_back(reinterpret_cast<const char*>(all[static_cast<size_t>(r)].data()) + rank * block * esize);
+      }
+      std::vector<uint16_t> ref(block * esize / 2 + 1);
+      zero::sum_in_rank_order(ref.data(), src.data(), world, block, zdtype(type));
+      EXPECT(std::memcmp(mx, ref.data(), block * esize) == 0,
+             "rank %d: %s reduce-scatter of %zu is not the rank-order sum", rank, zero::elem_type_name(type), block);
+
+      // All-gather: every block ends as its owner's input.
+      x = input;
+      a.all_gather(x.data(), block, type, "test: all-gather (window)");
+      bool same = true;
+      for (int r = 0; r < world; ++r)
+        same &= std::memcmp(reinterpret_cast<const char*>(x.data()) + r * block * esize,
+                            reinterpret_cast<const char*>(all[static_cast<size_t>(r)].data()) + r * block * esize,
+                            block * esize) == 0;
+      EXPECT(same, "rank %d: %s all-gather of %zu", rank, zero::elem_type_name(type), block);
+    }
+  }
+
+  // A group: three reduce-scatters started before the first is waited for, then the same one by one.
+  {
+    const size_t blocks[3] = {5000, 3, 777};
+    std::vector<std::vector<uint16_t>> g(3), s(3);
+    std::vector<zero::EngineComm::Planned> planned;
+    for (int i = 0; i < 3; ++i) {
+      std::vector<float> ignored;
+      g[i] = make_bits(rank + 10 * i, blocks[i] * static_cast<size_t>(world), zero::ElemType::kF32, ignored);
+      s[i] = g[i];
+      planned.push_back({zero::CollKind::kReduceScatter, g[i].data(), blocks[i], zero::ElemType::kF32, "test: group"});
+    }
+    std::vector<zero::EngineComm::Pending> pending = a.start_group(std::move(planned));
+    a.wait_all(pending);
+    for (int i = 0; i < 3; ++i) {
+      b.reduce_scatter_sum(s[i].data(), blocks[i], zero::ElemType::kF32, "test: one by one");
+      EXPECT(std::memcmp(reinterpret_cast<char*>(g[i].data()) + rank * blocks[i] * 4,
+                         reinterpret_cast<char*>(s[i].data()) + rank * blocks[i] * 4, blocks[i] * 4) == 0,
+             "rank %d: group member %d differs", rank, i);
+    }
+  }
+
+  // Control bytes through the window: a string of every rank's.
+  {
+    std::vector<char> text(static_cast<size_t>(world) * 32, 0);
+    std::snprintf(text.data() + rank * 32, 32, "rank %d here", rank);
+    a.control_all_gather(text.data(), 32, "test: control bytes");
+    for (int r = 0; r < world; ++r) {
+      char want[32];
+      std::snprintf(want, sizeof want, "rank %d here", r);
+      EXPECT(std::strcmp(text.data() + r * 32, want) == 0, "rank %d: control all-gather slot %d", rank, r);
+    }
+  }
+
+  a.backend().finalize();
+  plain->finalize();
+  int failures = g_failures;
+  MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) std::printf("shm collectives: %s\n", failures == 0 ? "ok" : "FAILED");
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}
