@@ -79,8 +79,12 @@ StepResult Engine::step() {
     // 4. The fused optimizer pass over what this rank updates (skipped on overflow: weights, state, step counter
     //    and schedule untouched).
     if (!result.skipped) stepper_.update(store_, groups, decision);
-    // 5. Clear the gradients; publish the new params where the plan says so.
-    store_.clear_grads();
+    // 5. Clear the gradients the optimizer pass did not (all of them after a skipped step); publish the new
+    //    params where the plan says so.
+    if (result.skipped)
+      store_.clear_grads();
+    else
+      store_.clear_grads_not_updated();
     if (!result.skipped) store_.publish("zero_step: all-gather of the new params");
   });
   micro_steps_ = 0;

@@ -223,6 +223,16 @@ void ParameterStore::clear_grads() {
   for (auto& ub : units_) ub.grads.zero();
 }
 
+void ParameterStore::clear_grads_not_updated() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Buffer& g = units_[u].grads;
+    const UnitPlan& up = plan_.units[u];
+    const size_t begin = up.update_in_grads, end = begin + up.update_elems, esize = dtype_size(g.dtype());
+    fill_zero(g.space(), g.data(), begin * esize);
+    fill_zero(g.space(), g.at(end), (g.size() - end) * esize);
+  }
+}
+
 void ParameterStore::write_params_from_master() {
   if (!plan_.separate_master()) return;
   for (size_t u = 0; u < units_.size(); ++u) {

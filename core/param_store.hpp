@@ -87,6 +87,10 @@ class ParameterStore {
 
   // ---- after a step or a checkpoint load
   void clear_grads();
+  // After an optimizer pass that zeroed the gradients it read (KernelArgs::clear_grad): the rest of each gradient
+  // buffer (stage 1: the other ranks' blocks, which the reduce-scatter left in the communication dtype). The
+  // elements between params were never written, so they are still zero.
+  void clear_grads_not_updated();
   // Rounds the fp32 master into the compute-dtype params (separate master only).
   void write_params_from_master();
   // Every unit whose plan publishes after the step: all-gathers the shards this rank updated (collective).

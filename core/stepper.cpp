@@ -126,6 +126,7 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
       a.state0 = ub.state[0].empty() ? nullptr : ub.state[0].f32() + s.shard_offset;
       a.state1 = ub.state[1].empty() ? nullptr : ub.state[1].f32() + s.shard_offset;
       a.copy = copy == nullptr ? nullptr : copy + s.shard_offset * compute_size;
+      a.clear_grad = true;  // the next micro-step adds into zeros; no pass of its own
       a.n = s.numel;
       a.first_index = up.element_base + up.update_begin + s.shard_offset;
       a.s = step_scalars_[s.group];

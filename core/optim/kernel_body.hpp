@@ -80,6 +80,14 @@ ZERO_KERNEL_INLINE void step_vector(const KernelArgs& a, size_t i) {
   store_copy<V, C>(a.copy, i, p, a);
 }
 
+// Zeroes n gradients from element i, right after the loop read them (their lines are still in L1). The gradient
+// stream is const in KernelArgs because the update only reads it; with clear_grad it is the caller's writable
+// buffer.
+template <DType G>
+ZERO_KERNEL_INLINE void clear_grads(const void* grad, size_t i, size_t n) {
+  std::memset(const_cast<char*>(static_cast<const char*>(grad)) + i * dtype_size(G), 0, n * dtype_size(G));
+}
+
 // Software prefetch: every stream is prefetched kPrefetchAhead elements ahead of the loop into L2 (prefetcht1),
 // one prefetch per 64-byte line (per block of kBlock elements). Measured on the development machine with cold
 // caches: in-place streams from memory run up to 15 % faster with it than with the hardware prefetchers alone;
@@ -127,8 +135,10 @@ void step_loop(const KernelArgs& args) {
     if constexpr (kPrefetchAhead > 0) prefetch_streams<K, G, C, kSgd>(local, i + kPrefetchAhead);
 #pragma GCC unroll 32
     for (size_t v = 0; v < kBlock; v += W) step_vector<V, K, G, C, kSgd>(local, i + v);
+    if (local.clear_grad) clear_grads<G>(local.grad, i, kBlock);
   }
   for (; i < body; i += W) step_vector<V, K, G, C, kSgd>(local, i);
+  if (local.clear_grad) clear_grads<G>(local.grad, blocks, body - blocks);
   const size_t tail = args.n - body;
   if (tail == 0) return;
   // The last partial vector, on zero-padded copies of every stream.
@@ -151,6 +161,7 @@ void step_loop(const KernelArgs& args) {
   if (args.state0) std::memcpy(args.state0 + body, s0, tail * sizeof(float));
   if (args.state1) std::memcpy(args.state1 + body, s1, tail * sizeof(float));
   if (args.copy) std::memcpy(static_cast<uint16_t*>(args.copy) + body, copy, tail * sizeof(uint16_t));
+  if (args.clear_grad) clear_grads<G>(args.grad, body, tail);
 }
 
 template <class V, OptimizerKind K, DType G, CopyMode C>

@@ -45,6 +45,9 @@ struct KernelArgs {
   float* state0 = nullptr;     // Adam/Lion exp_avg, Adagrad sum, SGD momentum buffer
   float* state1 = nullptr;     // Adam exp_avg_sq
   void* copy = nullptr;        // compute-dtype params to write (2-byte elements), or null with kNone
+  // Zero every gradient after reading it, in the same pass (the gradient buffer is then the caller's writable one):
+  // the clearing costs no pass of its own over the gradients.
+  bool clear_grad = false;
   size_t n = 0;
   uint64_t first_index = 0;  // global index of element 0 (stochastic rounding is keyed by it)
   StepScalars s;

@@ -1,0 +1,131 @@
+"""libzero's whole zero_step against PyTorch's AdamW on the same CPU, in one process, measured side by side.
+
+    python3 bench/step_vs_torch.py [--lib build/release/libzero.so] [--sizes 16,64] [--threads 1,2] [--reps 9]
+
+One rank, stage 0, fp32 AdamW (lr 1e-3, weight decay 0.01), one param of S Mi elements. Each repetition times, in
+turn: libzero's zero_step (norm, clip decision, fused update, gradient clearing; the gradients are written
+before the timer starts), torch's AdamW(fused=True).step() alone (no norm, no clipping, no zeroing), the same
+plus clip_grad_norm_ and zero_grad(set_to_none=False) (what a DeepSpeed or FSDP step does), and torch's default
+(foreach) AdamW with those. Both with and without clipping for libzero (gradient_clipping 1.0 / 0). Prints the
+median of the paired ratios (libzero time / torch time). libzero is driven through its C ABI with ctypes (the
+Python binding is another issue), so the figures include nothing but the calls.
+"""
+import argparse
+import ctypes
+import statistics
+import time
+
+import torch
+
+
+class ParamDesc(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("dtype", ctypes.c_int32), ("unit", ctypes.c_int32),
+                ("group", ctypes.c_int32), ("init_data", ctypes.c_void_p), ("init_dtype", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+class Zero:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.zero_last_error.restype = ctypes.c_char_p
+
+    def ok(self, status):
+        if status != 0:
+            raise RuntimeError(self.lib.zero_last_error().decode())
+
+    def engine(self, n, clip, threads):
+        comm, engine = ctypes.c_void_p(), ctypes.c_void_p()
+        self.ok(self.lib.zero_comm_create_single(ctypes.byref(comm)))
+        config = ('{"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},'
+                  ' "gradient_clipping": %s, "zero_optimization": {"stage": 0}}' % clip).encode()
+        self.ok(self.lib.zero_engine_create(ctypes.byref(engine), config, comm))
+        self.lib.zero_comm_destroy(comm)
+        self.ok(self.lib.zero_engine_set_num_threads(engine, threads))
+        shape = (ctypes.c_int64 * 1)(n)
+        desc = ParamDesc()
+        self.ok(self.lib.zero_param_desc_init(ctypes.byref(desc), ctypes.c_size_t(ctypes.sizeof(desc))))
+        desc.name, desc.ndim, desc.shape = b"w", 1, shape
+        pid = ctypes.c_int32()
+        self.ok(self.lib.zero_engine_add_param(ctypes.byref(pid), engine, ctypes.byref(desc)))
+        self.ok(self.lib.zero_engine_finalize(engine))
+        return engine
+
+    def micro_step(self, engine, grad):
+        """Writes `grad` (a torch tensor) into the engine's gradient buffer, outside the timed region."""
+        ptr = ctypes.c_void_p()
+        self.ok(self.lib.zero_gather(engine, 0))
+        self.ok(self.lib.zero_grad_data(ctypes.byref(ptr), engine, 0))
+        view = torch.frombuffer((ctypes.c_float * grad.numel()).from_address(ptr.value), dtype=torch.float32)
+        view.add_(grad)
+        self.ok(self.lib.zero_grad_ready(engine, 0))
+        self.ok(self.lib.zero_release(engine, 0))
+        self.ok(self.lib.zero_backward_end(engine))
+
+    def step(self, engine):
+        self.ok(self.lib.zero_step(None, engine))
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/release/libzero.so")
+    ap.add_argument("--sizes", default="16,64")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--reps", type=int, default=9)
+    args = ap.parse_args()
+    z = Zero(args.lib)
+    print("zero_step vs torch %s AdamW, stage 0, one rank, fp32; median of %d paired ratios (< 1: libzero faster)"
+          % (torch.__version__, args.reps))
+    print("%5s %4s %10s %10s | %9s %9s %9s | %9s %9s" % ("Mi", "thr", "lz clip", "lz noclip", "noclip/",
+                                                         "clip/", "clip/", "torch", "torch"))
+    print("%5s %4s %10s %10s | %9s %9s %9s | %9s %9s" % ("", "", "ms", "ms", "fused", "fused+cz", "foreach+cz",
+                                                         "fused ms", "f+cz ms"))
+    for size in [float(s) for s in args.sizes.split(",")]:
+        n = int(size * (1 << 20))
+        for threads in [int(t) for t in args.threads.split(",")]:
+            torch.set_num_threads(threads)
+            grad = torch.randn(n) * 1e-3
+            e_clip, e_free = z.engine(n, "1.0", threads), z.engine(n, "0", threads)
+            p_fused = torch.nn.Parameter(torch.zeros(n))
+            p_cz = torch.nn.Parameter(torch.zeros(n))
+            p_fe = torch.nn.Parameter(torch.zeros(n))
+            for p in (p_fused, p_cz, p_fe):
+                p.grad = grad.clone()
+            o_fused = torch.optim.AdamW([p_fused], lr=1e-3, weight_decay=0.01, fused=True)
+            o_cz = torch.optim.AdamW([p_cz], lr=1e-3, weight_decay=0.01, fused=True)
+            o_fe = torch.optim.AdamW([p_fe], lr=1e-3, weight_decay=0.01, foreach=True)
+
+            def torch_cz(p, o):
+                torch.nn.utils.clip_grad_norm_([p], 1.0)
+                o.step()
+                o.zero_grad(set_to_none=False)
+
+            rows = {k: [] for k in ("lz_clip", "lz_free", "fused", "cz", "fe")}
+            for rep in range(args.reps + 1):
+                z.micro_step(e_clip, grad)
+                z.micro_step(e_free, grad)
+                p_cz.grad.copy_(grad)
+                p_fe.grad.copy_(grad)
+                t = {"lz_clip": timed(lambda: z.step(e_clip)), "fused": timed(o_fused.step),
+                     "lz_free": timed(lambda: z.step(e_free)), "cz": timed(lambda: torch_cz(p_cz, o_cz)),
+                     "fe": timed(lambda: torch_cz(p_fe, o_fe))}
+                if rep > 0:  # the first is the warm-up (state allocation, first touch)
+                    for k, v in t.items():
+                        rows[k].append(v)
+            med = {k: statistics.median(v) for k, v in rows.items()}
+            ratio = lambda a, b: statistics.median([x / y for x, y in zip(rows[a], rows[b])])
+            print("%5g %4d %10.2f %10.2f | %9.2f %9.2f %9.2f | %9.2f %9.2f" % (
+                size, threads, 1e3 * med["lz_clip"], 1e3 * med["lz_free"], ratio("lz_free", "fused"),
+                ratio("lz_clip", "cz"), ratio("lz_clip", "fe"), 1e3 * med["fused"], 1e3 * med["cz"]), flush=True)
+            for e in (e_clip, e_free):
+                z.lib.zero_engine_destroy(e)
+
+
+if __name__ == "__main__":
+    main()
