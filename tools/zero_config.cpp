@@ -34,17 +34,25 @@ int usage(FILE* out) {
   return out == stdout ? 0 : 2;
 }
 
-int check(const std::string& path, int world) {
+// The file's text, or false (with a message) when it cannot be read.
+bool read_text(const std::string& path, std::string& text) {
   std::ifstream in(path);
   if (!in) {
     std::fprintf(stderr, "zero-config: cannot read %s\n", path.c_str());
-    return 1;
+    return false;
   }
-  std::stringstream text;
-  text << in.rdbuf();
+  std::stringstream ss;
+  ss << in.rdbuf();
+  text = ss.str();
+  return true;
+}
+
+int check(const std::string& path, int world) {
+  std::string text;
+  if (!read_text(path, text)) return 1;
   // The same code as zero_config_check(), linked statically so the tool needs no libzero.so at run time.
   try {
-    const zero::Config c = zero::parse_config(text.str(), world);
+    const zero::Config c = zero::parse_config(text, world);
     std::printf("%s: %s", path.c_str(), zero::config_report(c, world).c_str());
   } catch (const zero::Error& e) {
     std::fprintf(stderr, "zero-config: %s: %s\n", zero::status_name(e.status()), e.what());
@@ -63,15 +71,10 @@ void print_bytes(double b) {
 int estimate(double params, int world, int64_t units, const std::string& config_path) {
   zero::Config config;
   if (!config_path.empty()) {
-    std::ifstream in(config_path);
-    if (!in) {
-      std::fprintf(stderr, "zero-config: cannot read %s\n", config_path.c_str());
-      return 1;
-    }
-    std::stringstream text;
-    text << in.rdbuf();
+    std::string text;
+    if (!read_text(config_path, text)) return 1;
     try {
-      config = zero::parse_config(text.str(), world);
+      config = zero::parse_config(text, world);
     } catch (const zero::Error& e) {
       std::fprintf(stderr, "zero-config: %s: %s\n", zero::status_name(e.status()), e.what());
       return 1;

@@ -100,6 +100,18 @@ static void micro_step(zero_engine_t* engine, const int32_t* ids) {
   CHECK(zero_backward_end(engine));
 }
 
+/* A backward pass (last param first) that stops at the first zero_grad_ready that fails; its status. */
+static zero_status_t backward_until_failure(zero_engine_t* engine, const int32_t* ids) {
+  zero_status_t s = ZERO_OK;
+  for (int p = kNumParams - 1; p >= 0 && s == ZERO_OK; --p) {
+    float* g = NULL;
+    CHECK(zero_grad_data((void**)&g, engine, ids[p]));
+    g[0] += 1.0f / 1024;
+    s = zero_grad_ready(engine, ids[p]);
+  }
+  return s;
+}
+
 static void set_fault(const char* site) {
   char value[64];
   snprintf(value, sizeof value, "%s:%d", site, g_last);
@@ -138,14 +150,8 @@ static void fail_at(zero_comm_t* comm, const char* site, int stage) {
   } else if (strcmp(site, "bucket") == 0) {
     /* Stage 2, units in several buckets: the first bucket is reduced by the zero_grad_ready that completes it. */
     set_fault(site);
-    s = ZERO_OK;
     t = now();
-    for (int p = kNumParams - 1; p >= 0 && s == ZERO_OK; --p) {
-      float* g = NULL;
-      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-      g[0] += 1.0f / 1024;
-      s = zero_grad_ready(engine, ids[p]);
-    }
+    s = backward_until_failure(engine, ids);
     unsetenv("ZERO_TEST_FAIL");
     expect_status(engine, s, want, fragment, t, limit, "zero_grad_ready (bucket reduction)");
     CHECK(zero_backward_end(engine)); /* flushes the bucket that could not be reduced */
@@ -208,14 +214,8 @@ static void fail_in_group(zero_comm_t* comm) {
   g_bucket_elems = 1000; /* all three units in one bucket: a group of three reduce-scatters */
   zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
   set_fault("bucket.group");
-  zero_status_t s = ZERO_OK;
   const double t = now();
-  for (int p = kNumParams - 1; p >= 0 && s == ZERO_OK; --p) {
-    float* g = NULL;
-    CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-    g[0] += 1.0f / 1024;
-    s = zero_grad_ready(engine, ids[p]);
-  }
+  const zero_status_t s = backward_until_failure(engine, ids);
   unsetenv("ZERO_TEST_FAIL");
   char fragment[64];
   snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
