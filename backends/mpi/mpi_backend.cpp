@@ -296,7 +296,7 @@ class Backend {
     if (window_ && (coll.kind == ZERO_COLL_ALL_GATHER || (coll.kind == ZERO_COLL_REDUCE_SCATTER && float_type))) {
       // Moved in wait(), chunk by chunk, in the order collectives are waited for (the order they started).
       op->shm = true;
-      op->shm_op = window_->begin(coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
+      op->shm_op = window_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
       in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};
       return op.release();
     }
@@ -339,7 +339,13 @@ class Backend {
     for (;;) {
       int done = 0;
       if (op->shm) {
-        done = window_->step(op->shm_op) ? 1 : 0;
+        const zero_mpi::NodeWindow::Progress p = window_->step(op->shm_op);
+        if (p == zero_mpi::NodeWindow::Progress::kMismatch) {
+          abandon(op);
+          fail(ZERO_ERR_MISMATCH, "collective #" + std::to_string(op->coll.sequence) + " (" + op->label +
+                                      "): the ranks are not in the same collective: " + window_->mismatch());
+        }
+        done = p == zero_mpi::NodeWindow::Progress::kDone ? 1 : 0;
       } else if (MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         abandon(op);  // kept, with its type and buffer, as a collective given up in flight
         fail(ZERO_ERR_COMM,

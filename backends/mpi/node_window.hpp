@@ -39,10 +39,16 @@ class NodeWindow {
     int rank = 0, size = 0;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
+    // The chunk size is part of the protocol (every rank cuts a collective into the same chunks and finds its
+    // peers' halves by it): the smallest any rank asked for, the same everywhere.
+    unsigned long long agreed = half_bytes / 64 * 64;
+    MPI_Allreduce(MPI_IN_PLACE, &agreed, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm);
+    // A reduce-scatter puts one share per rank in a half: each must hold at least a cache line.
+    if (agreed < 64 * static_cast<unsigned long long>(size)) return nullptr;
     auto w = std::unique_ptr<NodeWindow>(new NodeWindow());
     w->rank_ = rank;
     w->size_ = size;
-    w->half_ = half_bytes / 64 * 64;
+    w->half_ = static_cast<size_t>(agreed);
     const MPI_Aint bytes = static_cast<MPI_Aint>(kLine + 2 * w->half_);
     MPI_Info info;
     MPI_Info_create(&info);
@@ -51,20 +57,23 @@ class NodeWindow {
     const int rc = MPI_Win_allocate_shared(bytes, 1, info, comm, &mine, &w->win_);
     MPI_Info_free(&info);
     int ok = rc == MPI_SUCCESS ? 1 : 0;
-    // Every rank must have its window, or none uses it.
+    if (ok) {
+      w->slots_.resize(static_cast<size_t>(size));
+      for (int r = 0; r < size && ok; ++r) {
+        MPI_Aint sz = 0;
+        int disp = 0;
+        void* base = nullptr;
+        ok = MPI_Win_shared_query(w->win_, r, &sz, &disp, &base) == MPI_SUCCESS && base != nullptr && sz >= bytes;
+        w->slots_[static_cast<size_t>(r)] = static_cast<char*>(base);
+      }
+    }
+    // Every rank must have the whole window, or none uses it.
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm);
     if (!ok) {
       if (rc == MPI_SUCCESS) MPI_Win_free(&w->win_);
       return nullptr;
     }
-    w->slots_.resize(static_cast<size_t>(size));
-    for (int r = 0; r < size; ++r) {
-      MPI_Aint sz = 0;
-      int disp = 0;
-      void* base = nullptr;
-      MPI_Win_shared_query(w->win_, r, &sz, &disp, &base);
-      w->slots_[static_cast<size_t>(r)] = static_cast<char*>(base);
-    }
+    std::memset(w->slots_[static_cast<size_t>(rank)], 0, kLine);
     __atomic_store_n(w->counter(rank), uint64_t{0}, __ATOMIC_RELEASE);
     MPI_Barrier(comm);  // every counter is 0 before anyone reads one
     return w;
@@ -77,8 +86,11 @@ class NodeWindow {
 
   // A collective in progress through the window.
   struct Op {
+    uint64_t sequence = 0;  // the communicator's collective number (checked against the peers')
+    uint64_t count = 0;
     int32_t kind = 0;  // ZERO_COLL_REDUCE_SCATTER or ZERO_COLL_ALL_GATHER
     int32_t dtype = 0;
+    bool first_chunk = true;
     char* buf = nullptr;
     size_t block_bytes = 0;  // one rank's block
     size_t esize = 1;
@@ -86,8 +98,10 @@ class NodeWindow {
     bool copied = false;
   };
 
-  Op begin(int32_t kind, int32_t dtype, void* buf, uint64_t count, size_t esize) const {
+  Op begin(uint64_t sequence, int32_t kind, int32_t dtype, void* buf, uint64_t count, size_t esize) const {
     Op op;
+    op.sequence = sequence;
+    op.count = count;
     op.kind = kind;
     op.dtype = dtype;
     op.buf = static_cast<char*>(buf);
@@ -96,14 +110,19 @@ class NodeWindow {
     return op;
   }
 
-  // Advances `op` as far as the peers allow. True when it is complete.
-  bool step(Op& op) {
-    while (op.offset < op.block_bytes) {
+  enum class Progress { kWaiting, kDone, kMismatch };
+
+  // Advances `op` as far as the peers allow, at most kChunksPerCall chunks (so that the caller's wait loop keeps
+  // answering aborts and queries during a long collective). kMismatch: a peer is in another collective (mismatch()
+  // says which); nothing was summed from it.
+  Progress step(Op& op) {
+    for (int done = 0; op.offset < op.block_bytes; ++done) {
+      if (done == kChunksPerCall) return Progress::kWaiting;
       const size_t chunk = chunk_bytes(op);
       const uint64_t s = next_chunk_;
       char* my_half = half(rank_, s);
       if (!op.copied) {
-        if (!all_arrived(s)) return false;
+        if (!all_arrived(s)) return Progress::kWaiting;
         if (op.kind == ZERO_COLL_REDUCE_SCATTER) {
           // The other blocks' chunks: each peer sums its own from here (this rank's block is read in place).
           for (int r = 0; r < size_; ++r)
@@ -112,10 +131,15 @@ class NodeWindow {
         } else {
           std::memcpy(my_half, op.buf + rank_ * op.block_bytes + op.offset, chunk);
         }
+        if (op.first_chunk) write_descriptor(s, op);
         __atomic_store_n(counter(rank_), s + 1, __ATOMIC_RELEASE);
         op.copied = true;
       }
-      if (!all_arrived(s + 1)) return false;
+      if (!all_arrived(s + 1)) return Progress::kWaiting;
+      if (op.first_chunk) {
+        if (!peers_agree(s, op)) return Progress::kMismatch;
+        op.first_chunk = false;
+      }
       if (op.kind == ZERO_COLL_REDUCE_SCATTER) {
         sources_.resize(static_cast<size_t>(size_));
         char* mine = op.buf + rank_ * op.block_bytes + op.offset;
@@ -130,14 +154,42 @@ class NodeWindow {
       op.copied = false;
       next_chunk_ = s + 1;
     }
-    return true;
+    return Progress::kDone;
   }
 
+  const std::string& mismatch() const { return mismatch_; }
+
  private:
-  static constexpr size_t kLine = 64;  // the arrival counter's cache line, at the start of a slot
+  static constexpr size_t kLine = 64;  // the arrival counter and two descriptors (56 bytes), at the start of a slot
+
+  static constexpr int kChunksPerCall = 64;
 
   NodeWindow() = default;
   uint64_t* counter(int r) const { return reinterpret_cast<uint64_t*>(slots_[static_cast<size_t>(r)]); }
+  // Beside the counter, two descriptors of the collective whose first chunk is s (slot s % 2, reused two chunks
+  // later, when every peer has read it): its sequence number, kind and dtype, count. Peers check them on the
+  // first chunk, so that ranks out of step fail instead of summing each other's unrelated data.
+  uint64_t* descriptor(int r, uint64_t s) const { return counter(r) + 1 + 3 * (s % 2); }
+  void write_descriptor(uint64_t s, const Op& op) {
+    uint64_t* d = descriptor(rank_, s);
+    d[0] = op.sequence;
+    d[1] = (static_cast<uint64_t>(static_cast<uint32_t>(op.kind)) << 32) | static_cast<uint32_t>(op.dtype);
+    d[2] = op.count;
+  }
+  bool peers_agree(uint64_t s, const Op& op) {
+    const uint64_t* mine = descriptor(rank_, s);
+    for (int r = 0; r < size_; ++r) {
+      const uint64_t* d = descriptor(r, s);
+      if (d[0] == mine[0] && d[1] == mine[1] && d[2] == mine[2]) continue;
+      mismatch_ = "rank " + std::to_string(r) + " is in collective #" + std::to_string(d[0]) + " (kind " +
+                  std::to_string(d[1] >> 32) + ", dtype " + std::to_string(d[1] & 0xffffffffu) + ", " +
+                  std::to_string(d[2]) + " elements per rank) while this rank is in #" + std::to_string(op.sequence) +
+                  " (kind " + std::to_string(op.kind) + ", dtype " + std::to_string(op.dtype) + ", " +
+                  std::to_string(op.count) + ")";
+      return false;
+    }
+    return true;
+  }
   char* half(int r, uint64_t s) const { return slots_[static_cast<size_t>(r)] + kLine + (s % 2) * half_; }
   bool all_arrived(uint64_t s) const {
     for (int r = 0; r < size_; ++r)
@@ -157,6 +209,7 @@ class NodeWindow {
   MPI_Win win_ = MPI_WIN_NULL;
   std::vector<char*> slots_;
   std::vector<const void*> sources_;
+  std::string mismatch_;
   uint64_t next_chunk_ = 0;  // chunk s waits for every counter to reach s (chunk 0: the initial 0s)
 };
 

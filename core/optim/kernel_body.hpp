@@ -125,6 +125,7 @@ ZERO_KERNEL_INLINE void prefetch_streams(const KernelArgs& a, size_t j) {
 template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd>
 void step_loop(const KernelArgs& args) {
   constexpr size_t W = V::W;
+  static_assert(kBlock % W == 0, "a prefetch block is whole vectors (the clearing after the blocks relies on it)");
   // A local copy: the stores through its float pointers cannot alias it, so the compiler keeps the pointers and
   // the broadcast constants in registers instead of reloading them after every store.
   const KernelArgs local = args;

@@ -12,12 +12,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "comm/engine_comm.hpp"
 #include "comm/mpi_loader.hpp"
 #include "comm/rank_order_sum.hpp"
 #include "dtype.hpp"
+#include "error.hpp"
 
 namespace {
 
@@ -64,7 +66,8 @@ int main(int argc, char** argv) {
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  setenv("ZERO_MPI_SHM_HALF_BYTES", "4096", 1);
+  // Ranks that ask for different chunk buffers get the smallest: the chunking is part of the protocol.
+  setenv("ZERO_MPI_SHM_HALF_BYTES", rank == 0 ? "4096" : "65536", 1);
   auto shm = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
   setenv("ZERO_MPI_SHM", "0", 1);
   auto plain = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
@@ -140,6 +143,26 @@ int main(int argc, char** argv) {
       std::snprintf(want, sizeof want, "rank %d here", r);
       EXPECT(std::strcmp(text.data() + r * 32, want) == 0, "rank %d: control all-gather slot %d", rank, r);
     }
+  }
+
+  // Ranks in different collectives (different counts): every rank gets ZERO_ERR_MISMATCH, nobody sums the
+  // others' unrelated data. The communicator is unusable afterwards, so it is the last thing done on it.
+  {
+    unsetenv("ZERO_MPI_SHM");
+    auto third = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
+    zero::EngineComm c(third);
+    c.set_timeout(60);
+    std::vector<float> v(static_cast<size_t>(world) * 300, 1.0f);
+    zero_status_t status = ZERO_OK;
+    std::string message;
+    try {
+      c.all_gather(v.data(), rank == 0 ? 100 : 200, zero::ElemType::kF32, "test: mismatched all-gather");
+    } catch (const zero::Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    EXPECT(status == ZERO_ERR_MISMATCH && message.find("not in the same collective") != std::string::npos,
+           "rank %d: mismatched collectives gave %s: %s", rank, zero::status_name(status), message.c_str());
   }
 
   a.backend().finalize();
