@@ -1,0 +1,144 @@
+/*
+ * One training iteration per ZeRO stage, split into where the time goes: the micro-step's collective calls
+ * (zero_gather in forward and backward, zero_grad_ready with its bucket reductions, zero_backward_end: all
+ * exposed communication, since this benchmark runs no model), zero_step (its reductions at stages 0-1, the norm
+ * exchange, the optimizer pass, publishing the params), and the stage-3 / stage-0 ratio of the whole iteration.
+ * The model: --params-millions fp32 params in --units equal units (one param each), AdamW, clipping at 1.0.
+ * Medians over --steps iterations after one warm-up. The gradient writes (one add per element, what a framework's
+ * backward would produce) are timed apart ("grad writes") and left out of the communication figure.
+ *
+ *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "zero/zero.h"
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    zero_status_t s_ = (call);                                                           \
+    if (s_ != ZERO_OK) {                                                                 \
+      fprintf(stderr, "%s: %s: %s\n", #call, zero_status_string(s_), zero_last_error()); \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                      \
+    }                                                                                    \
+  } while (0)
+
+static int compare(const void* a, const void* b) {
+  const double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double* v, int n) {
+  qsort(v, (size_t)n, sizeof *v, compare);
+  return v[n / 2];
+}
+
+/* The slowest rank's value. */
+static double slowest(double t) {
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+int main(int argc, char** argv) {
+  double millions = 64;
+  int units = 16, steps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--params-millions") == 0) millions = atof(argv[i + 1]);
+    if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
+  }
+  if (units < 1 || steps < 1 || steps > 100 || millions <= 0) {
+    fprintf(stderr, "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)]\n");
+    return 2;
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  zero_comm_t* comm = NULL;
+  CHECK(zero_comm_create_mpi(&comm, (int64_t)MPI_Comm_c2f(MPI_COMM_WORLD)));
+  const int64_t per_unit = (int64_t)(millions * 1e6 / units);
+  double iteration[4] = {0, 0, 0, 0};
+  if (rank == 0)
+    printf(
+        "%.0f M fp32 params in %d units, %d ranks, AdamW, medians of %d iterations (ms, slowest rank)\n"
+        "stage  micro-step comm   grad writes   zero_step   iteration   MiB moved/rank\n",
+        millions, units, world, steps);
+  for (int stage = 0; stage <= 3; ++stage) {
+    char config[256];
+    snprintf(config, sizeof config,
+             "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"gradient_clipping\": 1.0,"
+             " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld,"
+             " \"stage3_param_persistence_threshold\": 0}}",
+             stage, (long long)(2 * per_unit));
+    zero_engine_t* engine = NULL;
+    CHECK(zero_engine_create(&engine, config, comm));
+    for (int u = 0; u < units; ++u) {
+      char name[32];
+      snprintf(name, sizeof name, "w%d", u);
+      int64_t shape[1] = {per_unit};
+      zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+      d.name = name, d.ndim = 1, d.shape = shape, d.unit = u;
+      int32_t id = -1;
+      CHECK(zero_engine_add_param(&id, engine, &d));
+    }
+    CHECK(zero_engine_finalize(engine));
+    double comm_t[100], grad_t[100], step_t[100], iter_t[100];
+    zero_comm_stats_t before = ZERO_COMM_STATS_INIT, after = ZERO_COMM_STATS_INIT;
+    for (int it = -1; it < steps; ++it) {
+      if (it == 0) CHECK(zero_comm_stats(&before, engine));
+      MPI_Barrier(MPI_COMM_WORLD);
+      double in_comm = 0, in_grads = 0;
+      const double t0 = MPI_Wtime();
+      for (int u = 0; u < units; ++u) { /* forward */
+        const double a = MPI_Wtime();
+        CHECK(zero_gather(engine, u));
+        CHECK(zero_release(engine, u));
+        in_comm += MPI_Wtime() - a;
+      }
+      for (int u = units - 1; u >= 0; --u) { /* backward */
+        double a = MPI_Wtime();
+        CHECK(zero_gather(engine, u));
+        float* g = NULL;
+        CHECK(zero_grad_data((void**)&g, engine, u));
+        in_comm += MPI_Wtime() - a;
+        a = MPI_Wtime();
+        for (int64_t i = 0; i < per_unit; ++i) g[i] += 1e-4f;
+        in_grads += MPI_Wtime() - a;
+        a = MPI_Wtime();
+        CHECK(zero_grad_ready(engine, u));
+        CHECK(zero_release(engine, u));
+        in_comm += MPI_Wtime() - a;
+      }
+      double a = MPI_Wtime();
+      CHECK(zero_backward_end(engine));
+      in_comm += MPI_Wtime() - a;
+      a = MPI_Wtime();
+      CHECK(zero_step(NULL, engine));
+      const double in_step = MPI_Wtime() - a, total = MPI_Wtime() - t0;
+      if (it >= 0) {
+        comm_t[it] = slowest(in_comm), grad_t[it] = slowest(in_grads);
+        step_t[it] = slowest(in_step), iter_t[it] = slowest(total);
+      }
+    }
+    CHECK(zero_comm_stats(&after, engine));
+    const double moved =
+        (double)(after.all_gather.wire_bytes + after.reduce_scatter.wire_bytes + after.all_reduce.wire_bytes -
+                 before.all_gather.wire_bytes - before.reduce_scatter.wire_bytes - before.all_reduce.wire_bytes) /
+        steps / 1048576.0;
+    iteration[stage] = median(iter_t, steps);
+    if (rank == 0)
+      printf("%-5d %16.1f %13.1f %11.1f %11.1f %16.1f\n", stage, 1e3 * median(comm_t, steps),
+             1e3 * median(grad_t, steps), 1e3 * median(step_t, steps), 1e3 * iteration[stage], moved);
+    fflush(stdout);
+    zero_engine_destroy(engine);
+  }
+  if (rank == 0) printf("stage-3 / stage-0 iteration time: %.2f\n", iteration[3] / iteration[0]);
+  CHECK(zero_comm_finalize(comm));
+  zero_comm_destroy(comm);
+  MPI_Finalize();
+  return 0;
+}
