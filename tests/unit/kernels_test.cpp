@@ -9,6 +9,8 @@
 //    functions agree with independent references (F16C hardware for fp16, exact arithmetic in double for bf16).
 // 4. Stochastic rounding is unbiased.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -327,25 +329,33 @@ TEST(Kernels, EverySimdPathEqualsTheScalarPathBitForBit) {
 TEST(Kernels, ClearingTheGradientsInThePassChangesNothingElse) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_supported(isa)) continue;
-    for (size_t n : {size_t{1}, size_t{17}, size_t{64}, size_t{1061}}) {
+    // 2^17 + 37: parallel_step splits it between two threads (on one path: the split does not depend on it).
+    for (size_t n : {size_t{1}, size_t{17}, size_t{64}, size_t{1061}, (size_t{1} << 17) + 37}) {
+      if (n > 2000 && isa != Isa::kScalar) continue;
       for (const Case& c : all_cases()) {
         const OptimizerHyper h = hyper_for(c);
         Streams want = make_streams(c, n, 5), got = want;
-        // One guard gradient past the run must survive.
+        // Guard bytes before and after the run must survive.
         const size_t gsize = dtype_size(c.grad);
-        got.grad.resize(got.grad.size() + 64, 0x5a);
+        std::vector<uint8_t> guarded(got.grad.size() + 128, 0x5a);
+        std::memcpy(guarded.data() + 64, got.grad.data(), got.grad.size());
         KernelArgs wa = args_for(want, c, h, 3), ga = args_for(got, c, h, 3);
+        ga.grad = guarded.data() + 64;
         ga.clear_grad = true;
         const int k = static_cast<int>(c.kind), g = static_cast<int>(c.grad), m = static_cast<int>(c.copy);
         kernels(isa).step[k][g][m](wa);
-        kernels(isa).step[k][g][m](ga);
+        // Through parallel_step with threads, so that each thread's part clears its own range only.
+        parallel_step(kernels(isa).step[k][g][m], ga, 2);
         ASSERT_EQ(0, std::memcmp(want.master.data(), got.master.data(), n * 4)) << isa_name(isa) << " " << describe(c);
         ASSERT_EQ(0, std::memcmp(want.s0.data(), got.s0.data(), n * 4)) << describe(c);
         ASSERT_EQ(0, std::memcmp(want.s1.data(), got.s1.data(), n * 4)) << describe(c);
         ASSERT_EQ(0, std::memcmp(want.copy.data(), got.copy.data(), n * 2)) << describe(c);
-        const unsigned char* gb = reinterpret_cast<const unsigned char*>(got.grad.data());
-        for (size_t b = 0; b < n * gsize; ++b) ASSERT_EQ(gb[b], 0) << describe(c) << " byte " << b;
-        ASSERT_EQ(gb[n * gsize], 0x5a) << describe(c) << ": a gradient past the run was cleared";
+        const unsigned char* gb = guarded.data() + 64;
+        ASSERT_TRUE(std::all_of(gb, gb + n * gsize, [](unsigned char b) { return b == 0; })) << describe(c) << " " << n;
+        for (size_t b = 0; b < 64; ++b) {
+          ASSERT_EQ(guarded[b], 0x5a) << describe(c) << ": a byte before the run was cleared";
+          ASSERT_EQ(gb[n * gsize + b], 0x5a) << describe(c) << ": a byte past the run was cleared";
+        }
       }
     }
   }
