@@ -7,7 +7,9 @@
  * Medians over --steps iterations after one warm-up. The gradient writes (one add per element, what a framework's
  * backward would produce) are timed apart ("grad writes") and left out of the communication figure.
  *
- *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5
+ * --overlap 1 sets overlap_comm (bucket reductions completed later, while backward goes on).
+ *
+ *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5 [--overlap 0|1]
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -43,11 +45,12 @@ static double slowest(double t) {
 
 int main(int argc, char** argv) {
   double millions = 64;
-  int units = 16, steps = 5;
+  int units = 16, steps = 5, overlap = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--params-millions") == 0) millions = atof(argv[i + 1]);
     if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--overlap") == 0) overlap = atoi(argv[i + 1]);
   }
   if (units < 1 || steps < 1 || steps > 100 || millions <= 0) {
     fprintf(stderr, "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)]\n");
@@ -72,8 +75,8 @@ int main(int argc, char** argv) {
     snprintf(config, sizeof config,
              "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"gradient_clipping\": 1.0,"
              " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld,"
-             " \"stage3_param_persistence_threshold\": 0}}",
-             stage, (long long)(2 * per_unit));
+             " \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": %s}}",
+             stage, (long long)(2 * per_unit), overlap ? "true" : "false");
     zero_engine_t* engine = NULL;
     CHECK(zero_engine_create(&engine, config, comm));
     for (int u = 0; u < units; ++u) {

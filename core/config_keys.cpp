@@ -94,7 +94,7 @@ const std::vector<KeyRule>& deepspeed_key_rules() {
       {"zero_optimization.offload_optimizer", H, nullptr, ""},
       {"zero_optimization.contiguous_gradients", N, nullptr, "libzero's gradients are always contiguous"},
       {"zero_optimization.allgather_bucket_size", N, nullptr, "all-gathers are per unit"},
-      {"zero_optimization.overlap_comm", N, nullptr, "overlap is not implemented yet"},
+      {"zero_optimization.overlap_comm", H, nullptr, ""},
       {"zero_optimization.reduce_scatter", N, nullptr, "libzero always reduce-scatters"},
       {"zero_optimization.allgather_partitions", N, nullptr, "libzero always all-gathers"},
       {"zero_optimization.prefetch_bucket_size", N, nullptr, "prefetch is not implemented yet"},

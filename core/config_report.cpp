@@ -156,6 +156,9 @@ std::string config_report(const Config& c, int world) {
   else
     os << "  gradient clipping      off\n";
   if (c.stage >= 2) put("  reduce bucket          %lld elements\n", static_cast<long long>(c.reduce_bucket_size));
+  if (c.stage >= 2)
+    os << "  overlap_comm           "
+       << (c.overlap_comm ? "on (up to two buckets reduced while backward goes on)\n" : "off\n");
   if (c.stage == 3)
     put("  persistence threshold  %lld elements (smaller units stay resident)\n",
         static_cast<long long>(c.param_persistence_threshold));

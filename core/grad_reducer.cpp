@@ -14,11 +14,14 @@ std::string unit_name(int unit) { return "unit " + std::to_string(unit); }
 }  // namespace
 
 GradientReducer::~GradientReducer() {
-  if (comm_.abandoned_requests()) bucket_pool_.leak();  // a backend may still write into a bucket
+  // A backend may still write into a bucket: after a collective was given up, or while reductions are in flight
+  // (an engine destroyed in the middle of a micro-step; their Pendings, destroyed after this, mark them abandoned).
+  if (comm_.abandoned_requests() || !in_flight_.empty()) bucket_pool_.leak();
 }
 
 void GradientReducer::allocate(int num_params) {
   const Plan& plan = store_.plan();
+  overlap_ = config_.overlap_comm && plan.bucketed();
   buckets_.assign(plan.buckets.size(), BucketState{});
   for (size_t b = 0; b < plan.buckets.size(); ++b)
     for (int u : plan.buckets[b].units) buckets_[b].params_expected += store_.layout().units[u].params.size();
@@ -33,6 +36,7 @@ void GradientReducer::allocate(int num_params) {
 }
 
 void GradientReducer::clear() {
+  in_flight_.clear();
   buckets_.clear();
   bucket_pool_.clear();
 }
@@ -87,6 +91,30 @@ void GradientReducer::reduce_remaining(const char* call) {
     if (buckets_[next_bucket_to_reduce_].params_expected > 0) reduce_bucket(next_bucket_to_reduce_, false, call);
     next_bucket_to_reduce_ += 1;
   }
+  complete_in_flight();
+}
+
+void GradientReducer::complete_oldest() {
+  InFlight& f = in_flight_.front();
+  guard_.moving_data([&] {
+    comm_.wait_all(f.pending);
+    const Bucket& b = store_.plan().buckets[f.bucket];
+    const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
+    const ElementOps& ops = element_ops(bucket_pool_.space());
+    const int rank = comm_.rank();
+    for (size_t i = 0; i < b.units.size(); ++i) {
+      const int u = b.units[i];
+      const size_t shard = store_.layout().units[u].shard_elems;
+      const char* full = static_cast<const char*>(f.buffer) + b.unit_offsets[i] * grad_size();
+      ops.accumulate(store_.unit(u).grads.data(), accum, full + rank * shard * dtype_size(comm_type), comm_type, shard);
+    }
+    bucket_pool_.give_back(f.buffer);
+  });
+  in_flight_.pop_front();
+}
+
+void GradientReducer::complete_in_flight() {
+  while (!in_flight_.empty()) complete_oldest();
 }
 
 // The units of a bucket: each narrowed in place to the communication dtype, all reduce-scattered as one group
@@ -125,19 +153,16 @@ void GradientReducer::reduce_bucket(int bucket, bool again, const char* call) {
           {CollKind::kReduceScatter, full, store_.layout().units[u].shard_elems, elem_type(comm_type),
            std::string(call) + ": reduce-scatter of bucket " + std::to_string(bucket) + ", " + unit_name(u)});
     }
-    std::vector<EngineComm::Pending> pending = comm_.start_group(std::move(group));
+    InFlight f;
+    f.bucket = bucket;
+    f.buffer = bs.buffer;
+    f.pending = comm_.start_group(std::move(group));
+    bs.buffer = nullptr;  // a gradient that comes later gets a fresh buffer (reduced again at zero_backward_end)
+    in_flight_.push_back(std::move(f));
     test_hooks::maybe_fail("bucket.group", comm_.rank());  // a failure while the group is in flight
-    comm_.wait_all(pending);
-    const int rank = comm_.rank();
-    for (size_t i = 0; i < b.units.size(); ++i) {
-      const int u = b.units[i];
-      const size_t shard = store_.layout().units[u].shard_elems;
-      const char* full = static_cast<const char*>(bs.buffer) + b.unit_offsets[i] * grad_size();
-      ops.accumulate(store_.unit(u).grads.data(), accum, full + rank * shard * dtype_size(comm_type), comm_type, shard);
-    }
-    bucket_pool_.give_back(bs.buffer);
-    bs.buffer = nullptr;
   });
+  // Without overlap the bucket completes now; with it, only when too many are in flight.
+  while (in_flight_.size() > (overlap_ ? kMaxInFlight : 0)) complete_oldest();
 }
 
 // Stages 0-1, in zero_step: the full gradient of a unit, reduced in the communication dtype and back. The reduced
@@ -173,7 +198,10 @@ void GradientReducer::reduce_in_step() {
 // every rank then reduces the same buckets, contributing zeros where it has nothing.
 void GradientReducer::finish_micro_step(const char* call) {
   if (store_.plan().bucketed()) {
-    guard_.moving_data([&] { reduce_pending_buckets(call); });
+    guard_.moving_data([&] {
+      reduce_pending_buckets(call);
+      complete_in_flight();  // every gradient is in its accumulator before zero_backward_end returns
+    });
     for (auto& bs : buckets_) bs.params_ready = 0;
     next_bucket_to_reduce_ = 0;
     bucket_pool_.trim(1);  // what a micro-step held beyond one bucket goes back (the first one can hold more)

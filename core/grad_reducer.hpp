@@ -4,6 +4,7 @@
 // a collective under the engine's CallGuard.
 #pragma once
 
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ class GradientReducer {
   // zero_step: the reductions the plan leaves to the step (full gradient buffers: stages 0-1). Collective.
   void reduce_in_step();
 
+  // overlap_comm: completes the bucket reductions still in flight (zero_backward_end, before its agreement).
+  void complete_in_flight();
+
   // The buckets allocated now (what zero_memory_stats reports beyond the plan's one).
   size_t buckets_held() const { return bucket_pool_.buffers(); }
   uint64_t bucket_bytes() const { return bucket_pool_.allocated_bytes(); }
@@ -54,6 +58,18 @@ class GradientReducer {
     size_t params_expected = 0;  // params the bucket waits for
   };
 
+  // With overlap_comm, a bucket's reduce-scatters are started at its last zero_grad_ready and completed later —
+  // when more than kMaxInFlight buckets are in flight, the oldest; the rest at zero_backward_end — so that the
+  // framework's backward goes on meanwhile. Completing one adds its results into the shard accumulators; the
+  // buckets hold different units, so the order of completion changes no sum.
+  struct InFlight {
+    int bucket = 0;
+    void* buffer = nullptr;
+    std::vector<EngineComm::Pending> pending;
+  };
+  static constexpr size_t kMaxInFlight = 2;
+  void complete_oldest();
+
   void reduce_ready_buckets(const char* call);
   void reduce_bucket(int bucket, bool again, const char* call);
   void reduce_pending_buckets(const char* call);
@@ -67,6 +83,8 @@ class GradientReducer {
   ParameterStore& store_;
   std::vector<BucketState> buckets_;
   BufferPool bucket_pool_;
+  bool overlap_ = false;
+  std::deque<InFlight> in_flight_;
   int next_bucket_to_reduce_ = 0;
   std::vector<char> param_ready_;     // per param, this micro-step
   std::vector<char> param_touched_;   // per param: zero_grad_data was called in this micro-step

@@ -294,7 +294,7 @@ class Backend {
     const bool float_type =
         coll.dtype == ZERO_DTYPE_FP32 || coll.dtype == ZERO_DTYPE_BF16 || coll.dtype == ZERO_DTYPE_FP16;
     if (window_ && (coll.kind == ZERO_COLL_ALL_GATHER || (coll.kind == ZERO_COLL_REDUCE_SCATTER && float_type))) {
-      // Moved in wait(), chunk by chunk, in the order collectives are waited for (the order they started).
+      // Moved in wait(), chunk by chunk, in the order collectives are waited for (the same on every rank).
       op->shm = true;
       op->shm_op = window_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
       in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};

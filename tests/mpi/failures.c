@@ -29,6 +29,9 @@
  *                    group, hook bucket.group) and before it waits for them. Data were moving, so it gets its own
  *                    error and its engine breaks; the others, waiting in the group, get ZERO_ERR_REMOTE naming it
  *                    within seconds, and every rank's engine is unusable afterwards (no rank trains on).
+ *   fail-in-flight   the same with overlap_comm: the others have not waited for the group yet when the last rank
+ *                    fails; they learn it in their next call (here the next bucket's agreement or zero_backward_end)
+ *                    within seconds, and every engine is unusable afterwards.
  *   bad-unit         stage 3: the last rank calls zero_gather with a unit id that does not exist: its argument
  *                    error reaches the others (ZERO_ERR_REMOTE), it does not leave them waiting.
  *   early-step       the last rank calls zero_step before zero_backward_end: the others, in zero_backward_end,
@@ -51,6 +54,7 @@
 
 static int g_rank = 0, g_world = 1, g_last = 0;
 static long g_bucket_elems = 300; /* reduce_bucket_size: one unit per bucket */
+static int g_overlap = 0;         /* overlap_comm */
 static const char* g_scenario = "";
 static char g_dir[512];
 
@@ -84,8 +88,8 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int stage, double timeout_s
   snprintf(config, sizeof config,
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
-           " \"stage3_param_persistence_threshold\": 0}, \"libzero\": {\"timeout_s\": %g}}",
-           stage, g_bucket_elems, timeout_s);
+           " \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": %s}, \"libzero\": {\"timeout_s\": %g}}",
+           stage, g_bucket_elems, g_overlap ? "true" : "false", timeout_s);
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
   register_test_model(engine, ZERO_DTYPE_FP32, NULL, ids);
@@ -219,10 +223,16 @@ static void fail_in_group(zero_comm_t* comm) {
   unsetenv("ZERO_TEST_FAIL");
   char fragment[64];
   snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
-  if (g_rank == g_last)
+  if (g_rank == g_last) {
     expect_status(engine, s, ZERO_ERR_INTERNAL, "injected failure at 'bucket.group'", t, 8.0, "zero_grad_ready");
-  else
+  } else if (!g_overlap) {
     expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 8.0, "zero_grad_ready (group in flight)");
+  } else {
+    /* With overlap the others went on without waiting; zero_backward_end completes the bucket and learns it. */
+    expect_status(engine, s, ZERO_OK, NULL, t, 8.0, "zero_grad_ready (group left in flight)");
+    const double t2 = now();
+    expect_status(engine, zero_backward_end(engine), ZERO_ERR_REMOTE, fragment, t2, 8.0, "zero_backward_end");
+  }
   EXPECT(zero_backward_end(engine) == ZERO_ERR_INVALID_STATE && strstr(zero_last_error(), "unusable") != NULL,
          "after a failure in a group: %s", zero_last_error());
   zero_engine_destroy(engine);
@@ -452,7 +462,10 @@ int main(int argc, char** argv) {
     divergence(comm, g_scenario);
   else if (strcmp(g_scenario, "fail-in-group") == 0)
     fail_in_group(comm);
-  else if (strcmp(g_scenario, "stall") == 0)
+  else if (strcmp(g_scenario, "fail-in-flight") == 0) {
+    g_overlap = 1;
+    fail_in_group(comm);
+  } else if (strcmp(g_scenario, "stall") == 0)
     stall(comm);
   else if (strcmp(g_scenario, "abort-thread") == 0)
     abort_thread(comm);

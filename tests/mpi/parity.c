@@ -3,7 +3,10 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
- *                            [--comm mpi|custom|custom-async]
+ *                            [--comm mpi|custom|custom-async] [--overlap 0|1]
+ *
+ * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on; the weights must be the
+ * same bits.
  *
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
@@ -142,7 +145,7 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
 }
 
 int main(int argc, char** argv) {
-  int stage = 0, gas = 1;
+  int stage = 0, gas = 1, overlap = 0;
   long bucket = 400, persist = 0;
   const char* comm_kind = "mpi";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -152,6 +155,8 @@ int main(int argc, char** argv) {
       gas = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--bucket") == 0)
       bucket = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--overlap") == 0)
+      overlap = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--dtype") == 0)
       g_dtype = parse_dtype_arg(argv[i + 1]);
     else if (strcmp(argv[i], "--persist") == 0) /* stage3_param_persistence_threshold */
@@ -177,9 +182,9 @@ int main(int argc, char** argv) {
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g, \"betas\": [%g, %g], \"eps\": %g,"
            " \"weight_decay\": %g}},"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
-           " \"stage3_param_persistence_threshold\": %ld}%s}",
+           " \"stage3_param_persistence_threshold\": %ld, \"overlap_comm\": %s}%s}",
            gas, g_clip, kGroups[0].lr, kGroups[0].beta1, kGroups[0].beta2, kGroups[0].eps, kGroups[0].weight_decay,
-           stage, bucket, persist, dtype_config(g_dtype));
+           stage, bucket, persist, overlap ? "true" : "false", dtype_config(g_dtype));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
 

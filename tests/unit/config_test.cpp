@@ -233,14 +233,15 @@ TEST(Config, TuningKnobsAreAcceptedAndReported) {
       "stage3_prefetch_bucket_size": 5e7, "stage3_max_live_parameters": 1e9, "sub_group_size": 1e9},
       "steps_per_print": 100, "wall_clock_breakdown": false)"),
                           1);
-  std::vector<std::string> want = {"zero_optimization.overlap_comm",
-                                   "zero_optimization.stage3_prefetch_bucket_size",
-                                   "zero_optimization.stage3_max_live_parameters",
-                                   "zero_optimization.sub_group_size",
-                                   "steps_per_print",
-                                   "wall_clock_breakdown"};
+  std::vector<std::string> want = {"zero_optimization.stage3_prefetch_bucket_size",
+                                   "zero_optimization.stage3_max_live_parameters", "zero_optimization.sub_group_size",
+                                   "steps_per_print", "wall_clock_breakdown"};
   for (const auto& k : want)
     EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), k), c.no_effect_keys.end()) << k;
+  // overlap_comm is honoured: not among them.
+  EXPECT_TRUE(c.overlap_comm);
+  EXPECT_EQ(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), "zero_optimization.overlap_comm"),
+            c.no_effect_keys.end());
 }
 
 TEST(Config, OptimizerTypes) {

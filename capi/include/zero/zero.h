@@ -220,9 +220,11 @@ typedef struct zero_comm_ops {
   /* Starts a collective; *out_request identifies it until wait reports it done (NULL: it already completed).
    * `coll` and its buffer stay valid until then. With start/wait, libzero's timeout covers the collective even
    * if a rank never arrives, and zero_engine_abort interrupts the wait. libzero may start several collectives
-   * before it waits for the first (a gradient bucket's reduce-scatters, one per unit), always in the same order
-   * on every rank, and then waits for them in the order it started them; a transport that cannot have more than
-   * one in flight runs each to completion in start and returns NULL. */
+   * before it waits for the first (a gradient bucket's reduce-scatters, one per unit; with overlap_comm, buckets
+   * still in flight while backward goes on), always in the same order on every rank, and may wait for a later one
+   * (a small control message, a gather) before an earlier one completes — in the same order on every rank. A
+   * transport that cannot have more than one collective in flight runs each to completion in start and returns
+   * NULL. */
   zero_status_t (*start)(void** out_request, void* user_data, const zero_collective_t* coll);
   /* Waits up to `timeout_s` seconds (0: just test). *out_done = 1 when the collective completed (the request is
    * then gone), 0 if still in flight. After a failure libzero never waits for the request again; it keeps the
