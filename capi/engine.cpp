@@ -147,6 +147,11 @@ ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit) {
   return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).release(unit); });
 }
 
+ZERO_API zero_status_t zero_prefetch(zero_engine_t* engine, int32_t unit) {
+  const char* call = "zero_prefetch";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).prefetch(unit); });
+}
+
 ZERO_API zero_status_t zero_grad_ready(zero_engine_t* engine, int32_t param) {
   const char* call = "zero_grad_ready";
   return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).grad_ready(param); });

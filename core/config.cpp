@@ -146,12 +146,14 @@ void parse_zero_optimization(const Section& z, Config& cfg) {
   cfg.allgather_bucket_size = z.get_int("allgather_bucket_size", cfg.allgather_bucket_size, 1, kMaxInt);
   cfg.contiguous_gradients = z.get_bool("contiguous_gradients", true);
   cfg.overlap_comm = z.get_bool("overlap_comm", false);
+  cfg.prefetch_bucket_size = z.get_int("prefetch_bucket_size", cfg.overlap_comm ? 50000000 : 0, 0, kMaxInt);
+  cfg.max_live_parameters = z.get_int("max_live_parameters", cfg.max_live_parameters, 0, kMaxInt);
+  cfg.max_reuse_distance = z.get_int("max_reuse_distance", cfg.overlap_comm ? 1000000000 : 0, 0, kMaxInt);
   for (const char* k : {"reduce_scatter", "allgather_partitions", "round_robin_gradients", "elastic_checkpoint",
                         "ignore_unused_parameters", "memory_efficient_linear", "use_multi_rank_bucket_allreduce",
                         "cpu_offload_use_pin_memory", "use_all_reduce_for_fetch_params", "allgather_sequential"})
     z.get_bool(k, false);
-  for (const char* k : {"prefetch_bucket_size", "max_live_parameters", "max_reuse_distance", "sub_group_size",
-                        "model_persistence_threshold", "module_granularity_threshold"})
+  for (const char* k : {"sub_group_size", "model_persistence_threshold", "module_granularity_threshold"})
     z.get_int(k, 0, 0, kMaxInt);
   // Offload: device "none" only, for now (the block's other keys are accepted with no effect).
   for (const char* k : {"offload_param", "offload_optimizer"}) {

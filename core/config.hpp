@@ -41,6 +41,14 @@ struct Config {
   int64_t allgather_bucket_size = 500000000;  // elements
   bool contiguous_gradients = true;
   bool overlap_comm = false;
+  // Stage 3 (DeepSpeed's stage3_ keys, elements): all-gathers started ahead of zero_gather in the order recorded
+  // on the previous micro-step, at most this many elements ahead; at most max_live_parameters gathered at once
+  // by libzero's own choice (prefetched or kept); a released unit kept gathered when the recorded order needs it
+  // again within max_reuse_distance elements. Absent keys: DeepSpeed's defaults (5e7, 1e9, 1e9) with
+  // overlap_comm, 0 (no prefetch, nothing kept) without it.
+  int64_t prefetch_bucket_size = 0;
+  int64_t max_live_parameters = 1000000000;
+  int64_t max_reuse_distance = 0;
   int64_t param_persistence_threshold = 100000;  // elements; stage 3 units smaller than this stay resident
   int64_t gradient_accumulation_steps = 1;
   int64_t train_micro_batch_size_per_gpu = 0;  // 0: not given and not derivable

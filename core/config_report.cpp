@@ -43,6 +43,10 @@ std::vector<std::string> result_settings(const Config& c) {
   add("zero_optimization.reduce_bucket_size", std::to_string(c.reduce_bucket_size));
   add("zero_optimization.allgather_bucket_size", std::to_string(c.allgather_bucket_size));
   add("zero_optimization.stage3_param_persistence_threshold", std::to_string(c.param_persistence_threshold));
+  add("zero_optimization.overlap_comm", flag(c.overlap_comm));
+  add("zero_optimization.stage3_prefetch_bucket_size", std::to_string(c.prefetch_bucket_size));
+  add("zero_optimization.stage3_max_live_parameters", std::to_string(c.max_live_parameters));
+  add("zero_optimization.stage3_max_reuse_distance", std::to_string(c.max_reuse_distance));
   add("zero_optimization.stage3_gather_16bit_weights_on_model_save", flag(c.gather_16bit_weights_on_save));
   add("gradient_accumulation_steps", std::to_string(c.gradient_accumulation_steps));
   add("train_micro_batch_size_per_gpu", std::to_string(c.train_micro_batch_size_per_gpu));
@@ -156,9 +160,26 @@ std::string config_report(const Config& c, int world) {
   else
     os << "  gradient clipping      off\n";
   if (c.stage >= 2) put("  reduce bucket          %lld elements\n", static_cast<long long>(c.reduce_bucket_size));
-  if (c.stage >= 2)
+  if (c.stage >= 1)
     os << "  overlap_comm           "
-       << (c.overlap_comm ? "on (up to two buckets reduced while backward goes on)\n" : "off\n");
+       << (c.overlap_comm ? (c.stage >= 2 ? "on (up to two buckets reduced while backward goes on; new params "
+                                            "all-gathered in the background after the step)\n"
+                                          : "on (new params all-gathered in the background after the step)\n")
+                          : "off\n");
+  if (c.stage == 3) {
+    if (c.prefetch_bucket_size > 0)
+      put("  prefetch               up to %lld elements ahead of zero_gather (stage3_prefetch_bucket_size)\n",
+          static_cast<long long>(c.prefetch_bucket_size));
+    else
+      os << "  prefetch               off (stage3_prefetch_bucket_size 0)\n";
+    if (c.max_reuse_distance > 0)
+      put("  reuse                  released units kept gathered when needed again within %lld elements "
+          "(stage3_max_reuse_distance)\n",
+          static_cast<long long>(c.max_reuse_distance));
+    if (c.prefetch_bucket_size > 0 || c.max_reuse_distance > 0)
+      put("  live params            at most %lld elements gathered ahead or kept (stage3_max_live_parameters)\n",
+          static_cast<long long>(c.max_live_parameters));
+  }
   if (c.stage == 3)
     put("  persistence threshold  %lld elements (smaller units stay resident)\n",
         static_cast<long long>(c.param_persistence_threshold));

@@ -108,6 +108,12 @@ void Engine::finalize() {
     Plan plan = make_plan(plan_spec(), layout);
     store_.set_plan(std::move(layout), std::move(plan));
     store_.allocate(registration_.params());
+    FetchPolicy fetch;
+    fetch.background_publish = config_.overlap_comm;
+    fetch.prefetch_elements = config_.prefetch_bucket_size;
+    fetch.max_live_elements = config_.max_live_parameters;
+    fetch.max_reuse_distance = config_.max_reuse_distance;
+    store_.set_fetch_policy(fetch);
     reducer_.allocate(registration_.num_params());
     stepper_.allocate(store_, registration_.groups().size());
     // zero_memory_stats reports the plan: what was allocated must be exactly that.
@@ -183,6 +189,8 @@ void Engine::gather(int unit) { store_.gather(unit, "zero_gather"); }
 
 void Engine::release(int unit) { store_.release(unit, "zero_release"); }
 
+void Engine::prefetch(int unit) { store_.prefetch(unit, "zero_prefetch"); }
+
 void Engine::grad_ready(int param) {
   const char* call = "zero_grad_ready";
   guard_.require(CallGuard::State::kReady, call);
@@ -206,6 +214,7 @@ void Engine::backward_end() {
   if (!local) reducer_.reduce_remaining(call);
   guard_.agree(call, CallTag{CallKind::kBackwardEnd, micro_step_count_ + 1, 0, 0}, local.get());
   reducer_.finish_micro_step(call);
+  store_.end_micro_step();
   micro_steps_ += 1;
   micro_step_count_ += 1;
 }
@@ -222,11 +231,19 @@ void Engine::set_lr(int group, double lr) {
   registration_.set_base_lr(group, lr);
 }
 
+// A checkpoint reads the params and a load writes them: the all-gathers started ahead complete first (every rank
+// started them, so every rank completes them, whatever its checkpoint call then finds).
+void Engine::settle_fetches() {
+  if (guard_.ready() && store_.fetches_in_flight()) guard_.moving_data([&] { store_.settle(); });
+}
+
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  settle_fetches();
   checkpointer_.save(dir, tag, micro_steps_);
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  settle_fetches();
   checkpointer_.load(dir, tag, micro_steps_);
 }
 

@@ -40,6 +40,7 @@ class Engine {
   void* grad_data(int param);
   void gather(int unit);
   void release(int unit);
+  void prefetch(int unit);
   void grad_ready(int param);
   void backward_end();
   // ---- the step (engine_step.cpp)
@@ -72,6 +73,7 @@ class Engine {
 
  private:
   void check_window(const char* call) const;
+  void settle_fetches();
   PlanSpec plan_spec() const;
 
   Config config_;

@@ -67,7 +67,9 @@ StepResult Engine::step() {
 
   StepResult result;
   guard_.moving_data([&] {
-    // 1. The reductions the plan leaves to the step (full gradient buffers); bucketed plans reduced during backward.
+    // 1. What was fetched ahead is stale once the params change: completed and given back. The reductions the
+    //    plan leaves to the step (full gradient buffers); bucketed plans reduced during backward.
+    store_.settle();
     reducer_.reduce_in_step();
     // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order, so that every
     //    rank computes the same norm bit for bit and takes the same clip and skip decisions.

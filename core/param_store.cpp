@@ -20,8 +20,9 @@ void allocate_placed(Buffer& b, const Placement& p, const Allocators& allocators
 
 ParameterStore::~ParameterStore() {
   // A collective given up after a timeout (or a failure while in flight) may still be written by the backend:
-  // its buffers must outlive the engine. Leaking them is the price of never crashing.
-  if (comm_.abandoned_requests()) leak();
+  // its buffers must outlive the engine. Leaking them is the price of never crashing. So must those of the
+  // all-gathers fetched ahead and never completed (an engine destroyed between a step and the next gathers).
+  if (comm_.abandoned_requests() || !fetches_.empty()) leak();
 }
 
 void ParameterStore::leak() {
@@ -57,6 +58,9 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params) {
 void ParameterStore::clear() {
   units_.clear();
   gathered_pool_.clear();
+  fetches_.clear();
+  order_.clear(), recording_.clear();
+  cursor_ = 0, order_lost_ = false, live_elements_ = 0;
 }
 
 // Rank 0's initial values reach every rank in fp32, in pieces of at most kInitialValuesChunk elements, so that no
@@ -127,12 +131,13 @@ void ParameterStore::gather(int unit, const char* call) {
     if (ub.gathered != nullptr)
       fail(ZERO_ERR_INVALID_STATE,
            std::string(call) + ": " + unit_name(unit) + " is already gathered; release it first");
+    if (ub.fetching) guard_.moving_data([&] { complete_fetch(unit); });  // its new params, published after the step
     ub.gathered = ub.params.data();
     ub.generation += 1;
     return;
   }
   // Collective from here: every rank reaches the agreement, even one whose call is wrong.
-  void* buffer = nullptr;
+  AheadPlan ahead;
   std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
     guard_.require(CallGuard::State::kReady, call);
     check_unit(unit, call);
@@ -140,32 +145,169 @@ void ParameterStore::gather(int unit, const char* call) {
       fail(ZERO_ERR_INVALID_STATE,
            std::string(call) + ": " + unit_name(unit) + " is already gathered; release it first");
     test_hooks::maybe_fail("gather", comm_.rank());
+    ahead = plan_ahead(unit);
+    // Every buffer this call takes, reserved before the agreement: a collective never allocates.
+    const size_t buffers = (units_[unit].ahead == nullptr ? 1 : 0) + ahead.prefetch.size();
     try {
       if (!gathered_pool_.has_free()) test_hooks::maybe_fail("gather.alloc", comm_.rank());
-      gathered_pool_.reserve(1);
+      gathered_pool_.reserve(buffers);
     } catch (const std::bad_alloc&) {
       fail(ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory for the gathered " + unit_name(unit) +
-                                       " (more units gathered at once?)");
+                                       (ahead.prefetch.empty() ? std::string(" (more units gathered at once?)")
+                                                               : " and " + std::to_string(ahead.prefetch.size()) +
+                                                                     " units prefetched after it (lower "
+                                                                     "stage3_prefetch_bucket_size?)"));
     }
-    buffer = gathered_pool_.acquire();
   });
   const int64_t elems = local ? 0 : static_cast<int64_t>(layout_.units[unit].padded_elems);
-  try {
-    guard_.agree(call, CallTag{CallKind::kGather, unit, elems, 0}, local.get());
-  } catch (const Error&) {
-    if (buffer != nullptr) gathered_pool_.give_back(buffer);
-    throw;
-  }
+  guard_.agree(call, CallTag{CallKind::kGather, unit, elems, 0}, local.get());
   UnitBuffers& ub = units_[unit];
   const size_t shard = layout_.units[unit].shard_elems;
   const DType dtype = ub.params.dtype();
+  void* buffer = nullptr;
   guard_.moving_data([&] {
-    copy_bytes(gathered_pool_.space(), static_cast<char*>(buffer) + comm_.rank() * shard * dtype_size(dtype),
-               ub.params.space(), ub.params.data(), shard * dtype_size(dtype));
-    comm_.all_gather(buffer, shard, elem_type(dtype), "zero_gather: all-gather of " + unit_name(unit));
+    if (ub.ahead != nullptr) {  // prefetched, or kept since its last release: no communication now
+      if (ub.fetching) complete_fetch(unit);
+      buffer = ub.ahead;
+      ub.ahead = nullptr;
+      if (ub.held) live_elements_ -= unit_elems(unit);
+      ub.held = false;
+    } else {
+      buffer = gathered_pool_.acquire();
+      copy_bytes(gathered_pool_.space(), static_cast<char*>(buffer) + comm_.rank() * shard * dtype_size(dtype),
+                 ub.params.space(), ub.params.data(), shard * dtype_size(dtype));
+      comm_.all_gather(buffer, shard, elem_type(dtype), "zero_gather: all-gather of " + unit_name(unit));
+    }
+    // The next units of the recorded order start now and move while the framework computes with this one.
+    cursor_ = ahead.cursor, order_lost_ = ahead.lost;
+    if (recording_.size() < 64 * units_.size() + 64) recording_.push_back(unit);
+    ub.keep = ahead.keep;
+    if (ahead.keep) ub.held = true, live_elements_ += unit_elems(unit);
+    for (int v : ahead.prefetch) start_prefetch(v);
   });
   ub.gathered = buffer;
   ub.generation += 1;
+}
+
+ParameterStore::AheadPlan ParameterStore::plan_ahead(int unit) const {
+  AheadPlan a;
+  a.cursor = cursor_;
+  a.lost = order_lost_;
+  if (policy_.prefetch_elements <= 0 && policy_.max_reuse_distance <= 0) return a;
+  // Follow the recorded order: the gathered unit is the next one, or one a little further on (a unit skipped
+  // this time); a unit the order does not have ahead means the model took another path: nothing is fetched
+  // ahead until the micro-step ends.
+  if (!a.lost) {
+    auto it =
+        std::find(order_.begin() + static_cast<std::ptrdiff_t>(std::min(a.cursor, order_.size())), order_.end(), unit);
+    if (it == order_.end())
+      a.lost = true;
+    else
+      a.cursor = static_cast<size_t>(it - order_.begin()) + 1;
+  }
+  if (a.lost) return a;
+  const uint64_t max_live = static_cast<uint64_t>(policy_.max_live_elements);
+  uint64_t live = live_elements_;
+  // Reuse: kept at its release when the order gathers it again with fewer than max_reuse_distance elements
+  // gathered in between (so 0 keeps nothing and 1 keeps a unit gathered again next, as backward does with the
+  // last unit of forward).
+  if (policy_.max_reuse_distance > 0) {
+    uint64_t distance = 0;
+    for (size_t j = a.cursor; j < order_.size(); ++j) {
+      const int v = order_[j];
+      if (v == unit) {
+        a.keep = live + unit_elems(unit) <= max_live;
+        break;
+      }
+      distance += unit_elems(v);
+      if (distance >= static_cast<uint64_t>(policy_.max_reuse_distance)) break;
+    }
+    if (a.keep) live += unit_elems(unit);
+  }
+  // Prefetch: the units the order gathers next, up to prefetch_bucket_size elements ahead (what is already in
+  // flight or held counts), within max_live_parameters.
+  if (policy_.prefetch_elements > 0) {
+    uint64_t window = 0;
+    for (size_t j = a.cursor; j < order_.size() && window < static_cast<uint64_t>(policy_.prefetch_elements); ++j) {
+      const int v = order_[j];
+      if (v == unit) continue;  // gathered now: reuse decides
+      const UnitBuffers& vb = units_[v];
+      window += unit_elems(v);
+      if (vb.ahead != nullptr || vb.keep || std::find(a.prefetch.begin(), a.prefetch.end(), v) != a.prefetch.end())
+        continue;
+      if (live + unit_elems(v) > max_live) break;
+      a.prefetch.push_back(v);
+      live += unit_elems(v);
+    }
+  }
+  return a;
+}
+
+void ParameterStore::start_prefetch(int unit) {
+  UnitBuffers& ub = units_[unit];
+  const size_t shard = layout_.units[unit].shard_elems;
+  const DType dtype = ub.params.dtype();
+  void* buffer = gathered_pool_.acquire();
+  copy_bytes(gathered_pool_.space(), static_cast<char*>(buffer) + comm_.rank() * shard * dtype_size(dtype),
+             ub.params.space(), ub.params.data(), shard * dtype_size(dtype));
+  Fetch f;
+  f.unit = unit;
+  f.pending = comm_.start_all_gather(buffer, shard, elem_type(dtype), "prefetch: all-gather of " + unit_name(unit));
+  fetches_.push_back(std::move(f));
+  ub.ahead = buffer;
+  ub.fetching = true;
+  if (!ub.held) ub.held = true, live_elements_ += unit_elems(unit);
+}
+
+void ParameterStore::prefetch(int unit, const char* call) {
+  const bool known = guard_.ready() && unit >= 0 && unit < static_cast<int>(units_.size());
+  if ((known && !plan_.units[unit].sharded_params()) || (!known && !plan_.params_sharded)) {
+    guard_.require(CallGuard::State::kReady, call);
+    check_unit(unit, call);
+    return;  // full params: nothing to fetch
+  }
+  bool start = false;
+  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
+    guard_.require(CallGuard::State::kReady, call);
+    check_unit(unit, call);
+    test_hooks::maybe_fail("prefetch", comm_.rank());
+    // Whether the framework holds the unit gathered now is this rank's own business (zero_release is local), so
+    // it does not enter the decision: every rank starts the same collective.
+    start = units_[unit].ahead == nullptr;
+    try {
+      if (start) gathered_pool_.reserve(1);
+    } catch (const std::bad_alloc&) {
+      fail(ZERO_ERR_OUT_OF_MEMORY, std::string(call) + ": out of memory for the prefetched " + unit_name(unit));
+    }
+  });
+  guard_.agree(call, CallTag{CallKind::kPrefetch, unit, local ? 0 : static_cast<int64_t>(start), 0}, local.get());
+  if (start) guard_.moving_data([&] { start_prefetch(unit); });
+}
+
+void ParameterStore::complete_fetch(int unit) {
+  while (units_[unit].fetching) {
+    Fetch& f = fetches_.front();
+    comm_.wait(f.pending);
+    units_[f.unit].fetching = false;
+    fetches_.pop_front();
+  }
+}
+
+void ParameterStore::settle() {
+  while (!fetches_.empty()) complete_fetch(fetches_.front().unit);
+  for (UnitBuffers& ub : units_) {
+    if (ub.ahead != nullptr) gathered_pool_.give_back(ub.ahead);
+    ub.ahead = nullptr;
+    ub.held = ub.keep = false;
+  }
+  live_elements_ = 0;
+}
+
+void ParameterStore::end_micro_step() {
+  if (recording_.size() < 64 * units_.size() + 64 && recording_ != order_) order_.swap(recording_);
+  recording_.clear();
+  cursor_ = 0;
+  order_lost_ = false;
 }
 
 void ParameterStore::release(int unit, const char* call) {
@@ -174,7 +316,14 @@ void ParameterStore::release(int unit, const char* call) {
   UnitBuffers& ub = units_[unit];
   if (ub.gathered == nullptr)
     fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + unit_name(unit) + " is not gathered");
-  if (plan_.units[unit].sharded_params()) gathered_pool_.give_back(ub.gathered);
+  if (plan_.units[unit].sharded_params()) {
+    // Kept for its reuse (decided at its gather), unless a prefetch of it already holds another copy.
+    if (ub.keep && ub.ahead == nullptr)
+      ub.ahead = ub.gathered;
+    else
+      gathered_pool_.give_back(ub.gathered);
+    ub.keep = false;
+  }
   ub.gathered = nullptr;
   ub.generation += 1;
 }
@@ -243,10 +392,20 @@ void ParameterStore::write_params_from_master() {
 }
 
 void ParameterStore::publish(const std::string& what) {
-  for (size_t u = 0; u < units_.size(); ++u)
-    if (plan_.units[u].publish == Publish::kAllGatherAfterStep)
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (plan_.units[u].publish != Publish::kAllGatherAfterStep) continue;
+    if (!policy_.background_publish) {
       comm_.all_gather(units_[u].params.data(), layout_.units[u].shard_elems, elem_type(plan_.compute_dtype),
                        what + " of unit " + std::to_string(u));
+      continue;
+    }
+    Fetch f;
+    f.unit = static_cast<int>(u);
+    f.pending = comm_.start_all_gather(units_[u].params.data(), layout_.units[u].shard_elems,
+                                       elem_type(plan_.compute_dtype), what + " of unit " + std::to_string(u));
+    fetches_.push_back(std::move(f));
+    units_[u].fetching = true;
+  }
 }
 
 MemoryStats ParameterStore::memory_stats(size_t buckets_held) const {

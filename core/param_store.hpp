@@ -5,6 +5,7 @@
 // checkpointer views of what each works on. It is the only part of the engine that knows where a unit's bytes are.
 #pragma once
 
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,15 @@
 #include "registration.hpp"
 
 namespace zero {
+
+// What the store fetches ahead of zero_gather (config: overlap_comm and the stage3_ keys; docs/architecture.md,
+// "Fetching ahead").
+struct FetchPolicy {
+  bool background_publish = false;  // the all-gathers after the step complete when a unit is gathered
+  int64_t prefetch_elements = 0;    // stage 3: how far ahead of the recorded order to all-gather
+  int64_t max_live_elements = 0;    // stage 3: what the store may hold on its own (prefetched or kept)
+  int64_t max_reuse_distance = 0;   // stage 3: keep a released unit needed again within this many elements
+};
 
 struct UnitInfo {
   bool gathered = false;
@@ -34,8 +44,14 @@ class ParameterStore {
     Buffer master;    // fp32 master of what this rank updates; empty when params are fp32 (they are the master)
     Buffer grads;     // accumulation dtype: the full unit, or the reduced shard (UnitPlan::grads)
     Buffer state[2];  // fp32 optimizer state of what this rank updates
-    void* gathered = nullptr;                 // while gathered: the full params (a pooled buffer when they are sharded)
-    uint64_t generation = 0;                  // bumped by every gather and release (views in bindings check it)
+    void* gathered = nullptr;  // while gathered: the full params (a pooled buffer when they are sharded)
+    uint64_t generation = 0;   // bumped by every gather and release (views in bindings check it)
+    // Fetched ahead (stage 3): the unit's full params, all-gathered before zero_gather asked (prefetch) or kept
+    // after zero_release (reuse); valid until the step. The next zero_gather takes it without communicating.
+    void* ahead = nullptr;
+    bool fetching = false;                    // an all-gather into params (publish) or `ahead` (prefetch) is in flight
+    bool held = false;                        // counted in live_elements_: prefetched, or to be kept at its release
+    bool keep = false;                        // decided at its zero_gather: zero_release keeps the buffer as `ahead`
     std::vector<ShardSegment> segments;       // what the optimizer updates, relative to update_begin
     std::vector<ShardSegment> norm_segments;  // what this rank adds to the norm, relative to norm_begin
   };
@@ -63,6 +79,18 @@ class ParameterStore {
   // Collective for units with sharded params (an agreement, then an all-gather); local otherwise.
   void gather(int unit, const char* call);
   void release(int unit, const char* call);
+  // zero_prefetch (experimental): starts the all-gather of a unit with sharded params now; zero_gather takes it.
+  // Collective (an agreement, then the start); local and nothing to do for units with full params.
+  void prefetch(int unit, const char* call);
+
+  // ---- fetching ahead (overlap_comm)
+  void set_fetch_policy(const FetchPolicy& policy) { policy_ = policy; }
+  // Completes every all-gather started ahead and gives back what was fetched ahead (the step changes the params;
+  // a checkpoint reads or writes them). Moves data: inside CallGuard::moving_data.
+  void settle();
+  bool fetches_in_flight() const { return !fetches_.empty(); }
+  // zero_backward_end: the order of this micro-step's gathers becomes the order the next one prefetches in.
+  void end_micro_step();
   // The first gathered unit, or -1.
   int first_gathered() const;
   void* gathered(int unit) { return units_[unit].gathered; }
@@ -93,7 +121,8 @@ class ParameterStore {
   void clear_grads_not_updated();
   // Rounds the fp32 master into the compute-dtype params (separate master only).
   void write_params_from_master();
-  // Every unit whose plan publishes after the step: all-gathers the shards this rank updated (collective).
+  // Every unit whose plan publishes after the step: all-gathers the shards this rank updated (collective). With
+  // FetchPolicy::background_publish they are started and complete at the unit's zero_gather (or settle()).
   void publish(const std::string& what);
 
   // What the plan places, with the gathered buffers allocated now; finalize checks it against the buffers.
@@ -112,6 +141,36 @@ class ParameterStore {
   Plan plan_;
   std::vector<UnitBuffers> units_;
   BufferPool gathered_pool_;
+
+  // ---- fetching ahead
+  struct Fetch {
+    int unit = 0;
+    EngineComm::Pending pending;
+  };
+  // Completes the fetches started up to and including `unit`'s, in start order.
+  void complete_fetch(int unit);
+  // At zero_gather(unit) of a unit with sharded params, agreed by every rank: moves the cursor through the
+  // recorded order, decides whether zero_release keeps the unit, and returns the units to prefetch now. Depends
+  // only on what every rank shares (the agreed gathers and the policy), never on local zero_release timing, so
+  // every rank starts the same collectives.
+  struct AheadPlan {
+    size_t cursor = 0;
+    bool lost = false;
+    bool keep = false;
+    std::vector<int> prefetch;
+  };
+  AheadPlan plan_ahead(int unit) const;
+  // Starts the all-gather of `unit` into a reserved pooled buffer (its `ahead`).
+  void start_prefetch(int unit);
+  uint64_t unit_elems(int unit) const { return layout_.units[unit].padded_elems; }
+
+  FetchPolicy policy_;
+  std::deque<Fetch> fetches_;   // in start order
+  std::vector<int> order_;      // the sharded units gathered in the previous micro-step, in order
+  std::vector<int> recording_;  // this micro-step's
+  size_t cursor_ = 0;           // the position in order_ after the last gather that followed it
+  bool order_lost_ = false;     // this micro-step left the recorded order: no fetching ahead until it ends
+  uint64_t live_elements_ = 0;  // units held by the store's own choice (UnitBuffers::held)
 };
 
 }  // namespace zero

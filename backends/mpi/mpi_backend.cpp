@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <map>
 #include <memory>
@@ -70,7 +71,7 @@ struct CtlMsg {
   int32_t type = 0;
   int32_t rank = 0;
   uint64_t a = 0;      // NOTICE: last collective completed; QUERY: the asker's collective; REPLY: collective waited in
-  uint64_t b = 0;      // REPLY: last collective completed
+  uint64_t b = 0;      // NOTICE: last collective started; REPLY: last collective completed
   double seconds = 0;  // REPLY: how long it has waited
   char text[224] = {};
 };
@@ -85,7 +86,8 @@ void copy_text(char (&out)[224], const std::string& s) {
 }
 
 struct Peer {
-  uint64_t left_after = UINT64_MAX;  // it stopped after completing this collective (UINT64_MAX: still with us)
+  uint64_t left_after = UINT64_MAX;    // it stopped after completing this collective (UINT64_MAX: still with us)
+  uint64_t left_started = UINT64_MAX;  // the last collective it had started (fetched ahead, never waited for)
   std::string reason;
   bool replied = false;  // in the current diagnosis round
   CtlMsg reply;
@@ -211,6 +213,7 @@ struct Op {
   MPI_Request request = MPI_REQUEST_NULL;
   Count count;
   bool shm = false;
+  bool shm_done = false;  // the window moved every chunk (the op left window_queue_)
   zero_mpi::NodeWindow::Op shm_op;
 };
 
@@ -286,7 +289,11 @@ class Backend {
     enter();
     InCall in(this);
     poll_control();
-    refuse_if_stopped(coll.sequence, coll.label);
+    // An all-gather may be one fetched ahead that no rank waits for (see refuse_if_stopped); any other collective
+    // is waited for at once, and one posted to MPI with a stopped peer would keep a request on a buffer its caller
+    // frees (a control message on the stack), so it is refused before it starts.
+    refuse_if_stopped(coll.sequence, coll.label, /*starting=*/coll.kind == ZERO_COLL_ALL_GATHER);
+    started_ = std::max(started_, coll.sequence);
     auto op = std::make_unique<Op>();
     op->coll = coll;
     op->label = coll.label != nullptr ? coll.label : "";
@@ -294,10 +301,12 @@ class Backend {
     const bool float_type =
         coll.dtype == ZERO_DTYPE_FP32 || coll.dtype == ZERO_DTYPE_BF16 || coll.dtype == ZERO_DTYPE_FP16;
     if (window_ && (coll.kind == ZERO_COLL_ALL_GATHER || (coll.kind == ZERO_COLL_REDUCE_SCATTER && float_type))) {
-      // Moved in wait(), chunk by chunk, in the order collectives are waited for (the same on every rank).
+      // Moved chunk by chunk inside any later wait of this communicator, strictly in start order (the same on
+      // every rank, whatever order the engine waits in: window_queue_).
       op->shm = true;
       op->shm_op = window_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
       in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};
+      window_queue_.push_back(op.get());
       return op.release();
     }
     op->count = mpi_count(coll.count, coll.dtype);
@@ -337,15 +346,13 @@ class Backend {
     InCall in(this);
     const auto begin = Clock::now();
     for (;;) {
+      // Every wait moves the window's queue, whatever it waits for: a rank waiting for a later collective (or a
+      // control message) still moves the chunks its peers wait for, so that ranks that wait in different orders
+      // never wait for each other.
+      progress_window(op);
       int done = 0;
       if (op->shm) {
-        const zero_mpi::NodeWindow::Progress p = window_->step(op->shm_op);
-        if (p == zero_mpi::NodeWindow::Progress::kMismatch) {
-          abandon(op);
-          fail(ZERO_ERR_MISMATCH, "collective #" + std::to_string(op->coll.sequence) + " (" + op->label +
-                                      "): the ranks are not in the same collective: " + window_->mismatch());
-        }
-        done = p == zero_mpi::NodeWindow::Progress::kDone ? 1 : 0;
+        done = op->shm_done ? 1 : 0;
       } else if (MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         abandon(op);  // kept, with its type and buffer, as a collective given up in flight
         fail(ZERO_ERR_COMM,
@@ -362,7 +369,7 @@ class Backend {
         fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
       }
       try {
-        refuse_if_stopped(op->coll.sequence, op->label.c_str());
+        refuse_if_stopped(op->coll.sequence, op->label.c_str(), /*starting=*/false);
       } catch (const Failure&) {
         abandon(op);
         throw;
@@ -397,6 +404,7 @@ class Backend {
     m.type = kNotice;
     m.rank = rank_;
     m.a = completed_;
+    m.b = started_;
     copy_text(m.text, reason);
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, m);
@@ -542,14 +550,39 @@ class Backend {
     return caller_ == std::this_thread::get_id() || caller_ == std::thread::id();
   }
 
-  // A collective numbered after what some rank completed before it stopped can never complete.
-  void refuse_if_stopped(uint64_t sequence, const char* label) {
+  // A collective numbered after what some rank completed before it stopped can never complete; one numbered
+  // after what it started can never even be matched. Starting an all-gather is refused by the second rule only
+  // (`starting`): the engine starts all-gathers ahead of their use (prefetch), and a rank that stops with some
+  // started and never waited for must not fail a peer that starts the same ones and never waits for them either
+  // (a program's last gathers). Waiting is refused by the first.
+  void refuse_if_stopped(uint64_t sequence, const char* label, bool starting) {
     for (int r = 0; r < size_; ++r) {
       const Peer& p = peers_[static_cast<size_t>(r)];
-      if (r == rank_ || p.left_after == UINT64_MAX || sequence <= p.left_after) continue;
+      if (r == rank_ || p.left_after == UINT64_MAX) continue;
+      const uint64_t limit = starting ? p.left_started : p.left_after;
+      if (sequence <= limit) continue;
       fail(ZERO_ERR_REMOTE, "rank " + std::to_string(r) + " has stopped: " + p.reason + ". It took part in the " +
-                                "collectives up to #" + std::to_string(p.left_after) + ", so collective #" +
+                                "collectives up to #" + std::to_string(limit) + ", so collective #" +
                                 std::to_string(sequence) + " (" + (label ? label : "") + ") cannot complete");
+    }
+  }
+
+  // Advances the window's collectives in start order, as far as the peers allow (a bounded amount of work per
+  // call, so that the caller's wait loop keeps polling). A descriptor mismatch fails the wait in progress.
+  void progress_window(Op* waiting) {
+    while (!window_queue_.empty()) {
+      Op* front = window_queue_.front();
+      const zero_mpi::NodeWindow::Progress p = window_->step(front->shm_op);
+      if (p == zero_mpi::NodeWindow::Progress::kMismatch) {
+        const std::string what = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +
+                                 "): the ranks are not in the same collective: " + window_->mismatch();
+        abandon(waiting);
+        fail(ZERO_ERR_MISMATCH, what);
+      }
+      if (p == zero_mpi::NodeWindow::Progress::kWaiting) return;
+      front->shm_done = true;
+      window_queue_.pop_front();
+      if (front == waiting) return;
     }
   }
 
@@ -557,14 +590,19 @@ class Backend {
     std::unique_ptr<Op> owned(op);
     if (op->coll.kind == ZERO_COLL_REDUCE_SCATTER && !op->shm)
       zero::sum_blocks_in_rank_order(op->coll.buf, op->coll.count, size_, rank_, op->coll.dtype);
-    completed_ = op->coll.sequence;
-    completed_label_ = op->label;
+    // The highest completed, not the last: collectives started together (a group, fetches ahead) may complete out
+    // of order, and a notice must not say this rank left before one it took part in.
+    if (op->coll.sequence >= completed_) {
+      completed_ = op->coll.sequence;
+      completed_label_ = op->label;
+    }
     in_flight_.erase(op->coll.sequence);
   }
 
   // A collective given up while in flight: MPI cannot cancel it, so its request (and the caller's buffer) stay.
   void abandon(Op* op) {
     in_flight_.clear();  // after a failure nothing more completes here (the engine stops using the communicator)
+    window_queue_.clear();
     abandoned_.emplace_back(op);
   }
 
@@ -609,6 +647,7 @@ class Backend {
       Peer& p = peers_[static_cast<size_t>(m.rank)];
       if (m.type == kNotice) {
         p.left_after = std::min(p.left_after, m.a);
+        p.left_started = std::min(p.left_started, std::max(m.a, m.b));
         p.reason = std::string(m.text, strnlen(m.text, sizeof m.text));
       } else if (m.type == kQuery) {
         CtlMsg r;
@@ -650,6 +689,7 @@ class Backend {
   MPI_Request inbox_request_ = MPI_REQUEST_NULL;
   std::list<Outgoing> outbox_;  // MPI_Isend keeps pointing at each message: a list never moves them
   uint64_t completed_ = 0;
+  uint64_t started_ = 0;  // the highest collective started (told to the others when this rank stops)
   std::string completed_label_;
   // Collectives started and not completed, by sequence (several when the engine starts a group).
   struct InFlight {
@@ -660,6 +700,8 @@ class Backend {
   // Every rank on one node: reduce-scatters and all-gathers go through this window (freed by finalize; a local
   // destroy leaves it to MPI_Finalize, as it does the communicators).
   std::unique_ptr<zero_mpi::NodeWindow> window_;
+  // The window's collectives started and not moved through yet, in start order (the chunk protocol's order).
+  std::deque<Op*> window_queue_;
   std::vector<std::unique_ptr<Op>> abandoned_;
   std::atomic<bool> abort_requested_{false};
   mutable std::mutex abort_mutex_;

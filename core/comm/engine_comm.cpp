@@ -31,6 +31,8 @@ const char* call_name(CallKind kind) {
       return "zero_load_checkpoint";
     case CallKind::kCommFinalize:
       return "zero_comm_finalize";
+    case CallKind::kPrefetch:
+      return "zero_prefetch";
   }
   return "an unknown call";
 }
@@ -50,6 +52,9 @@ std::string describe_call(const CallTag& tag) {
   switch (tag.kind) {
     case CallKind::kGather:
       os << " of unit " << tag.id << " (" << tag.count << " elements)";
+      break;
+    case CallKind::kPrefetch:
+      os << " of unit " << tag.id << (tag.count ? " (starts an all-gather)" : " (already fetched ahead)");
       break;
     case CallKind::kReduceBucket:
       if (tag.id < 0)

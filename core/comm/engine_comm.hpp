@@ -45,6 +45,7 @@ enum class CallKind : int64_t {
   kSaveCheckpoint = 6,
   kLoadCheckpoint = 7,
   kCommFinalize = 8,
+  kPrefetch = 9,
 };
 
 struct CallTag {

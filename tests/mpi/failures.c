@@ -4,27 +4,21 @@
  *   mpirun -np N test_failures --scenario NAME [--stage S]
  *
  *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/test_hooks.hpp): finalize.alloc, gather,
- *                    gather.alloc, bucket, backward_end, step, save, load, comm_finalize. It gets its own error,
- *                    every other rank ZERO_ERR_REMOTE naming it, within seconds (the timeout is 60 s). No data
- *                    moved, so the same call, retried without the fault, succeeds everywhere and training goes on.
- *   exit-early       the last rank runs out of data: it skips the last zero_step, destroys its engine and
- *                    communicator and returns from main; the others, waiting in zero_step, get ZERO_ERR_REMOTE
- *                    naming it within seconds.
- *   exit-silently    the same, but the rank returns from main without destroying anything (libzero's exit hook and
- *                    MPI_Finalize hook tell the others).
- *   skip-step        stage 3: the last rank skips zero_step and gathers the next micro-step's first unit:
- *                    ZERO_ERR_MISMATCH on every rank, naming both calls.
- *   different-unit   stage 3: rank 0 gathers unit 0, the others unit 1 (same size): ZERO_ERR_MISMATCH everywhere.
- *   different-lr     zero_set_lr with a different value on the last rank: zero_step fails with ZERO_ERR_MISMATCH
- *                    on every rank, naming both values in decimal.
- *   stall            the last rank is stuck before zero_backward_end for 6 s; with a 2 s timeout the others get
- *                    ZERO_ERR_TIMEOUT naming the collective and saying the last rank does not answer; when it
- *                    arrives it gets ZERO_ERR_REMOTE at once.
- *   abort-thread     rank 0 waits in zero_step for a rank that is late; another thread of rank 0 calls
- *                    zero_engine_abort: the waiting call returns ZERO_ERR_ABORTED within a second, and the late rank
- *                    gets ZERO_ERR_REMOTE when it arrives.
- *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
- *                    and loads it back.
+ *                    gather.alloc, prefetch, bucket, backward_end, step, save, load, comm_finalize. It gets its own
+ * error, every other rank ZERO_ERR_REMOTE naming it, within seconds (the timeout is 60 s). No data moved, so the same
+ * call, retried without the fault, succeeds everywhere and training goes on. exit-early       the last rank runs out of
+ * data: it skips the last zero_step, destroys its engine and communicator and returns from main; the others, waiting in
+ * zero_step, get ZERO_ERR_REMOTE naming it within seconds. exit-silently    the same, but the rank returns from main
+ * without destroying anything (libzero's exit hook and MPI_Finalize hook tell the others). skip-step        stage 3:
+ * the last rank skips zero_step and gathers the next micro-step's first unit: ZERO_ERR_MISMATCH on every rank, naming
+ * both calls. different-unit   stage 3: rank 0 gathers unit 0, the others unit 1 (same size): ZERO_ERR_MISMATCH
+ * everywhere. different-lr     zero_set_lr with a different value on the last rank: zero_step fails with
+ * ZERO_ERR_MISMATCH on every rank, naming both values in decimal. stall            the last rank is stuck before
+ * zero_backward_end for 6 s; with a 2 s timeout the others get ZERO_ERR_TIMEOUT naming the collective and saying the
+ * last rank does not answer; when it arrives it gets ZERO_ERR_REMOTE at once. abort-thread     rank 0 waits in
+ * zero_step for a rank that is late; another thread of rank 0 calls zero_engine_abort: the waiting call returns
+ * ZERO_ERR_ABORTED within a second, and the late rank gets ZERO_ERR_REMOTE when it arrives. emergency-save   the last
+ * rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds, and loads it back.
  *   fail-in-group    stage 2: the last rank fails after a bucket's reduce-scatters were started together (a
  *                    group, hook bucket.group) and before it waits for them. Data were moving, so it gets its own
  *                    error and its engine breaks; the others, waiting in the group, get ZERO_ERR_REMOTE naming it
@@ -32,6 +26,10 @@
  *   fail-in-flight   the same with overlap_comm: the others have not waited for the group yet when the last rank
  *                    fails; they learn it in their next call (here the next bucket's agreement or zero_backward_end)
  *                    within seconds, and every engine is unusable afterwards.
+ *   exit-while-fetching  overlap_comm: the last rank leaves (destroys its engine and communicator) while
+ *                    all-gathers it started ahead are in flight — stage 3: prefetched units (recorded order),
+ *                    stage 2: the new params published after the step. The others, whose next zero_gather waits
+ *                    for one of them, get ZERO_ERR_REMOTE naming it within seconds.
  *   bad-unit         stage 3: the last rank calls zero_gather with a unit id that does not exist: its argument
  *                    error reaches the others (ZERO_ERR_REMOTE), it does not leave them waiting.
  *   early-step       the last rank calls zero_step before zero_backward_end: the others, in zero_backward_end,
@@ -50,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#define ZERO_EXPERIMENTAL_API
 #include "harness.h"
 
 static int g_rank = 0, g_world = 1, g_last = 0;
@@ -151,6 +150,15 @@ static void fail_at(zero_comm_t* comm, const char* site, int stage) {
     CHECK(zero_gather(engine, 0));
     CHECK(zero_release(engine, 0));
     if (strcmp(site, "gather.alloc") == 0) CHECK(zero_release(engine, 2));
+  } else if (strcmp(site, "prefetch") == 0) {
+    set_fault(site);
+    t = now();
+    s = zero_prefetch(engine, 1);
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(engine, s, want, fragment, t, limit, "zero_prefetch");
+    CHECK(zero_prefetch(engine, 1)); /* nothing started: the retry starts it, and zero_gather takes it */
+    CHECK(zero_gather(engine, 1));
+    CHECK(zero_release(engine, 1));
   } else if (strcmp(site, "bucket") == 0) {
     /* Stage 2, units in several buckets: the first bucket is reduced by the zero_grad_ready that completes it. */
     set_fault(site);
@@ -236,6 +244,38 @@ static void fail_in_group(zero_comm_t* comm) {
   EXPECT(zero_backward_end(engine) == ZERO_ERR_INVALID_STATE && strstr(zero_last_error(), "unusable") != NULL,
          "after a failure in a group: %s", zero_last_error());
   zero_engine_destroy(engine);
+}
+
+/* exit-while-fetching: the last rank leaves with all-gathers started ahead still in flight. */
+static int exit_while_fetching(zero_comm_t* comm, int stage) {
+  int32_t ids[kNumParams];
+  g_overlap = 1; /* stage 3: prefetch in the recorded order (DeepSpeed's defaults); stage 2: background publish */
+  zero_engine_t* engine = make_engine(comm, stage, 60.0, ids, 1);
+  micro_step(engine, ids); /* records the order */
+  CHECK(zero_step(NULL, engine));
+  if (stage == 3) {
+    CHECK(zero_gather(engine, 0)); /* starts the prefetch of units 1 and 2 */
+    CHECK(zero_release(engine, 0));
+  }
+  /* Every rank has started its all-gathers before the last one leaves (else the others may learn it while
+   * starting them, which is right but not what this scenario tests). */
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank == g_last) {
+    printf("rank %d: leaving with all-gathers in flight\n", g_rank);
+    fflush(stdout);
+    zero_engine_destroy(engine);
+    zero_comm_destroy(comm);
+    return 1;
+  }
+  const double t = now();
+  const zero_status_t s = zero_gather(engine, stage == 3 ? 1 : 0);
+  char fragment[64];
+  snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
+  expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 8.0, "zero_gather of a unit fetched ahead");
+  EXPECT(zero_gather(engine, 2) == ZERO_ERR_INVALID_STATE && strstr(zero_last_error(), "unusable") != NULL,
+         "after a rank left with fetches in flight: %s", zero_last_error());
+  zero_engine_destroy(engine);
+  return 0;
 }
 
 /* The last rank stops early; the others are left in zero_step. */
@@ -460,6 +500,8 @@ int main(int argc, char** argv) {
   else if (strcmp(g_scenario, "skip-step") == 0 || strcmp(g_scenario, "different-unit") == 0 ||
            strcmp(g_scenario, "different-lr") == 0)
     divergence(comm, g_scenario);
+  else if (strcmp(g_scenario, "exit-while-fetching") == 0)
+    left = exit_while_fetching(comm, stage);
   else if (strcmp(g_scenario, "fail-in-group") == 0)
     fail_in_group(comm);
   else if (strcmp(g_scenario, "fail-in-flight") == 0) {

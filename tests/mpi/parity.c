@@ -3,10 +3,19 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
- *                            [--comm mpi|custom|custom-async] [--overlap 0|1]
+ *                            [--comm mpi|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
+ *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
  *
- * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on; the weights must be the
- * same bits.
+ * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on, and the new params are
+ * all-gathered in the background after the step (stages 1-2: zero_gather waits for its unit); the weights must be
+ * the same bits.
+ *
+ * --prefetch, --reuse and --live set stage3_prefetch_bucket_size, stage3_max_reuse_distance and
+ * stage3_max_live_parameters (default: DeepSpeed's with --overlap 1, else off): stage 3 all-gathers units ahead of
+ * zero_gather in the order of the previous micro-step and keeps released units it will need again; every gathered
+ * view is still compared with the reference. --explicit-prefetch 1 calls zero_prefetch for the next unit before
+ * each release. --shuffle 1 runs every third step's forward in another unit order (the recorded order is lost
+ * and learnt again).
  *
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
@@ -31,6 +40,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#define ZERO_EXPERIMENTAL_API
 #include "custom_backend.h"
 #include "harness.h"
 
@@ -145,8 +155,8 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
 }
 
 int main(int argc, char** argv) {
-  int stage = 0, gas = 1, overlap = 0;
-  long bucket = 400, persist = 0;
+  int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0;
+  long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
   const char* comm_kind = "mpi";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stage") == 0)
@@ -163,6 +173,16 @@ int main(int argc, char** argv) {
       persist = atol(argv[i + 1]);
     else if (strcmp(argv[i], "--comm") == 0)
       comm_kind = argv[i + 1];
+    else if (strcmp(argv[i], "--prefetch") == 0)
+      prefetch = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--reuse") == 0)
+      reuse = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--live") == 0)
+      live = atol(argv[i + 1]);
+    else if (strcmp(argv[i], "--explicit-prefetch") == 0)
+      explicit_prefetch = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--shuffle") == 0)
+      shuffle = atoi(argv[i + 1]);
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   int mpi_provided = 0;
@@ -176,15 +196,21 @@ int main(int argc, char** argv) {
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
   else
     CHECK(create_test_backend_comm(&comm, strcmp(comm_kind, "custom-async") == 0));
+  char fetch[256] = "";
+  if (prefetch >= 0) snprintf(fetch, sizeof fetch, ", \"stage3_prefetch_bucket_size\": %ld", prefetch);
+  if (reuse >= 0)
+    snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch), ", \"stage3_max_reuse_distance\": %ld", reuse);
+  if (live >= 0)
+    snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch), ", \"stage3_max_live_parameters\": %ld", live);
   char config[1024];
   snprintf(config, sizeof config,
            "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": %d, \"gradient_clipping\": %g,"
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g, \"betas\": [%g, %g], \"eps\": %g,"
            " \"weight_decay\": %g}},"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
-           " \"stage3_param_persistence_threshold\": %ld, \"overlap_comm\": %s}%s}",
+           " \"stage3_param_persistence_threshold\": %ld, \"overlap_comm\": %s%s}%s}",
            gas, g_clip, kGroups[0].lr, kGroups[0].beta1, kGroups[0].beta2, kGroups[0].eps, kGroups[0].weight_decay,
-           stage, bucket, persist, overlap ? "true" : "false", dtype_config(g_dtype));
+           stage, bucket, persist, overlap ? "true" : "false", fetch, dtype_config(g_dtype));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
 
@@ -214,14 +240,18 @@ int main(int argc, char** argv) {
     CHECK(zero_loss_scale(&scale, engine));
     EXPECT(scale == (g_dtype == ZERO_DTYPE_FP16 ? 65536.0 : 1.0), "loss scale %g", scale);
     for (int k = 0; k < gas; ++k) {
-      for (int u = 0; u < kNumUnits; ++u) { /* forward */
+      static const int kShuffled[kNumUnits] = {2, 0, 1};
+      for (int i = 0; i < kNumUnits; ++i) { /* forward */
+        const int u = shuffle && t % 3 == 0 ? kShuffled[i] : i;
         CHECK(zero_gather(engine, u));
         expect_weights_equal(engine, ids, &ref, u, "forward");
+        if (explicit_prefetch) CHECK(zero_prefetch(engine, i + 1 < kNumUnits ? i + 1 : kNumUnits - 1));
         CHECK(zero_release(engine, u));
       }
       for (int u = kNumUnits - 1; u >= 0; --u) { /* backward, params in reverse too */
         CHECK(zero_gather(engine, u));
         expect_weights_equal(engine, ids, &ref, u, "backward");
+        if (explicit_prefetch && u > 0) CHECK(zero_prefetch(engine, u - 1));
         for (int p = kNumParams - 1; p >= 0; --p) {
           if (kModel[p].unit != u) continue;
           float* grad = NULL; /* the gradient accumulation dtype is fp32 by default in every mode */
@@ -251,6 +281,24 @@ int main(int argc, char** argv) {
     expect_weights_equal(engine, ids, &ref, u, "final");
     CHECK(zero_release(engine, u));
   }
+  /* Fetching ahead must have happened where it was asked for, or this run would not test it: a pool of more
+   * than one gathered unit (prefetch), fewer all-gathers than gathers (reuse). */
+  zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
+  CHECK(zero_memory_stats(&mem, engine));
+  zero_comm_stats_t cs = ZERO_COMM_STATS_INIT;
+  CHECK(zero_comm_stats(&cs, engine));
+  const uint64_t largest_unit = (uint64_t)test_unit_padded(2, world) * (g_dtype == ZERO_DTYPE_FP32 ? 4 : 2);
+  if (stage == 3 && persist == 0 && (prefetch > 0 || explicit_prefetch || (overlap && prefetch < 0)))
+    EXPECT(mem.gathered_bytes >= 2 * largest_unit, "prefetch asked for, but %llu bytes of gathered buffers",
+           (unsigned long long)mem.gathered_bytes);
+  const uint64_t gathers = (uint64_t)kSteps * gas * 2 * kNumUnits + kNumUnits;
+  if (stage == 3 && persist == 0 && (reuse > 0 || (overlap && reuse < 0)))
+    EXPECT(cs.all_gather.calls < gathers, "reuse asked for, but %llu all-gathers for %llu gathers",
+           (unsigned long long)cs.all_gather.calls, (unsigned long long)gathers);
+  if (rank == 0 && stage == 3)
+    printf("fetching ahead: %llu all-gathers for %llu zero_gather calls; gathered buffers %llu bytes\n",
+           (unsigned long long)cs.all_gather.calls, (unsigned long long)gathers,
+           (unsigned long long)mem.gathered_bytes);
   if (rank == 0)
     printf(
         "parity ok: %s, stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped), %s "

@@ -233,15 +233,33 @@ TEST(Config, TuningKnobsAreAcceptedAndReported) {
       "stage3_prefetch_bucket_size": 5e7, "stage3_max_live_parameters": 1e9, "sub_group_size": 1e9},
       "steps_per_print": 100, "wall_clock_breakdown": false)"),
                           1);
-  std::vector<std::string> want = {"zero_optimization.stage3_prefetch_bucket_size",
-                                   "zero_optimization.stage3_max_live_parameters", "zero_optimization.sub_group_size",
-                                   "steps_per_print", "wall_clock_breakdown"};
+  std::vector<std::string> want = {"zero_optimization.sub_group_size", "steps_per_print", "wall_clock_breakdown"};
   for (const auto& k : want)
     EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), k), c.no_effect_keys.end()) << k;
-  // overlap_comm is honoured: not among them.
+  // overlap_comm and the stage-3 fetch keys are honoured: not among them.
   EXPECT_TRUE(c.overlap_comm);
-  EXPECT_EQ(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), "zero_optimization.overlap_comm"),
-            c.no_effect_keys.end());
+  for (const char* k : {"zero_optimization.overlap_comm", "zero_optimization.stage3_prefetch_bucket_size",
+                        "zero_optimization.stage3_max_live_parameters"})
+    EXPECT_EQ(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), k), c.no_effect_keys.end()) << k;
+  EXPECT_EQ(c.prefetch_bucket_size, 50000000);
+  EXPECT_EQ(c.max_live_parameters, 1000000000);
+  EXPECT_EQ(c.max_reuse_distance, 1000000000);  // absent: DeepSpeed's default, since overlap_comm is on
+}
+
+TEST(Config, FetchAheadDefaultsFollowOverlapComm) {
+  Config off = parse_config(with_optimizer(R"("zero_optimization": {"stage": 3})"), 1);
+  EXPECT_EQ(off.prefetch_bucket_size, 0);
+  EXPECT_EQ(off.max_reuse_distance, 0);
+  EXPECT_EQ(off.max_live_parameters, 1000000000);
+  Config on = parse_config(with_optimizer(R"("zero_optimization": {"stage": 3, "overlap_comm": true,
+      "stage3_max_reuse_distance": 0, "max_live_parameters": 123})"),
+                           1);
+  EXPECT_EQ(on.prefetch_bucket_size, 50000000);
+  EXPECT_EQ(on.max_reuse_distance, 0);
+  EXPECT_EQ(on.max_live_parameters, 123);
+  Config given = parse_config(with_optimizer(R"("zero_optimization": {"stage": 3, "prefetch_bucket_size": 7})"), 1);
+  EXPECT_EQ(given.prefetch_bucket_size, 7);
+  EXPECT_EQ(given.max_reuse_distance, 0);
 }
 
 TEST(Config, OptimizerTypes) {

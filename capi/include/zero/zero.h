@@ -648,6 +648,15 @@ ZERO_API zero_status_t zero_allocator_init(zero_allocator_t* allocator, size_t s
 ZERO_API zero_status_t zero_engine_set_allocator(zero_engine_t* engine, zero_memory_space_t space,
                                                  const zero_allocator_t* allocator);
 
+/* Stage 3: starts the all-gather of `unit` now, so that it moves while the framework computes; the unit's next
+ * zero_gather takes it without communicating (until zero_step, which discards what was fetched and not gathered).
+ * Collective, like zero_gather: every rank calls it for the same unit at the same point; a unit already fetched
+ * ahead is left as it is. Units with full params (stages 0-2, resident stage-3 units): nothing to do, local.
+ * The engine also prefetches by itself, in the order of the previous micro-step's zero_gather calls, as the
+ * zero_optimization keys stage3_prefetch_bucket_size, stage3_max_live_parameters and stage3_max_reuse_distance
+ * say (on by default with overlap_comm; docs/config.md). The buffers count in zero_memory_stats' gathered_bytes. */
+ZERO_API zero_status_t zero_prefetch(zero_engine_t* engine, int32_t unit);
+
 #endif /* ZERO_EXPERIMENTAL_API */
 
 #ifdef __cplusplus
