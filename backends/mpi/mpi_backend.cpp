@@ -25,6 +25,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -71,7 +72,7 @@ struct CtlMsg {
   int32_t type = 0;
   int32_t rank = 0;
   uint64_t a = 0;      // NOTICE: last collective completed; QUERY: the asker's collective; REPLY: collective waited in
-  uint64_t b = 0;      // NOTICE: last collective started; REPLY: last collective completed
+  uint64_t b = 0;      // REPLY: last collective completed
   double seconds = 0;  // REPLY: how long it has waited
   char text[224] = {};
 };
@@ -86,8 +87,7 @@ void copy_text(char (&out)[224], const std::string& s) {
 }
 
 struct Peer {
-  uint64_t left_after = UINT64_MAX;    // it stopped after completing this collective (UINT64_MAX: still with us)
-  uint64_t left_started = UINT64_MAX;  // the last collective it had started (fetched ahead, never waited for)
+  uint64_t left_after = UINT64_MAX;  // it stopped after completing this collective (UINT64_MAX: still with us)
   std::string reason;
   bool replied = false;  // in the current diagnosis round
   CtlMsg reply;
@@ -213,7 +213,8 @@ struct Op {
   MPI_Request request = MPI_REQUEST_NULL;
   Count count;
   bool shm = false;
-  bool shm_done = false;  // the window moved every chunk (the op left window_queue_)
+  std::atomic<bool> shm_done{false};  // the window moved every chunk (the op left window_queue_)
+  std::string refused;                // not started: a rank stopped before it (the error its wait gives)
   zero_mpi::NodeWindow::Op shm_op;
 };
 
@@ -235,6 +236,15 @@ size_t dtype_bytes(int32_t dtype) {
 // The shared-memory path (node_window.hpp) when every rank is on one node, unless ZERO_MPI_SHM=0 on any rank;
 // ZERO_MPI_SHM_HALF_BYTES sets the chunk buffer per rank (two of them; 512 KiB by default: a chunk stays in cache
 // between its copy and its sum).
+// The window's collectives move in a progress thread of the backend while the caller computes, when the node has
+// a spare core per rank (hardware threads >= 2 x ranks on the node); otherwise only inside waits, where they
+// would compete with the caller's own compute for the same cores. ZERO_MPI_PROGRESS_THREAD=1 or 0 decides instead.
+bool want_progress_thread(int ranks_on_node) {
+  const char* env = std::getenv("ZERO_MPI_PROGRESS_THREAD");
+  if (env != nullptr && *env != '\0') return std::strcmp(env, "0") != 0;
+  return std::thread::hardware_concurrency() >= 2u * static_cast<unsigned>(std::max(1, ranks_on_node));
+}
+
 size_t shm_half_bytes() {
   const char* env = std::getenv("ZERO_MPI_SHM_HALF_BYTES");
   const unsigned long long v = env != nullptr ? std::strtoull(env, nullptr, 10) : 0;
@@ -256,6 +266,7 @@ class Backend {
     int want = local_size_ == size_ && size_ > 1 && !(shm != nullptr && std::strcmp(shm, "0") == 0) ? 1 : 0;
     check(MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MIN, data_), "MPI_Allreduce");
     if (want) window_ = zero_mpi::NodeWindow::create(data_, shm_half_bytes());
+    use_progress_thread_ = window_ != nullptr && want_progress_thread(local_size_);
 #ifdef ZERO_TEST_HOOKS
     // The tests of the window path make sure it is the path they test.
     if (want && !window_ && std::getenv("ZERO_TEST_MPI_REQUIRE_SHM") != nullptr)
@@ -289,15 +300,16 @@ class Backend {
     enter();
     InCall in(this);
     poll_control();
-    // An all-gather may be one fetched ahead that no rank waits for (see refuse_if_stopped); any other collective
-    // is waited for at once, and one posted to MPI with a stopped peer would keep a request on a buffer its caller
-    // frees (a control message on the stack), so it is refused before it starts.
-    refuse_if_stopped(coll.sequence, coll.label, /*starting=*/coll.kind == ZERO_COLL_ALL_GATHER);
-    started_ = std::max(started_, coll.sequence);
     auto op = std::make_unique<Op>();
     op->coll = coll;
     op->label = coll.label != nullptr ? coll.label : "";
     op->coll.label = op->label.c_str();
+    // A collective a stopped rank will never join is not started (nothing is posted to MPI or queued on the
+    // window, so no request outlives the caller's buffer), and fails when it is waited for. Not here: the engine
+    // starts all-gathers ahead of their use, and a program's last zero_gather calls leave such prefetches started
+    // and never waited for on every rank; the rank that finishes first must not fail the others' last gathers.
+    op->refused = stopped_peer(coll.sequence, op->label.c_str());
+    if (!op->refused.empty()) return op.release();
     const bool float_type =
         coll.dtype == ZERO_DTYPE_FP32 || coll.dtype == ZERO_DTYPE_BF16 || coll.dtype == ZERO_DTYPE_FP16;
     if (window_ && (coll.kind == ZERO_COLL_ALL_GATHER || (coll.kind == ZERO_COLL_REDUCE_SCATTER && float_type))) {
@@ -306,7 +318,11 @@ class Backend {
       op->shm = true;
       op->shm_op = window_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
       in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};
-      window_queue_.push_back(op.get());
+      {
+        std::lock_guard<std::mutex> lock(window_mutex_);
+        window_queue_.push_back(op.get());
+      }
+      if (use_progress_thread_) wake_progress_thread();
       return op.release();
     }
     op->count = mpi_count(coll.count, coll.dtype);
@@ -344,6 +360,11 @@ class Backend {
   bool wait(Op* op, double timeout_s) {
     enter();
     InCall in(this);
+    if (!op->refused.empty()) {
+      const std::string why = op->refused;
+      abandoned_.emplace_back(op);
+      fail(ZERO_ERR_REMOTE, why);
+    }
     const auto begin = Clock::now();
     for (;;) {
       // Every wait moves the window's queue, whatever it waits for: a rank waiting for a later collective (or a
@@ -352,7 +373,7 @@ class Backend {
       progress_window(op);
       int done = 0;
       if (op->shm) {
-        done = op->shm_done ? 1 : 0;
+        done = op->shm_done.load(std::memory_order_acquire) ? 1 : 0;
       } else if (MPI_Test(&op->request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
         abandon(op);  // kept, with its type and buffer, as a collective given up in flight
         fail(ZERO_ERR_COMM,
@@ -369,7 +390,8 @@ class Backend {
         fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
       }
       try {
-        refuse_if_stopped(op->coll.sequence, op->label.c_str(), /*starting=*/false);
+        const std::string stopped = stopped_peer(op->coll.sequence, op->label.c_str());
+        if (!stopped.empty()) fail(ZERO_ERR_REMOTE, stopped);
       } catch (const Failure&) {
         abandon(op);
         throw;
@@ -404,7 +426,6 @@ class Backend {
     m.type = kNotice;
     m.rank = rank_;
     m.a = completed_;
-    m.b = started_;
     copy_text(m.text, reason);
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, m);
@@ -476,6 +497,7 @@ class Backend {
       InCall in(this);
       poll_control();
       close_control(1.0);
+      stop_progress_thread();
       if (window_) window_->free();
       MPI_Comm_free(&data_);
       MPI_Comm_free(&ctl_);
@@ -494,6 +516,7 @@ class Backend {
 
   // Local. The MPI communicators stay (freeing one is collective); MPI_Finalize reclaims them.
   ~Backend() {
+    stop_progress_thread();
     {
       std::lock_guard<std::mutex> lock(g_mutex);
       g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
@@ -509,6 +532,7 @@ class Backend {
 
   // Called first thing in MPI_Finalize, or at exit: the last chance to tell the others.
   void last_goodbye(const std::string& reason) {
+    stop_progress_thread();  // MPI_Finalize frees the window under it
     if (finalized_ || mpi_gone_) return;
     say_goodbye(reason);
     close_control(1.0);
@@ -550,40 +574,98 @@ class Backend {
     return caller_ == std::this_thread::get_id() || caller_ == std::thread::id();
   }
 
-  // A collective numbered after what some rank completed before it stopped can never complete; one numbered
-  // after what it started can never even be matched. Starting an all-gather is refused by the second rule only
-  // (`starting`): the engine starts all-gathers ahead of their use (prefetch), and a rank that stops with some
-  // started and never waited for must not fail a peer that starts the same ones and never waits for them either
-  // (a program's last gathers). Waiting is refused by the first.
-  void refuse_if_stopped(uint64_t sequence, const char* label, bool starting) {
+  // Why collective `sequence` can never complete: a rank stopped after completing an earlier one (empty: none).
+  std::string stopped_peer(uint64_t sequence, const char* label) const {
     for (int r = 0; r < size_; ++r) {
       const Peer& p = peers_[static_cast<size_t>(r)];
-      if (r == rank_ || p.left_after == UINT64_MAX) continue;
-      const uint64_t limit = starting ? p.left_started : p.left_after;
-      if (sequence <= limit) continue;
-      fail(ZERO_ERR_REMOTE, "rank " + std::to_string(r) + " has stopped: " + p.reason + ". It took part in the " +
-                                "collectives up to #" + std::to_string(limit) + ", so collective #" +
-                                std::to_string(sequence) + " (" + (label ? label : "") + ") cannot complete");
+      if (r == rank_ || p.left_after == UINT64_MAX || sequence <= p.left_after) continue;
+      return "rank " + std::to_string(r) + " has stopped: " + p.reason + ". It took part in the collectives up to #" +
+             std::to_string(p.left_after) + ", so collective #" + std::to_string(sequence) + " (" +
+             (label ? label : "") + ") cannot complete";
     }
+    return {};
   }
 
   // Advances the window's collectives in start order, as far as the peers allow (a bounded amount of work per
-  // call, so that the caller's wait loop keeps polling). A descriptor mismatch fails the wait in progress.
+  // call, so that the caller's wait loop keeps polling). A descriptor mismatch, found here or by the progress
+  // thread, fails the wait in progress. While the progress thread holds the queue the caller does not wait for it.
   void progress_window(Op* waiting) {
+    std::unique_lock<std::mutex> lock(window_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    if (window_failure_.empty()) step_window_locked(waiting);
+    if (!window_failure_.empty()) {
+      const std::string what = window_failure_;
+      window_queue_.clear();
+      lock.unlock();
+      abandon(waiting);
+      fail(ZERO_ERR_MISMATCH, what);
+    }
+  }
+
+  // With window_mutex_ held. Whether anything moved (a chunk, or a collective completed).
+  bool step_window_locked(const Op* stop_after) {
+    bool moved = false;
     while (!window_queue_.empty()) {
       Op* front = window_queue_.front();
+      const zero_mpi::NodeWindow::Op before = front->shm_op;
       const zero_mpi::NodeWindow::Progress p = window_->step(front->shm_op);
+      moved |= front->shm_op.offset != before.offset || front->shm_op.copied != before.copied;
       if (p == zero_mpi::NodeWindow::Progress::kMismatch) {
-        const std::string what = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +
-                                 "): the ranks are not in the same collective: " + window_->mismatch();
-        abandon(waiting);
-        fail(ZERO_ERR_MISMATCH, what);
+        window_failure_ = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +
+                          "): the ranks are not in the same collective: " + window_->mismatch();
+        return moved;
       }
-      if (p == zero_mpi::NodeWindow::Progress::kWaiting) return;
-      front->shm_done = true;
+      if (p == zero_mpi::NodeWindow::Progress::kWaiting) return moved;
       window_queue_.pop_front();
-      if (front == waiting) return;
+      front->shm_done.store(true, std::memory_order_release);
+      moved = true;
+      if (front == stop_after) return moved;
     }
+    return moved;
+  }
+
+  // ---- The progress thread: moves the window's queue while the caller computes. It makes no MPI call and
+  // touches only the window and the buffers of collectives in flight (which the engine leaves alone until their
+  // wait). When peers are behind it backs off from spinning to short sleeps, so that an idle job costs no core.
+  void wake_progress_thread() {
+    if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
+    window_cv_.notify_one();
+  }
+
+  void progress_loop() {
+    int idle = 0;
+    std::unique_lock<std::mutex> lock(window_mutex_);
+    while (!stop_progress_) {
+      if (window_queue_.empty() || !window_failure_.empty()) {
+        idle = 0;
+        window_cv_.wait(lock);
+        continue;
+      }
+      const bool moved = step_window_locked(nullptr);
+      if (moved) {
+        idle = 0;
+        continue;
+      }
+      ++idle;
+      if (idle < 64) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      } else {  // a new collective wakes it at once
+        window_cv_.wait_for(lock, std::chrono::microseconds(idle < 1024 ? 20 : 500));
+      }
+    }
+  }
+
+  // Before the window goes (zero_comm_finalize, MPI_Finalize, the backend's end).
+  void stop_progress_thread() {
+    if (!progress_thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(window_mutex_);
+      stop_progress_ = true;
+    }
+    window_cv_.notify_one();
+    progress_thread_.join();
   }
 
   void complete(Op* op) {
@@ -602,7 +684,10 @@ class Backend {
   // A collective given up while in flight: MPI cannot cancel it, so its request (and the caller's buffer) stay.
   void abandon(Op* op) {
     in_flight_.clear();  // after a failure nothing more completes here (the engine stops using the communicator)
-    window_queue_.clear();
+    {
+      std::lock_guard<std::mutex> lock(window_mutex_);
+      window_queue_.clear();
+    }
     abandoned_.emplace_back(op);
   }
 
@@ -647,7 +732,6 @@ class Backend {
       Peer& p = peers_[static_cast<size_t>(m.rank)];
       if (m.type == kNotice) {
         p.left_after = std::min(p.left_after, m.a);
-        p.left_started = std::min(p.left_started, std::max(m.a, m.b));
         p.reason = std::string(m.text, strnlen(m.text, sizeof m.text));
       } else if (m.type == kQuery) {
         CtlMsg r;
@@ -689,7 +773,6 @@ class Backend {
   MPI_Request inbox_request_ = MPI_REQUEST_NULL;
   std::list<Outgoing> outbox_;  // MPI_Isend keeps pointing at each message: a list never moves them
   uint64_t completed_ = 0;
-  uint64_t started_ = 0;  // the highest collective started (told to the others when this rank stops)
   std::string completed_label_;
   // Collectives started and not completed, by sequence (several when the engine starts a group).
   struct InFlight {
@@ -700,8 +783,15 @@ class Backend {
   // Every rank on one node: reduce-scatters and all-gathers go through this window (freed by finalize; a local
   // destroy leaves it to MPI_Finalize, as it does the communicators).
   std::unique_ptr<zero_mpi::NodeWindow> window_;
-  // The window's collectives started and not moved through yet, in start order (the chunk protocol's order).
+  // The window's collectives started and not moved through yet, in start order (the chunk protocol's order),
+  // moved by waits and by the progress thread, under window_mutex_.
   std::deque<Op*> window_queue_;
+  std::mutex window_mutex_;
+  std::condition_variable window_cv_;
+  std::string window_failure_;  // a descriptor mismatch: every later wait fails with it
+  bool use_progress_thread_ = false;
+  bool stop_progress_ = false;
+  std::thread progress_thread_;
   std::vector<std::unique_ptr<Op>> abandoned_;
   std::atomic<bool> abort_requested_{false};
   mutable std::mutex abort_mutex_;

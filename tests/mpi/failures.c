@@ -3,22 +3,29 @@
  *
  *   mpirun -np N test_failures --scenario NAME [--stage S]
  *
- *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/test_hooks.hpp): finalize.alloc, gather,
- *                    gather.alloc, prefetch, bucket, backward_end, step, save, load, comm_finalize. It gets its own
- * error, every other rank ZERO_ERR_REMOTE naming it, within seconds (the timeout is 60 s). No data moved, so the same
- * call, retried without the fault, succeeds everywhere and training goes on. exit-early       the last rank runs out of
- * data: it skips the last zero_step, destroys its engine and communicator and returns from main; the others, waiting in
- * zero_step, get ZERO_ERR_REMOTE naming it within seconds. exit-silently    the same, but the rank returns from main
- * without destroying anything (libzero's exit hook and MPI_Finalize hook tell the others). skip-step        stage 3:
- * the last rank skips zero_step and gathers the next micro-step's first unit: ZERO_ERR_MISMATCH on every rank, naming
- * both calls. different-unit   stage 3: rank 0 gathers unit 0, the others unit 1 (same size): ZERO_ERR_MISMATCH
- * everywhere. different-lr     zero_set_lr with a different value on the last rank: zero_step fails with
- * ZERO_ERR_MISMATCH on every rank, naming both values in decimal. stall            the last rank is stuck before
- * zero_backward_end for 6 s; with a 2 s timeout the others get ZERO_ERR_TIMEOUT naming the collective and saying the
- * last rank does not answer; when it arrives it gets ZERO_ERR_REMOTE at once. abort-thread     rank 0 waits in
- * zero_step for a rank that is late; another thread of rank 0 calls zero_engine_abort: the waiting call returns
- * ZERO_ERR_ABORTED within a second, and the late rank gets ZERO_ERR_REMOTE when it arrives. emergency-save   the last
- * rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds, and loads it back.
+ *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/test_hooks.hpp): finalize.alloc,
+ *                    gather, gather.alloc, prefetch, bucket, backward_end, step, save, load, comm_finalize. It
+ *                    gets its own error, every other rank ZERO_ERR_REMOTE naming it, within seconds (the timeout is
+ *                    60 s). No data moved, so the same call, retried without the fault, succeeds everywhere and
+ *                    training goes on.
+ *   exit-early       the last rank runs out of data: it skips the last zero_step, destroys its engine and
+ *                    communicator and returns from main; the others, waiting in zero_step, get ZERO_ERR_REMOTE
+ *                    naming it within seconds.
+ *   exit-silently    the same, but the rank returns from main without destroying anything (libzero's exit hook and
+ *                    MPI_Finalize hook tell the others).
+ *   skip-step        stage 3: the last rank skips zero_step and gathers the next micro-step's first unit:
+ *                    ZERO_ERR_MISMATCH on every rank, naming both calls.
+ *   different-unit   stage 3: rank 0 gathers unit 0, the others unit 1 (same size): ZERO_ERR_MISMATCH everywhere.
+ *   different-lr     zero_set_lr with a different value on the last rank: zero_step fails with ZERO_ERR_MISMATCH
+ *                    on every rank, naming both values in decimal.
+ *   stall            the last rank is stuck before zero_backward_end for 6 s; with a 2 s timeout the others get
+ *                    ZERO_ERR_TIMEOUT naming the collective and saying the last rank does not answer; when it
+ *                    arrives it gets ZERO_ERR_REMOTE at once.
+ *   abort-thread     rank 0 waits in zero_step for a rank that is late; another thread of rank 0 calls
+ *                    zero_engine_abort: the waiting call returns ZERO_ERR_ABORTED within a second, and the late rank
+ *                    gets ZERO_ERR_REMOTE when it arrives.
+ *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
+ *                    and loads it back.
  *   fail-in-group    stage 2: the last rank fails after a bucket's reduce-scatters were started together (a
  *                    group, hook bucket.group) and before it waits for them. Data were moving, so it gets its own
  *                    error and its engine breaks; the others, waiting in the group, get ZERO_ERR_REMOTE naming it
@@ -486,6 +493,9 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
   }
+  /* exit-while-fetching needs the all-gathers still in flight when the last rank leaves: the MPI module's progress
+   * thread would complete them in the background first (which is what it is for). */
+  if (strcmp(g_scenario, "exit-while-fetching") == 0) setenv("ZERO_MPI_PROGRESS_THREAD", "0", 1);
   zero_comm_t* comm = NULL;
   CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
   CHECK(zero_comm_rank(&g_rank, comm));
