@@ -7,14 +7,22 @@
  * Medians over --steps iterations after one warm-up. The gradient writes (one add per element, what a framework's
  * backward would produce) are timed apart ("grad writes") and left out of the communication figure.
  *
- * --overlap 1 sets overlap_comm (bucket reductions completed later, while backward goes on).
+ * --overlap 1 sets overlap_comm (bucket reductions completed later, while backward goes on; new params all-gathered
+ * in the background; stage-3 prefetch and reuse with DeepSpeed's defaults).
  *
- *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5 [--overlap 0|1]
+ * --compute-ms C adds C ms of a model's compute per unit in forward and 2C in backward, between the calls, so that
+ * communication can hide behind it: --compute-kind sleep (default) leaves the core free, as a GPU's kernels do;
+ * spin keeps it busy, as a CPU model does. The compute is not counted in "micro-step comm".
+ *
+ *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5 [--overlap 0|1] [--compute-ms C]
+ *                                  [--compute-kind sleep|spin] [--stages 0,3]
  */
+#define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "zero/zero.h"
 
@@ -26,6 +34,23 @@
       MPI_Abort(MPI_COMM_WORLD, 1);                                                      \
     }                                                                                    \
   } while (0)
+
+static double g_compute_ms = 0;
+static int g_spin = 0;
+
+/* A model's compute for `ms` milliseconds. */
+static void compute(double ms) {
+  if (ms <= 0) return;
+  if (g_spin) {
+    const double end = MPI_Wtime() + ms * 1e-3;
+    volatile double x = 1.0;
+    while (MPI_Wtime() < end)
+      for (int i = 0; i < 1000; ++i) x = x * 1.0000001 + 1e-9;
+    return;
+  }
+  struct timespec t = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (double)(time_t)(ms / 1000)) * 1e6)};
+  nanosleep(&t, NULL);
+}
 
 static int compare(const void* a, const void* b) {
   const double x = *(const double*)a, y = *(const double*)b;
@@ -46,7 +71,11 @@ static double slowest(double t) {
 int main(int argc, char** argv) {
   double millions = 64;
   int units = 16, steps = 5, overlap = 0;
+  const char* stages = "0,1,2,3";
   for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--compute-ms") == 0) g_compute_ms = atof(argv[i + 1]);
+    if (strcmp(argv[i], "--compute-kind") == 0) g_spin = strcmp(argv[i + 1], "spin") == 0;
+    if (strcmp(argv[i], "--stages") == 0) stages = argv[i + 1];
     if (strcmp(argv[i], "--params-millions") == 0) millions = atof(argv[i + 1]);
     if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
@@ -67,10 +96,12 @@ int main(int argc, char** argv) {
   double iteration[4] = {0, 0, 0, 0};
   if (rank == 0)
     printf(
-        "%.0f M fp32 params in %d units, %d ranks, AdamW, medians of %d iterations (ms, slowest rank)\n"
+        "%.0f M fp32 params in %d units, %d ranks, AdamW, overlap_comm %s, compute %.1f ms per unit (%s), medians of "
+        "%d iterations (ms, slowest rank)\n"
         "stage  micro-step comm   grad writes   zero_step   iteration   MiB moved/rank\n",
-        millions, units, world, steps);
+        millions, units, world, overlap ? "on" : "off", g_compute_ms, g_spin ? "spin" : "sleep", steps);
   for (int stage = 0; stage <= 3; ++stage) {
+    if (strchr(stages, '0' + stage) == NULL) continue;
     char config[256];
     snprintf(config, sizeof config,
              "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"gradient_clipping\": 1.0,"
@@ -97,8 +128,11 @@ int main(int argc, char** argv) {
       double in_comm = 0, in_grads = 0;
       const double t0 = MPI_Wtime();
       for (int u = 0; u < units; ++u) { /* forward */
-        const double a = MPI_Wtime();
+        double a = MPI_Wtime();
         CHECK(zero_gather(engine, u));
+        in_comm += MPI_Wtime() - a;
+        compute(g_compute_ms);
+        a = MPI_Wtime();
         CHECK(zero_release(engine, u));
         in_comm += MPI_Wtime() - a;
       }
@@ -108,6 +142,7 @@ int main(int argc, char** argv) {
         float* g = NULL;
         CHECK(zero_grad_data((void**)&g, engine, u));
         in_comm += MPI_Wtime() - a;
+        compute(2 * g_compute_ms);
         a = MPI_Wtime();
         for (int64_t i = 0; i < per_unit; ++i) g[i] += 1e-4f;
         in_grads += MPI_Wtime() - a;
@@ -139,7 +174,8 @@ int main(int argc, char** argv) {
     fflush(stdout);
     zero_engine_destroy(engine);
   }
-  if (rank == 0) printf("stage-3 / stage-0 iteration time: %.2f\n", iteration[3] / iteration[0]);
+  if (rank == 0 && iteration[0] > 0 && iteration[3] > 0)
+    printf("stage-3 / stage-0 iteration time: %.2f\n", iteration[3] / iteration[0]);
   CHECK(zero_comm_finalize(comm));
   zero_comm_destroy(comm);
   MPI_Finalize();
