@@ -1,6 +1,8 @@
 // The engine's calls, composed from its parts (engine.hpp); zero_step is in engine_step.cpp.
 #include "engine.hpp"
 
+#include <algorithm>
+
 #include "error.hpp"
 #include "log.hpp"
 #include "test_hooks.hpp"
@@ -185,6 +187,14 @@ void* Engine::grad_data(int param) {
   return reducer_.grad_buffer(param, registration_.param(param).name);
 }
 
+Engine::~Engine() {
+  if (!guard_.ready() || comm_.failed() || guard_.aborted()) return;
+  try {
+    store_.drain(std::min(5.0, comm_.timeout()));
+  } catch (...) {  // a destructor: whatever is left stays in flight, its buffers never freed
+  }
+}
+
 void Engine::gather(int unit) { store_.gather(unit, "zero_gather"); }
 
 void Engine::release(int unit) { store_.release(unit, "zero_release"); }
@@ -232,9 +242,12 @@ void Engine::set_lr(int group, double lr) {
 }
 
 // A checkpoint reads the params and a load writes them: the all-gathers started ahead complete first (every rank
-// started them, so every rank completes them, whatever its checkpoint call then finds).
+// started them, so every rank completes them, whatever its checkpoint call then finds), and what was fetched
+// ahead or kept is given back on every rank (a load changes the params; a save's gathers must not leave ranks
+// with different units kept). Unconditional: whether fetches are still in flight differs between ranks (a rank
+// completes a resident unit's publish in its own zero_gather), what settle() leaves behind does not.
 void Engine::settle_fetches() {
-  if (guard_.ready() && store_.fetches_in_flight()) guard_.moving_data([&] { store_.settle(); });
+  if (guard_.ready()) guard_.moving_data([&] { store_.settle(); });
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {

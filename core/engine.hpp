@@ -27,6 +27,9 @@ namespace zero {
 class Engine {
  public:
   Engine(Config config, std::shared_ptr<Communicator> comm);
+  // The all-gathers started after the last step (overlap_comm) are completed, waiting up to 5 s for the other
+  // ranks, so that their buffers can be freed; what does not complete is left to the backend and never freed.
+  ~Engine();
 
   // ---- registration (before finalize)
   int add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2, double eps);

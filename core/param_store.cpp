@@ -1,6 +1,7 @@
 #include "param_store.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include "error.hpp"
 #include "memory/ops.hpp"
@@ -20,9 +21,20 @@ void allocate_placed(Buffer& b, const Placement& p, const Allocators& allocators
 
 ParameterStore::~ParameterStore() {
   // A collective given up after a timeout (or a failure while in flight) may still be written by the backend:
-  // its buffers must outlive the engine. Leaking them is the price of never crashing. So must those of the
-  // all-gathers fetched ahead and never completed (an engine destroyed between a step and the next gathers).
-  if (comm_.abandoned_requests() || !fetches_.empty()) leak();
+  // its buffers must outlive the engine. Leaking them is the price of never crashing.
+  if (comm_.abandoned_requests()) {
+    leak();
+    return;
+  }
+  // So must the buffers of all-gathers fetched ahead and never completed (an engine destroyed between a step and
+  // the next gathers): those, and only those.
+  for (const Fetch& f : fetches_) {
+    UnitBuffers& ub = units_[f.unit];
+    if (ub.ahead != nullptr)
+      gathered_pool_.leak_one(ub.ahead);
+    else
+      ub.params.leak();
+  }
 }
 
 void ParameterStore::leak() {
@@ -170,7 +182,7 @@ void ParameterStore::gather(int unit, const char* call) {
       if (ub.fetching) complete_fetch(unit);
       buffer = ub.ahead;
       ub.ahead = nullptr;
-      if (ub.held) live_elements_ -= unit_elems(unit);
+      if (ub.held) live_elements_ -= buffer_elems();
       ub.held = false;
     } else {
       buffer = gathered_pool_.acquire();
@@ -182,7 +194,9 @@ void ParameterStore::gather(int unit, const char* call) {
     cursor_ = ahead.cursor, order_lost_ = ahead.lost;
     if (recording_.size() < 64 * units_.size() + 64) recording_.push_back(unit);
     ub.keep = ahead.keep;
-    if (ahead.keep) ub.held = true, live_elements_ += unit_elems(unit);
+    if (ub.held) live_elements_ -= buffer_elems();  // a prefetch of it still held: the kept copy replaces it
+    ub.held = ahead.keep;
+    if (ahead.keep) live_elements_ += buffer_elems();
     for (int v : ahead.prefetch) start_prefetch(v);
   });
   ub.gathered = buffer;
@@ -206,8 +220,9 @@ ParameterStore::AheadPlan ParameterStore::plan_ahead(int unit) const {
       a.cursor = static_cast<size_t>(it - order_.begin()) + 1;
   }
   if (a.lost) return a;
-  const uint64_t max_live = static_cast<uint64_t>(policy_.max_live_elements);
-  uint64_t live = live_elements_;
+  // The budget counts pooled buffers (each holds the largest sharded unit), so that it bounds the memory.
+  const uint64_t max_live = static_cast<uint64_t>(policy_.max_live_elements), buffer = buffer_elems();
+  uint64_t live = live_elements_ - (units_[unit].held ? buffer : 0);  // taken now: not held any more
   // Reuse: kept at its release when the order gathers it again with fewer than max_reuse_distance elements
   // gathered in between (so 0 keeps nothing and 1 keeps a unit gathered again next, as backward does with the
   // last unit of forward).
@@ -216,13 +231,13 @@ ParameterStore::AheadPlan ParameterStore::plan_ahead(int unit) const {
     for (size_t j = a.cursor; j < order_.size(); ++j) {
       const int v = order_[j];
       if (v == unit) {
-        a.keep = live + unit_elems(unit) <= max_live;
+        a.keep = live + buffer <= max_live;
         break;
       }
       distance += unit_elems(v);
       if (distance >= static_cast<uint64_t>(policy_.max_reuse_distance)) break;
     }
-    if (a.keep) live += unit_elems(unit);
+    if (a.keep) live += buffer;
   }
   // Prefetch: the units the order gathers next, up to prefetch_bucket_size elements ahead (what is already in
   // flight or held counts), within max_live_parameters.
@@ -235,9 +250,9 @@ ParameterStore::AheadPlan ParameterStore::plan_ahead(int unit) const {
       window += unit_elems(v);
       if (vb.ahead != nullptr || vb.keep || std::find(a.prefetch.begin(), a.prefetch.end(), v) != a.prefetch.end())
         continue;
-      if (live + unit_elems(v) > max_live) break;
+      if (live + buffer > max_live) break;
       a.prefetch.push_back(v);
-      live += unit_elems(v);
+      live += buffer;
     }
   }
   return a;
@@ -256,7 +271,7 @@ void ParameterStore::start_prefetch(int unit) {
   fetches_.push_back(std::move(f));
   ub.ahead = buffer;
   ub.fetching = true;
-  if (!ub.held) ub.held = true, live_elements_ += unit_elems(unit);
+  if (!ub.held) ub.held = true, live_elements_ += buffer_elems();
 }
 
 void ParameterStore::prefetch(int unit, const char* call) {
@@ -273,7 +288,7 @@ void ParameterStore::prefetch(int unit, const char* call) {
     test_hooks::maybe_fail("prefetch", comm_.rank());
     // Whether the framework holds the unit gathered now is this rank's own business (zero_release is local), so
     // it does not enter the decision: every rank starts the same collective.
-    start = units_[unit].ahead == nullptr;
+    start = units_[unit].ahead == nullptr && !units_[unit].keep;
     try {
       if (start) gathered_pool_.reserve(1);
     } catch (const std::bad_alloc&) {
@@ -289,6 +304,16 @@ void ParameterStore::complete_fetch(int unit) {
     Fetch& f = fetches_.front();
     comm_.wait(f.pending);
     units_[f.unit].fetching = false;
+    fetches_.pop_front();
+  }
+}
+
+void ParameterStore::drain(double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!fetches_.empty()) {
+    const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+    if (!comm_.try_wait(fetches_.front().pending, std::max(0.0, left))) return;
+    units_[fetches_.front().unit].fetching = false;
     fetches_.pop_front();
   }
 }

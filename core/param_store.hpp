@@ -89,6 +89,9 @@ class ParameterStore {
   // a checkpoint reads or writes them). Moves data: inside CallGuard::moving_data.
   void settle();
   bool fetches_in_flight() const { return !fetches_.empty(); }
+  // An engine going away: completes the fetches still in flight within `seconds` (the other ranks, at the same
+  // point, complete theirs), so that their buffers can be freed; what does not complete is left to the backend.
+  void drain(double seconds);
   // zero_backward_end: the order of this micro-step's gathers becomes the order the next one prefetches in.
   void end_micro_step();
   // The first gathered unit, or -1.
@@ -163,6 +166,7 @@ class ParameterStore {
   // Starts the all-gather of `unit` into a reserved pooled buffer (its `ahead`).
   void start_prefetch(int unit);
   uint64_t unit_elems(int unit) const { return layout_.units[unit].padded_elems; }
+  uint64_t buffer_elems() const { return plan_.gathered.elems; }
 
   FetchPolicy policy_;
   std::deque<Fetch> fetches_;   // in start order
@@ -170,7 +174,7 @@ class ParameterStore {
   std::vector<int> recording_;  // this micro-step's
   size_t cursor_ = 0;           // the position in order_ after the last gather that followed it
   bool order_lost_ = false;     // this micro-step left the recorded order: no fetching ahead until it ends
-  uint64_t live_elements_ = 0;  // units held by the store's own choice (UnitBuffers::held)
+  uint64_t live_elements_ = 0;  // pooled buffers held by the store's own choice (UnitBuffers::held), in elements
 };
 
 }  // namespace zero

@@ -365,6 +365,10 @@ class Backend {
       abandoned_.emplace_back(op);
       fail(ZERO_ERR_REMOTE, why);
     }
+    // What this rank answers when asked what it waits in (until the collective completes, also while it
+    // diagnoses its own timeout): this collective, not the oldest in flight (a prefetch nobody waits for yet is
+    // not what holds this rank).
+    waiting_ = op;
     const auto begin = Clock::now();
     for (;;) {
       // Every wait moves the window's queue, whatever it waits for: a rank waiting for a later collective (or a
@@ -670,6 +674,7 @@ class Backend {
 
   void complete(Op* op) {
     std::unique_ptr<Op> owned(op);
+    if (waiting_ == op) waiting_ = nullptr;
     if (op->coll.kind == ZERO_COLL_REDUCE_SCATTER && !op->shm)
       zero::sum_blocks_in_rank_order(op->coll.buf, op->coll.count, size_, rank_, op->coll.dtype);
     // The highest completed, not the last: collectives started together (a group, fetches ahead) may complete out
@@ -737,12 +742,13 @@ class Backend {
         CtlMsg r;
         r.type = kReply;
         r.rank = rank_;
-        // The oldest collective in flight is the one this rank waits in (a group may have several started).
-        const bool waiting = !in_flight_.empty();
-        r.a = waiting ? in_flight_.begin()->first : 0;
+        // The collective this rank is waiting for, if any (others may be in flight: a group, fetches ahead).
+        const auto it = waiting_ != nullptr ? in_flight_.find(waiting_->coll.sequence) : in_flight_.end();
+        const bool waiting = it != in_flight_.end();
+        r.a = waiting ? it->first : 0;
         r.b = completed_;
-        r.seconds = waiting ? seconds_since(in_flight_.begin()->second.since) : 0.0;
-        copy_text(r.text, waiting ? in_flight_.begin()->second.label : completed_label_);
+        r.seconds = waiting ? seconds_since(it->second.since) : 0.0;
+        copy_text(r.text, waiting ? it->second.label : completed_label_);
         send(m.rank, r);
       } else if (m.type == kReply) {
         p.replied = true;
@@ -780,6 +786,7 @@ class Backend {
     Clock::time_point since;
   };
   std::map<uint64_t, InFlight> in_flight_;
+  const Op* waiting_ = nullptr;  // the collective last waited for, until it completes
   // Every rank on one node: reduce-scatters and all-gathers go through this window (freed by finalize; a local
   // destroy leaves it to MPI_Finalize, as it does the communicators).
   std::unique_ptr<zero_mpi::NodeWindow> window_;

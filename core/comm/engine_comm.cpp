@@ -242,6 +242,35 @@ void EngineComm::wait(Pending& p) {
   fail(ZERO_ERR_TIMEOUT, what);
 }
 
+bool EngineComm::try_wait(Pending& p, double seconds) {
+  if (!p.active_) return true;
+  const Collective& c = p.c_;
+  if (p.request_ == nullptr) {
+    p.active_ = false;
+    record_end(p.slot_, c.sequence, 1);
+    return true;
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  try {
+    for (;;) {
+      const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0 || comm_->aborted()) return false;
+      if (comm_->wait(p.request_, std::min(left, 0.25))) {
+        p.active_ = false;
+        record_end(p.slot_, c.sequence, 1);
+        return true;
+      }
+    }
+  } catch (...) {
+    p.active_ = false;
+    record_end(p.slot_, c.sequence, 2);
+    failed_ = abandoned_ = true;
+    return false;
+  }
+}
+
 void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
   Pending p = start(std::move(c), counter, bytes, wire_bytes);
   wait(p);

@@ -53,6 +53,11 @@ class BufferPool {
   void leak() {
     for (auto& b : all_) b->leak();
   }
+  // One buffer a collective still in flight may write (the engine goes; the backend may not have finished).
+  void leak_one(void* buffer) {
+    for (auto& b : all_)
+      if (b->data() == buffer) b->leak();
+  }
   void clear() {
     free_.clear();
     all_.clear();

@@ -822,6 +822,38 @@ static void test_allocator_hook(void** state) {
   zero_engine_destroy(engine);
 }
 
+/* zero_prefetch: argument and state errors; a prefetched unit is what zero_gather then gives (one rank, stage 3:
+ * the single communicator's all-gather is a copy, so this checks the bookkeeping, not the communication). */
+static void test_prefetch(void** state) {
+  (void)state;
+  assert_fails(zero_prefetch(NULL, 0), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  zero_comm_t* comm = NULL;
+  zero_engine_t* engine = new_engine_with(&comm,
+                                          "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 3,"
+                                          " \"stage3_param_persistence_threshold\": 0}}");
+  zero_comm_destroy(comm);
+  const int32_t w = add_param(engine, "w", 100, 0);
+  add_param(engine, "v", 300, 1);
+  assert_fails(zero_prefetch(engine, 0), ZERO_ERR_INVALID_STATE, "finalize");
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  assert_fails(zero_prefetch(engine, 2), ZERO_ERR_INVALID_ARGUMENT, "no unit 2");
+  assert_fails(zero_prefetch(engine, -1), ZERO_ERR_INVALID_ARGUMENT, "no unit -1");
+  zero_memory_stats_t one = ZERO_MEMORY_STATS_INIT, two = ZERO_MEMORY_STATS_INIT;
+  assert_int_equal(zero_memory_stats(&one, engine), ZERO_OK);
+  assert_int_equal(zero_prefetch(engine, 0), ZERO_OK);
+  assert_int_equal(zero_prefetch(engine, 0), ZERO_OK); /* already fetched ahead: nothing more */
+  assert_int_equal(zero_gather(engine, 1), ZERO_OK);   /* a second buffer while unit 0 waits in the first */
+  assert_int_equal(zero_memory_stats(&two, engine), ZERO_OK);
+  assert_true(two.gathered_bytes == 2 * one.gathered_bytes);
+  assert_int_equal(zero_release(engine, 1), ZERO_OK);
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  float* data = NULL;
+  assert_int_equal(zero_param_data((void**)&data, engine, w), ZERO_OK);
+  assert_true(data != NULL);
+  assert_int_equal(zero_release(engine, 0), ZERO_OK);
+  zero_engine_destroy(engine);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_strings_and_version),
@@ -837,6 +869,7 @@ int main(void) {
       cmocka_unit_test(test_comm_finalize),
       cmocka_unit_test(test_training_run),
       cmocka_unit_test(test_allocator_hook),
+      cmocka_unit_test(test_prefetch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -33,7 +33,7 @@
  *   fail-in-flight   the same with overlap_comm: the others have not waited for the group yet when the last rank
  *                    fails; they learn it in their next call (here the next bucket's agreement or zero_backward_end)
  *                    within seconds, and every engine is unusable afterwards.
- *   exit-while-fetching  overlap_comm: the last rank leaves (destroys its engine and communicator) while
+ *   exit-while-fetching  overlap_comm: the last rank leaves (aborts and destroys its engine) while
  *                    all-gathers it started ahead are in flight — stage 3: prefetched units (recorded order),
  *                    stage 2: the new params published after the step. The others, whose next zero_gather waits
  *                    for one of them, get ZERO_ERR_REMOTE naming it within seconds.
@@ -270,6 +270,9 @@ static int exit_while_fetching(zero_comm_t* comm, int stage) {
   if (g_rank == g_last) {
     printf("rank %d: leaving with all-gathers in flight\n", g_rank);
     fflush(stdout);
+    /* Aborted, so that zero_engine_destroy does not complete them first (what it does for an engine whose job
+     * ends normally). */
+    zero_engine_abort(engine);
     zero_engine_destroy(engine);
     zero_comm_destroy(comm);
     return 1;

@@ -221,8 +221,11 @@ typedef struct zero_comm_ops {
    * `coll` and its buffer stay valid until then. With start/wait, libzero's timeout covers the collective even
    * if a rank never arrives, and zero_engine_abort interrupts the wait. libzero may start several collectives
    * before it waits for the first (a gradient bucket's reduce-scatters, one per unit; with overlap_comm, buckets
-   * still in flight while backward goes on), always in the same order on every rank, and may wait for a later one
-   * (a small control message, a gather) before an earlier one completes — in the same order on every rank. A
+   * still in flight while backward goes on; all-gathers started ahead of their use), always in the same order on
+   * every rank, and may wait for a later one (a small control message, a gather) before an earlier one
+   * completes. With overlap_comm the ranks may also wait in different orders (one rank completes an all-gather
+   * started by zero_step in its zero_gather, another only in a later call), so a backend must move every
+   * collective it has started while any one is waited for, not only that one (MPI, NCCL and gloo do). A
    * transport that cannot have more than one collective in flight runs each to completion in start and returns
    * NULL. */
   zero_status_t (*start)(void** out_request, void* user_data, const zero_collective_t* coll);
@@ -298,7 +301,9 @@ typedef struct zero_engine zero_engine_t;
 ZERO_API zero_status_t zero_engine_create(zero_engine_t** out_engine, const char* json_config, zero_comm_t* comm);
 
 /* Destroys the engine and every buffer it owns; pointers from zero_param_data/zero_grad_data become invalid.
- * Local. Accepts NULL. After a timeout, buffers a backend may still write into are deliberately not freed. */
+ * Local. Accepts NULL. With overlap_comm, the all-gathers the last zero_step started are completed first, waiting
+ * up to 5 s for the other ranks (which do the same in theirs). After a timeout, buffers a backend may still
+ * write into are deliberately not freed. */
 ZERO_API void zero_engine_destroy(zero_engine_t* engine);
 
 /* The message of the last failed call on this engine, from whichever thread made it. Never NULL ("" if none).
@@ -451,11 +456,15 @@ ZERO_API zero_status_t zero_grad_data(void** out_data, zero_engine_t* engine, in
 
 /* Makes a unit's full parameters available. Stage 3: all-gathers them (collective: all ranks gather the same
  * units in the same order; a rank gathering another unit is ZERO_ERR_MISMATCH on every rank), except units
- * small enough to stay resident (stage3_param_persistence_threshold). Otherwise local, recording the unit as in
- * use. Fails if the unit is already gathered. */
+ * small enough to stay resident (stage3_param_persistence_threshold); a unit prefetched or kept since its last
+ * release is taken without communicating. Otherwise local, recording the unit as in use — but with overlap_comm
+ * the new params of the last zero_step may still be arriving (an all-gather started by zero_step): this call
+ * waits for the unit's, and so can fail as a collective does (ZERO_ERR_REMOTE, ZERO_ERR_TIMEOUT). Fails if the
+ * unit is already gathered. */
 ZERO_API zero_status_t zero_gather(zero_engine_t* engine, int32_t unit);
 
-/* Gives a gathered unit back (stage 3: frees its full parameters). Local. */
+/* Gives a gathered unit back (stage 3: its full parameters' buffer returns to the engine's pool, or is kept for
+ * the unit's next zero_gather when stage3_max_reuse_distance says so; views of it are invalid either way). Local. */
 ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit);
 
 /* Declares the param's gradient for this micro-step complete. At stages 2-3 a gradient bucket is reduce-scattered
