@@ -13,6 +13,7 @@ set -euo pipefail
 packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
           abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv
           libopenblas-dev clang-14 libclang-rt-14-dev debootstrap)
+packages+=("$@")  # what a caller needs beyond these (scripts/demo.sh: gnuplot for the loss plot)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -200,13 +200,21 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n) {
   }
 }
 
-// Softmax cross-entropy over logits[N, V]: returns the mean loss; writes dlogits = (p - onehot) / N.
+// Softmax cross-entropy over logits[N, V]: returns the mean loss over the counted positions (a target of -1 is not
+// counted: its dlogits are 0); writes dlogits = (p - onehot) / counted.
 template <class T>
 T crossentropy_forward_backward(T* dlogits, const T* logits, const int* targets, int N, int V) {
+  int counted = 0;
+  for (int n = 0; n < N; ++n) counted += targets[n] >= 0;
+  if (counted == 0) counted = 1;
   T loss = 0;
   for (int n = 0; n < N; ++n) {
     const T* l = logits + static_cast<size_t>(n) * V;
     T* d = dlogits + static_cast<size_t>(n) * V;
+    if (targets[n] < 0) {
+      for (int v = 0; v < V; ++v) d[v] = T(0);
+      continue;
+    }
     T maxv = l[0];
     for (int v = 1; v < V; ++v) maxv = l[v] > maxv ? l[v] : maxv;
     T sum = 0;
@@ -214,9 +222,9 @@ T crossentropy_forward_backward(T* dlogits, const T* logits, const int* targets,
     for (int v = 0; v < V; ++v) d[v] /= sum;
     loss -= std::log(d[targets[n]]);
     d[targets[n]] -= T(1);
-    for (int v = 0; v < V; ++v) d[v] /= N;
+    for (int v = 0; v < V; ++v) d[v] /= counted;
   }
-  return loss / N;
+  return loss / counted;
 }
 
 // ---------------------------------------------------------------------------------------------------------------

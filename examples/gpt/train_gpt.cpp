@@ -40,7 +40,7 @@ struct Options {
   int compare_steps = 10, warmup = 30;
   bool redraw = false;
   double lr = 2e-3, weight_decay = 0.1, clip = 1.0;
-  bool checkpointing = false, bf16 = false, compare = false;
+  bool checkpointing = false, bf16 = false, compare = false, decay = false;
   uint64_t seed = 1234;
   std::string config_file, data_file, csv_file;
 };
@@ -60,6 +60,7 @@ training
   --stage 0|1|2|3         ZeRO stage (default 3)
   --lr X                  AdamW peak learning rate (default 2e-3), --weight-decay X (default 0.1), --clip X
                           (default 1), --warmup N linear warmup steps (default 30, DeepSpeed's WarmupLR)
+  --decay                 then decay linearly to 0 at the last step (DeepSpeed's WarmupDecayLR)
   --bf16                  bf16 params with fp32 master weights (default fp32)
   --activation-checkpointing
                           keep only each block's input; recompute the block's forward during backward
@@ -131,6 +132,8 @@ Options parse(int argc, char** argv, int rank) {
       o.print_every = std::stoi(next());
     else if (a == "--warmup")
       o.warmup = std::stoi(next());
+    else if (a == "--decay")
+      o.decay = true;
     else if (a == "--progress")
       o.redraw = next() == "redraw";
     else if (a == "--eval-every")
@@ -192,9 +195,10 @@ std::string engine_config(Options& o, int stage) try {
                 " \"gradient_clipping\": %g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g,"
                 " \"betas\": [0.9, 0.95], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
                 " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000},"
-                " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %g,"
-                " \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"}}%s}",
-                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage, o.lr, o.warmup,
+                " \"scheduler\": {\"type\": \"%s\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %g,"
+                " \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"%s}}%s}",
+                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage, o.decay ? "WarmupDecayLR" : "WarmupLR",
+                o.lr, o.warmup, o.decay ? (", \"total_num_steps\": " + std::to_string(o.steps)).c_str() : "",
                 o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
   return buffer;
 } catch (const std::exception& e) {
@@ -346,40 +350,82 @@ void register_model(zero_engine_t* e, ZeroSource& src, const gpt::ModelConfig& c
 
 struct Eval {
   double loss = 0, char_accuracy = 0, exact = 0;
+  int answers = 0;
+  std::vector<std::string> samples;  // arithmetic: a few held-out problems as the model answers them
 };
 
-// Held-out loss; on the generated corpus also the answers: after each '=', the share of answer characters
-// predicted right (argmax, teacher-forced) and of answers right in full.
+// Held-out loss; on the generated corpus also the answers: the share of answer characters predicted right (argmax)
+// and of answers right in full, over kEvalBatches batches of held-out problems. An answer whose every character is
+// right with the true previous ones fed in is also what the model writes greedily on its own (the first wrong
+// character would be the same either way), so "whole answers" is the greedy accuracy. Samples are written by the
+// model digit by digit from the '=' on.
+constexpr int kEvalBatches = 8;
+
 Eval evaluate(gpt::Runner<float>& runner, ZeroSource& src, const gpt::Corpus& corpus, const Options& o) {
   std::vector<int> tokens, targets;
-  corpus.heldout_batch(o.micro_batch, o.model.seq_len, tokens, targets);
   Eval ev;
-  ev.loss = runner.step(src, tokens.data(), targets.data(), false);
-  if (!corpus.arithmetic) return ev;
-  const auto& logits = runner.logits();
   int chars = 0, right = 0, answers = 0, exact = 0;
-  for (int b = 0; b < o.micro_batch; ++b) {
-    // Score the predictions made from '=' up to the newline that ends the answer, for problems whose whole line
-    // is inside the window (a newline before the '=').
-    bool in_answer = false, scored = false, all_right = true, line_started = false;
-    for (int t = 0; t < o.model.seq_len; ++t) {
-      const size_t row = static_cast<size_t>(b) * o.model.seq_len + t;
-      if (tokens[row] == '=') in_answer = true, scored = line_started, all_right = true;
-      if (in_answer && scored) {
+  const int batches = corpus.arithmetic ? kEvalBatches : 1;
+  const int T = o.model.seq_len;
+  for (int batch = 0; batch < batches; ++batch) {
+    corpus.heldout_batch(o.micro_batch, T, tokens, targets, batch);
+    ev.loss += runner.step(src, tokens.data(), targets.data(), false) / batches;
+    if (!corpus.arithmetic) continue;
+    const auto& logits = runner.logits();
+    for (int b = 0; b < o.micro_batch; ++b) {
+      // Each line's answer is scored where its four targets (three digits and the newline) are in the window.
+      int line_chars = 0;
+      bool line_right = true;
+      for (int t = 0; t < T; ++t) {
+        const size_t row = static_cast<size_t>(b) * T + t;
+        if (targets[row] < 0) continue;
         const float* l = logits.data() + row * o.model.vocab;
         int best = 0;
         for (int v = 1; v < o.model.vocab; ++v) best = l[v] > l[best] ? v : best;
-        ++chars;
+        ++chars, ++line_chars;
         right += best == targets[row];
-        all_right = all_right && best == targets[row];
-        if (targets[row] == '\n') ++answers, exact += all_right;
+        line_right = line_right && best == targets[row];
+        if (targets[row] == '\n') {
+          if (line_chars == gpt::kAdditionLine - gpt::kAnswerAt) ++answers, exact += line_right;
+          line_chars = 0, line_right = true;
+        }
       }
-      if (targets[row] == '\n') in_answer = false;
-      if (tokens[row] == '\n') line_started = true;
     }
   }
   ev.char_accuracy = chars ? 100.0 * right / chars : 0;
   ev.exact = answers ? 100.0 * exact / answers : 0;
+  ev.answers = answers;
+  if (!corpus.arithmetic) return ev;
+  // Samples: the sixth line of each window of the first held-out batch, its answer written by the model.
+  corpus.heldout_batch(o.micro_batch, T, tokens, targets, 0);
+  const int line = 5 * gpt::kAdditionLine;
+  if (line + gpt::kAdditionLine > T) return ev;
+  std::vector<int> written = tokens;
+  for (int d = 0; d < 3; ++d) {
+    runner.step(src, written.data(), targets.data(), false);
+    const auto& logits = runner.logits();
+    for (int b = 0; b < o.micro_batch; ++b) {
+      const size_t row = static_cast<size_t>(b) * T + line + gpt::kAnswerAt - 1 + d;
+      const float* l = logits.data() + row * o.model.vocab;
+      int best = 0;
+      for (int v = 1; v < o.model.vocab; ++v) best = l[v] > l[best] ? v : best;
+      written[row + 1] = best;
+    }
+  }
+  for (int b = 0; b < std::min(o.micro_batch, 6); ++b) {
+    std::string problem, answer, truth;
+    for (int t = 0; t < gpt::kAdditionLine - 1; ++t) {
+      const size_t row = static_cast<size_t>(b) * T + line + t;
+      problem += static_cast<char>(tokens[row]);
+      if (t >= gpt::kAnswerAt) answer += static_cast<char>(written[row]), truth += static_cast<char>(tokens[row]);
+    }
+    bool digits = true;
+    for (char c : answer) digits = digits && c >= '0' && c <= '9';
+    const std::string said = digits ? gpt::readable_addition(problem, answer) : "(not digits)";
+    const std::string right_text = gpt::readable_addition(problem, truth);
+    ev.samples.push_back(problem.substr(0, gpt::kAnswerAt) + answer + "   " + said +
+                         (answer == truth ? "   right" : "   wrong: " + right_text));
+  }
   return ev;
 }
 
@@ -454,7 +500,7 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
       std::fflush(stdout);
     }
     if (verbose && o.eval_every > 0 && step % o.eval_every == 0 && step != steps) {
-      Eval ev = evaluate(runner, src, corpus, o);
+      const Eval ev = evaluate(runner, src, corpus, o);
       if (rank == 0)
         std::printf("%seval at step %d: held-out loss %.4f%s\n", tty ? "\n" : "", step, ev.loss,
                     corpus.arithmetic ? (", answer characters " + std::to_string(ev.char_accuracy).substr(0, 5) +
@@ -468,12 +514,17 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
   result.tokens_per_s = tokens_per_step * steps / seconds;
   result.ms_per_step = total_ms / steps;
   if (verbose) {
-    Eval ev = evaluate(runner, src, corpus, o);
+    const Eval ev = evaluate(runner, src, corpus, o);
     if (rank == 0) {
       std::printf("held-out loss %.4f", ev.loss);
       if (corpus.arithmetic)
-        std::printf(" | answer characters right %.1f %% | whole answers right %.1f %%", ev.char_accuracy, ev.exact);
+        std::printf(" | answer characters right %.1f %% | whole answers right %.1f %% (of %d held-out problems)",
+                    ev.char_accuracy, ev.exact, ev.answers);
       std::printf("\n");
+      if (!ev.samples.empty()) {
+        std::printf("held-out problems, answered by the model (answers are written ones digit first):\n");
+        for (const auto& line : ev.samples) std::printf("  %s\n", line.c_str());
+      }
     }
   }
   ZCHECK(zero_memory_stats(&result.mem, e));
@@ -584,6 +635,8 @@ int main(int argc, char** argv) {
                     formula_bytes(s, static_cast<double>(results[0].padded_params), world, o.bf16) / (1 << 20),
                     stage0 / states, r.tokens_per_s);
       }
+      std::printf("stage-3 / stage-0 step time: %.2f (%.1f ms against %.1f ms per step)\n",
+                  results[3].ms_per_step / results[0].ms_per_step, results[3].ms_per_step, results[0].ms_per_step);
     }
   }
   MPI_Finalize();

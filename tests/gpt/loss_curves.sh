@@ -3,7 +3,8 @@
 # stages 0, 1, 2, 3 (and stage 3 with checkpointing) on N ranks must give identical losses, compared through
 # their exact hex representation. This holds for any N because libzero sums the ranks' contributions in rank order
 # whatever the collective (stage 0's all-reduce and stages 1-3's reduce-scatters alike). Then the model must
-# learn: the final loss below a threshold measured with margin.
+# learn: the final loss below a threshold measured with margin (the answers' loss falls from 5.55, uniform over
+# 256 bytes, to about 1.5 in 30 steps at 2-4 ranks).
 #   loss_curves.sh MPIEXEC TRAIN_GPT WORKDIR N
 set -euo pipefail
 mpiexec=$1 train_gpt=$2 work=$3 world=$4
@@ -27,5 +28,5 @@ for other in stage1 stage2 stage3 stage3-checkpointing; do
   }
 done
 final=$(tail -1 "$work/stage3.csv" | cut -d, -f2)
-python3 -c "import sys; sys.exit(0 if $final < 2.9 else 1)" || { echo "loss after 30 steps is $final, expected < 2.9"; exit 1; }
+python3 -c "import sys; sys.exit(0 if $final < 2.2 else 1)" || { echo "loss after 30 steps is $final, expected < 2.2"; exit 1; }
 echo "gpt ok: $world ranks, stages 0-3 and activation checkpointing give the same loss curve; final loss $final"
