@@ -109,7 +109,8 @@ struct Corpus {
       const size_t w = static_cast<size_t>(index) * B + b;
       size_t start = (w * (T + 1)) % (heldout.size() - static_cast<size_t>(T) - 1);
       if (arithmetic) start -= start % kAdditionLine;
-      window(heldout, start, T, tokens.data() + static_cast<size_t>(b) * T, targets.data() + static_cast<size_t>(b) * T);
+      window(heldout, start, T, tokens.data() + static_cast<size_t>(b) * T,
+             targets.data() + static_cast<size_t>(b) * T);
     }
   }
 };

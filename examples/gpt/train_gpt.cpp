@@ -197,8 +197,9 @@ std::string engine_config(Options& o, int stage) try {
                 " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000},"
                 " \"scheduler\": {\"type\": \"%s\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %g,"
                 " \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"%s}}%s}",
-                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage, o.decay ? "WarmupDecayLR" : "WarmupLR",
-                o.lr, o.warmup, o.decay ? (", \"total_num_steps\": " + std::to_string(o.steps)).c_str() : "",
+                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage,
+                o.decay ? "WarmupDecayLR" : "WarmupLR", o.lr, o.warmup,
+                o.decay ? (", \"total_num_steps\": " + std::to_string(o.steps)).c_str() : "",
                 o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
   return buffer;
 } catch (const std::exception& e) {
