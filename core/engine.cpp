@@ -188,7 +188,8 @@ void* Engine::grad_data(int param) {
 }
 
 Engine::~Engine() {
-  if (!guard_.ready() || comm_.failed() || guard_.aborted()) return;
+  if (!guard_.ready() || comm_.failed() || guard_.aborted() || comm_.backend().aborted() || comm_.backend().finalized())
+    return;
   try {
     store_.drain(std::min(5.0, comm_.timeout()));
   } catch (...) {  // a destructor: whatever is left stays in flight, its buffers never freed

@@ -312,7 +312,7 @@ void ParameterStore::drain(double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (!fetches_.empty()) {
     const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
-    if (!comm_.try_wait(fetches_.front().pending, std::max(0.0, left))) return;
+    if (!comm_.try_wait(fetches_.front().pending, std::max(0.0, left))) return;  // the rest: leaked at the end
     units_[fetches_.front().unit].fetching = false;
     fetches_.pop_front();
   }

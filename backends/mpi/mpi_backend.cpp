@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -72,7 +73,8 @@ struct CtlMsg {
   int32_t type = 0;
   int32_t rank = 0;
   uint64_t a = 0;      // NOTICE: last collective completed; QUERY: the asker's collective; REPLY: collective waited in
-  uint64_t b = 0;      // REPLY: last collective completed
+  uint64_t b = 0;      // NOTICE: the first collective started and not completed (UINT64_MAX: none); REPLY: last
+                       // collective completed
   double seconds = 0;  // REPLY: how long it has waited
   char text[224] = {};
 };
@@ -88,6 +90,7 @@ void copy_text(char (&out)[224], const std::string& s) {
 
 struct Peer {
   uint64_t left_after = UINT64_MAX;  // it stopped after completing this collective (UINT64_MAX: still with us)
+  uint64_t left_open = UINT64_MAX;   // the first collective it had started and not completed when it stopped
   std::string reason;
   bool replied = false;  // in the current diagnosis round
   CtlMsg reply;
@@ -236,13 +239,21 @@ size_t dtype_bytes(int32_t dtype) {
 // The shared-memory path (node_window.hpp) when every rank is on one node, unless ZERO_MPI_SHM=0 on any rank;
 // ZERO_MPI_SHM_HALF_BYTES sets the chunk buffer per rank (two of them; 512 KiB by default: a chunk stays in cache
 // between its copy and its sum).
-// The window's collectives move in a progress thread of the backend while the caller computes, when the node has
-// a spare core per rank (hardware threads >= 2 x ranks on the node); otherwise only inside waits, where they
-// would compete with the caller's own compute for the same cores. ZERO_MPI_PROGRESS_THREAD=1 or 0 decides instead.
+// The window's collectives move in a progress thread of the backend while the caller computes, when this rank has
+// a spare core: two CPUs in its affinity mask when mpirun or the scheduler bound it to some, else two hardware
+// threads per rank on the node. Otherwise only inside waits, where they would compete with the caller's own
+// compute for the same cores. ZERO_MPI_PROGRESS_THREAD=1 or 0 decides instead.
 bool want_progress_thread(int ranks_on_node) {
   const char* env = std::getenv("ZERO_MPI_PROGRESS_THREAD");
   if (env != nullptr && *env != '\0') return std::strcmp(env, "0") != 0;
-  return std::thread::hardware_concurrency() >= 2u * static_cast<unsigned>(std::max(1, ranks_on_node));
+  const unsigned machine = std::thread::hardware_concurrency();
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    const unsigned mine = static_cast<unsigned>(CPU_COUNT(&mask));
+    if (mine < machine) return mine >= 2;  // bound to some CPUs: those are this rank's
+  }
+  return machine >= 2u * static_cast<unsigned>(std::max(1, ranks_on_node));
 }
 
 size_t shm_half_bytes() {
@@ -292,6 +303,9 @@ class Backend {
     } catch (const std::bad_alloc&) {
       error_ = "out of memory in the MPI backend";
       return ZERO_ERR_OUT_OF_MEMORY;
+    } catch (const std::exception& e) {  // nothing may cross into libzero's C++ (std::thread's system_error)
+      error_ = std::string("the MPI backend: ") + e.what();
+      return ZERO_ERR_INTERNAL;
     }
   }
 
@@ -317,12 +331,13 @@ class Backend {
       // every rank, whatever order the engine waits in: window_queue_).
       op->shm = true;
       op->shm_op = window_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
-      in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};
+      if (use_progress_thread_) start_progress_thread();  // before queueing: it may fail
+      in_flight_[coll.sequence] = InFlight{op->label, Clock::now(), op.get()};
       {
         std::lock_guard<std::mutex> lock(window_mutex_);
         window_queue_.push_back(op.get());
       }
-      if (use_progress_thread_) wake_progress_thread();
+      if (use_progress_thread_) window_cv_.notify_one();
       return op.release();
     }
     op->count = mpi_count(coll.count, coll.dtype);
@@ -353,7 +368,7 @@ class Backend {
       default:
         fail(ZERO_ERR_INVALID_ARGUMENT, "unknown collective kind " + std::to_string(coll.kind));
     }
-    in_flight_[coll.sequence] = InFlight{op->label, Clock::now()};
+    in_flight_[coll.sequence] = InFlight{op->label, Clock::now(), op.get()};
     return op.release();
   }
 
@@ -413,6 +428,10 @@ class Backend {
       abort_reason_ = reason;
       abort_requested_.store(true);
     }
+    {
+      std::lock_guard<std::mutex> lock(window_mutex_);  // the progress thread sees it before its next step
+    }
+    window_cv_.notify_one();
     // Tell the others now if this thread may call MPI; otherwise the next call on the libzero thread does.
     if (may_call_mpi_now()) say_goodbye(reason);
   }
@@ -430,6 +449,7 @@ class Backend {
     m.type = kNotice;
     m.rank = rank_;
     m.a = completed_;
+    m.b = lowest_open();
     copy_text(m.text, reason);
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, m);
@@ -578,22 +598,38 @@ class Backend {
     return caller_ == std::this_thread::get_id() || caller_ == std::thread::id();
   }
 
-  // Why collective `sequence` can never complete: a rank stopped after completing an earlier one (empty: none).
+  // Why collective `sequence` can never complete: a rank stopped before it (empty: none) — after completing
+  // earlier ones only, or with an earlier one started and never completed (collectives complete out of order: a
+  // prefetch is waited for after later agreements), from which on nothing is certain. Called before a wait tests
+  // its own collective, never after it completed here.
   std::string stopped_peer(uint64_t sequence, const char* label) const {
     for (int r = 0; r < size_; ++r) {
       const Peer& p = peers_[static_cast<size_t>(r)];
-      if (r == rank_ || p.left_after == UINT64_MAX || sequence <= p.left_after) continue;
-      return "rank " + std::to_string(r) + " has stopped: " + p.reason + ". It took part in the collectives up to #" +
-             std::to_string(p.left_after) + ", so collective #" + std::to_string(sequence) + " (" +
-             (label ? label : "") + ") cannot complete";
+      if (r == rank_ || p.left_after == UINT64_MAX) continue;
+      if (sequence <= p.left_after && sequence < p.left_open) continue;
+      const std::string took = sequence > p.left_after
+                                   ? "It took part in the collectives up to #" + std::to_string(p.left_after)
+                                   : "It left collective #" + std::to_string(p.left_open) +
+                                         " unfinished (and completed up to #" + std::to_string(p.left_after) + ")";
+      return "rank " + std::to_string(r) + " has stopped: " + p.reason + ". " + took + ", so collective #" +
+             std::to_string(sequence) + " (" + (label ? label : "") + ") cannot complete";
     }
     return {};
+  }
+
+  // The first collective started here and not completed (the window's ones the queue moved through count as
+  // completed: this rank did its part); UINT64_MAX if none.
+  uint64_t lowest_open() const {
+    for (const auto& f : in_flight_)
+      if (f.second.op == nullptr || !(f.second.op->shm && f.second.op->shm_done.load())) return f.first;
+    return UINT64_MAX;
   }
 
   // Advances the window's collectives in start order, as far as the peers allow (a bounded amount of work per
   // call, so that the caller's wait loop keeps polling). A descriptor mismatch, found here or by the progress
   // thread, fails the wait in progress. While the progress thread holds the queue the caller does not wait for it.
   void progress_window(Op* waiting) {
+    if (abort_requested_.load()) return;  // an aborted rank takes no further part
     std::unique_lock<std::mutex> lock(window_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
     if (window_failure_.empty()) step_window_locked(waiting);
@@ -631,16 +667,24 @@ class Backend {
   // ---- The progress thread: moves the window's queue while the caller computes. It makes no MPI call and
   // touches only the window and the buffers of collectives in flight (which the engine leaves alone until their
   // wait). When peers are behind it backs off from spinning to short sleeps, so that an idle job costs no core.
-  void wake_progress_thread() {
-    if (!progress_thread_.joinable()) progress_thread_ = std::thread([this] { progress_loop(); });
-    window_cv_.notify_one();
+  // Lazily, with the first collective through the window; where the thread cannot be made (a container's thread
+  // limit), the waits move the queue, as without it.
+  void start_progress_thread() {
+    if (progress_thread_.joinable()) return;
+    try {
+      progress_thread_ = std::thread([this] { progress_loop(); });
+    } catch (const std::system_error&) {
+      use_progress_thread_ = false;
+    }
   }
 
   void progress_loop() {
     int idle = 0;
     std::unique_lock<std::mutex> lock(window_mutex_);
     while (!stop_progress_) {
-      if (window_queue_.empty() || !window_failure_.empty()) {
+      // After an abort (zero_engine_abort, or this rank's own timeout) this rank takes no further part: what is
+      // queued stays as it is, and the thread sleeps until it is stopped.
+      if (window_queue_.empty() || !window_failure_.empty() || abort_requested_.load()) {
         idle = 0;
         window_cv_.wait(lock);
         continue;
@@ -737,6 +781,7 @@ class Backend {
       Peer& p = peers_[static_cast<size_t>(m.rank)];
       if (m.type == kNotice) {
         p.left_after = std::min(p.left_after, m.a);
+        p.left_open = std::min(p.left_open, m.b);
         p.reason = std::string(m.text, strnlen(m.text, sizeof m.text));
       } else if (m.type == kQuery) {
         CtlMsg r;
@@ -784,6 +829,7 @@ class Backend {
   struct InFlight {
     std::string label;
     Clock::time_point since;
+    const Op* op = nullptr;
   };
   std::map<uint64_t, InFlight> in_flight_;
   const Op* waiting_ = nullptr;  // the collective last waited for, until it completes

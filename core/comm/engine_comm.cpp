@@ -264,9 +264,11 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
       }
     }
   } catch (...) {
+    // Given up: its buffer is the caller's to keep (ParameterStore leaks exactly those); the engine's other
+    // buffers are not in flight and may be freed.
     p.active_ = false;
     record_end(p.slot_, c.sequence, 2);
-    failed_ = abandoned_ = true;
+    failed_ = true;
     return false;
   }
 }

@@ -109,8 +109,8 @@ class EngineComm {
   Pending start_reduce_scatter_sum(void* buf, size_t block, ElemType type, const std::string& label);
   void wait(Pending& pending);
   // Waits up to `seconds` without the watchdog's consequences (no abort, no diagnosis): whether it completed. For
-  // an engine going away that would rather finish what it started than leave it to the backend. A backend error
-  // leaves the collective abandoned.
+  // an engine going away that would rather finish what it started than leave it to the backend. Not completed
+  // (time, or a backend error): the caller keeps its buffer forever.
   bool try_wait(Pending& pending, double seconds);
   // Starts every collective of `group` (see Communicator::group_begin) and returns their Pendings, in order.
   struct Planned {

@@ -28,11 +28,12 @@ inline uint64_t splitmix(uint64_t x) {
 constexpr int kAdditionLine = 10;  // "07+48=550\n"
 constexpr int kAnswerAt = 6;       // the answer's first digit's column
 
+// a, b in [0, 100).
 inline std::string addition_line(int a, int b) {
-  char line[kAdditionLine + 1];
   const int s = a + b;
-  std::snprintf(line, sizeof line, "%02d+%02d=%d%d%d\n", a, b, s % 10, s / 10 % 10, s / 100);
-  return line;
+  auto digit = [](int d) { return static_cast<char>('0' + d); };
+  return {digit(a / 10),      digit(a % 10),  '+', digit(b / 10), digit(b % 10), '=', digit(s % 10),
+          digit(s / 10 % 10), digit(s / 100), '\n'};
 }
 
 inline std::string addition_lines(uint64_t seed, int count) {

@@ -37,6 +37,10 @@
  *                    all-gathers it started ahead are in flight — stage 3: prefetched units (recorded order),
  *                    stage 2: the new params published after the step. The others, whose next zero_gather waits
  *                    for one of them, get ZERO_ERR_REMOTE naming it within seconds.
+ *   abort-with-prefetch-open  stage 3: every rank prefetches units 0 and 1 (all-gathers left in flight); the last
+ *                    rank aborts and leaves. The others' zero_save_checkpoint, which first completes what was
+ *                    fetched ahead, gets ZERO_ERR_REMOTE within seconds, whichever of the all-gathers the last rank
+ *                    had moved through before it left (the notice names the first it left unfinished).
  *   bad-unit         stage 3: the last rank calls zero_gather with a unit id that does not exist: its argument
  *                    error reaches the others (ZERO_ERR_REMOTE), it does not leave them waiting.
  *   early-step       the last rank calls zero_step before zero_backward_end: the others, in zero_backward_end,
@@ -288,6 +292,30 @@ static int exit_while_fetching(zero_comm_t* comm, int stage) {
   return 0;
 }
 
+/* abort-with-prefetch-open: a rank stops with all-gathers started ahead still in flight. */
+static int abort_with_prefetch_open(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
+  CHECK(zero_prefetch(engine, 0));
+  CHECK(zero_prefetch(engine, 1));
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (g_rank == g_last) {
+    printf("rank %d: aborting with prefetches in flight\n", g_rank);
+    fflush(stdout);
+    zero_engine_abort(engine);
+    zero_engine_destroy(engine);
+    zero_comm_destroy(comm);
+    return 1;
+  }
+  const double t = now();
+  const zero_status_t s = zero_save_checkpoint(engine, g_dir, "open");
+  char fragment[64];
+  snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
+  expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 8.0, "zero_save_checkpoint with a prefetch left open");
+  zero_engine_destroy(engine);
+  return 0;
+}
+
 /* The last rank stops early; the others are left in zero_step. */
 static int exit_early(zero_comm_t* comm, int silently) {
   int32_t ids[kNumParams];
@@ -498,7 +526,8 @@ int main(int argc, char** argv) {
   }
   /* exit-while-fetching needs the all-gathers still in flight when the last rank leaves: the MPI module's progress
    * thread would complete them in the background first (which is what it is for). */
-  if (strcmp(g_scenario, "exit-while-fetching") == 0) setenv("ZERO_MPI_PROGRESS_THREAD", "0", 1);
+  if (strcmp(g_scenario, "exit-while-fetching") == 0 || strcmp(g_scenario, "abort-with-prefetch-open") == 0)
+    setenv("ZERO_MPI_PROGRESS_THREAD", "0", 1);
   zero_comm_t* comm = NULL;
   CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
   CHECK(zero_comm_rank(&g_rank, comm));
@@ -515,6 +544,8 @@ int main(int argc, char** argv) {
     divergence(comm, g_scenario);
   else if (strcmp(g_scenario, "exit-while-fetching") == 0)
     left = exit_while_fetching(comm, stage);
+  else if (strcmp(g_scenario, "abort-with-prefetch-open") == 0)
+    left = abort_with_prefetch_open(comm);
   else if (strcmp(g_scenario, "fail-in-group") == 0)
     fail_in_group(comm);
   else if (strcmp(g_scenario, "fail-in-flight") == 0) {

@@ -301,9 +301,10 @@ typedef struct zero_engine zero_engine_t;
 ZERO_API zero_status_t zero_engine_create(zero_engine_t** out_engine, const char* json_config, zero_comm_t* comm);
 
 /* Destroys the engine and every buffer it owns; pointers from zero_param_data/zero_grad_data become invalid.
- * Local. Accepts NULL. With overlap_comm, the all-gathers the last zero_step started are completed first, waiting
- * up to 5 s for the other ranks (which do the same in theirs). After a timeout, buffers a backend may still
- * write into are deliberately not freed. */
+ * Local, except that all-gathers still in flight (overlap_comm's after the last zero_step, zero_prefetch's) are
+ * completed first, waiting up to 5 s for the other ranks (which do the same in theirs); so call it from a thread
+ * that may use the communicator. After a timeout, buffers a backend may still write into are deliberately not
+ * freed. Accepts NULL. */
 ZERO_API void zero_engine_destroy(zero_engine_t* engine);
 
 /* The message of the last failed call on this engine, from whichever thread made it. Never NULL ("" if none).
