@@ -58,6 +58,16 @@ void accumulate(void* acc, DType acc_type, const void* src, DType src_type, size
   for (size_t i = 0; i < n; ++i) store(acc, acc_type, i, load(acc, acc_type, i) + load(src, src_type, i));
 }
 
+void accumulate_into_zero(void* acc, DType acc_type, const void* src, DType src_type, size_t n) {
+  if (acc_type == DType::kF32 && src_type == DType::kF32) {
+    float* a = static_cast<float*>(acc);
+    const float* s = static_cast<const float*>(src);
+    for (size_t i = 0; i < n; ++i) a[i] = 0.0f + s[i];
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) store(acc, acc_type, i, 0.0f + load(src, src_type, i));
+}
+
 void round_from_f32(void* dst, DType dst_type, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) store(dst, dst_type, i, src[i]);
 }

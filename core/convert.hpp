@@ -14,6 +14,10 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, size_t 
 // acc[i] = acc[i] + src[i], computed in fp32 and rounded to acc's dtype.
 void accumulate(void* acc, DType acc_type, const void* src, DType src_type, size_t n);
 
+// acc[i] = 0 + src[i], computed in fp32 and rounded to acc's dtype: the bits accumulate() gives on a zeroed acc
+// (-0 becomes +0 as it does there), without reading acc — the first accumulation into a buffer not cleared.
+void accumulate_into_zero(void* acc, DType acc_type, const void* src, DType src_type, size_t n);
+
 // dst[i] = the compute-dtype rounding of the fp32 src[i] (round to nearest even).
 void round_from_f32(void* dst, DType dst_type, const float* src, size_t n);
 

@@ -259,6 +259,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   settle_fetches();
   checkpointer_.load(dir, tag, micro_steps_);
+  reducer_.start_window();  // the load cleared every accumulator
 }
 
 }  // namespace zero

@@ -71,6 +71,7 @@ StepResult Engine::step() {
     //    plan leaves to the step (full gradient buffers); bucketed plans reduced during backward.
     store_.settle();
     reducer_.reduce_in_step();
+    reducer_.zero_unwritten_accumulators();
     // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order, so that every
     //    rank computes the same norm bit for bit and takes the same clip and skip decisions.
     const double sum_sq =
@@ -80,13 +81,14 @@ StepResult Engine::step() {
     result = decision.result;
     // 4. The fused optimizer pass over what this rank updates (skipped on overflow: weights, state, step counter
     //    and schedule untouched).
-    if (!result.skipped) stepper_.update(store_, groups, decision);
+    if (!result.skipped) stepper_.update(store_, groups, decision, !reducer_.accumulators_written_on_reduction());
     // 5. Clear the gradients the optimizer pass did not (all of them after a skipped step); publish the new
     //    params where the plan says so.
     if (result.skipped)
       store_.clear_grads();
-    else
+    else if (!reducer_.accumulators_written_on_reduction())
       store_.clear_grads_not_updated();
+    reducer_.start_window();
     if (!result.skipped) store_.publish("zero_step: all-gather of the new params");
   });
   micro_steps_ = 0;

@@ -33,6 +33,13 @@ void GradientReducer::allocate(int num_params) {
   param_ready_.assign(static_cast<size_t>(num_params), 0);
   param_touched_.assign(static_cast<size_t>(num_params), 0);
   param_expected_.assign(static_cast<size_t>(num_params), 1);
+  written_.assign(static_cast<size_t>(store_.num_units()), 0);
+}
+
+void GradientReducer::zero_unwritten_accumulators() {
+  if (!accumulators_written_on_reduction()) return;
+  for (int u = 0; u < store_.num_units(); ++u)
+    if (!written_[u]) store_.unit(u).grads.zero();
 }
 
 void GradientReducer::clear() {
@@ -106,7 +113,11 @@ void GradientReducer::complete_oldest() {
       const int u = b.units[i];
       const size_t shard = store_.layout().units[u].shard_elems;
       const char* full = static_cast<const char*>(f.buffer) + b.unit_offsets[i] * grad_size();
-      ops.accumulate(store_.unit(u).grads.data(), accum, full + rank * shard * dtype_size(comm_type), comm_type, shard);
+      // The window's first reduction of a unit writes its accumulator, which the optimizer pass left as it was
+      // (nothing to clear there); later ones add.
+      (written_[u] ? ops.accumulate : ops.accumulate_into_zero)(
+          store_.unit(u).grads.data(), accum, full + rank * shard * dtype_size(comm_type), comm_type, shard);
+      written_[u] = 1;
     }
     bucket_pool_.give_back(f.buffer);
   });

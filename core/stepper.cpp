@@ -99,7 +99,8 @@ CopyMode Stepper::copy_mode() const {
 
 // One fused pass per run of one group's elements: reads the gradient (any accumulation dtype), updates master and
 // state, writes the compute-dtype params.
-void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision) {
+void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision,
+                     bool clear_grads) {
   steps_ += 1;
   for (size_t g = 0; g < groups.size(); ++g) {
     OptimizerHyper h = groups[g].hyper;
@@ -126,7 +127,7 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
       a.state0 = ub.state[0].empty() ? nullptr : ub.state[0].f32() + s.shard_offset;
       a.state1 = ub.state[1].empty() ? nullptr : ub.state[1].f32() + s.shard_offset;
       a.copy = copy == nullptr ? nullptr : copy + s.shard_offset * compute_size;
-      a.clear_grad = true;  // the next micro-step adds into zeros; no pass of its own
+      a.clear_grad = clear_grads;  // the next micro-step adds into zeros; no pass of its own
       a.n = s.numel;
       a.first_index = up.element_base + up.update_begin + s.shard_offset;
       a.s = step_scalars_[s.group];

@@ -41,8 +41,10 @@ class Stepper {
   double local_sum_squares(ParameterStore& store);
   // From the sum over ranks: the norm, the skip and loss-scale decisions, the clip, the learning rate of group 0.
   StepDecision decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups);
-  // The fused optimizer pass over every unit's update range (counts the step); it zeroes the gradients it reads.
-  void update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision);
+  // The fused optimizer pass over every unit's update range (counts the step); with `clear_grads` it zeroes the
+  // gradients it reads (not needed where the next reduction writes them: GradientReducer).
+  void update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision,
+              bool clear_grads);
   // After the step: a skipped step is logged, and too many in a row end the run (throws).
   void account(const StepResult& result);
 

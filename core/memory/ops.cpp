@@ -29,7 +29,7 @@ void fill_zero(MemorySpace space, void* p, size_t bytes) {
 }
 
 const ElementOps& element_ops(MemorySpace space) {
-  static const ElementOps host{convert, accumulate, round_from_f32};
+  static const ElementOps host{convert, accumulate, accumulate_into_zero, round_from_f32};
   require_host(space, "element conversions");
   return host;
 }

@@ -19,6 +19,7 @@ void fill_zero(MemorySpace space, void* p, size_t bytes);
 struct ElementOps {
   void (*convert)(void* dst, DType dst_type, const void* src, DType src_type, size_t n);
   void (*accumulate)(void* acc, DType acc_type, const void* src, DType src_type, size_t n);
+  void (*accumulate_into_zero)(void* acc, DType acc_type, const void* src, DType src_type, size_t n);
   void (*round_from_f32)(void* dst, DType dst_type, const float* src, size_t n);
 };
 // Throws ZERO_ERR_UNSUPPORTED for a space this build has no kernels for.
