@@ -116,6 +116,7 @@ void Engine::finalize() {
     fetch.max_live_elements = config_.max_live_parameters;
     fetch.max_reuse_distance = config_.max_reuse_distance;
     store_.set_fetch_policy(fetch);
+    store_.set_next_micro_step_in_window(config_.gradient_accumulation_steps > 1);
     reducer_.allocate(registration_.num_params());
     stepper_.allocate(store_, registration_.groups().size());
     // zero_memory_stats reports the plan: what was allocated must be exactly that.
@@ -227,6 +228,7 @@ void Engine::backward_end() {
   reducer_.finish_micro_step(call);
   store_.end_micro_step();
   micro_steps_ += 1;
+  store_.set_next_micro_step_in_window(micro_steps_ + 1 < config_.gradient_accumulation_steps);
   micro_step_count_ += 1;
 }
 
@@ -260,6 +262,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   settle_fetches();
   checkpointer_.load(dir, tag, micro_steps_);
   reducer_.start_window();  // the load cleared every accumulator
+  store_.set_next_micro_step_in_window(micro_steps_ + 1 < config_.gradient_accumulation_steps);
 }
 
 }  // namespace zero

@@ -226,10 +226,13 @@ ParameterStore::AheadPlan ParameterStore::plan_ahead(int unit) const {
   // Reuse: kept at its release when the order gathers it again with fewer than max_reuse_distance elements
   // gathered in between (so 0 keeps nothing and 1 keeps a unit gathered again next, as backward does with the
   // last unit of forward).
+  // Ahead of the cursor: the rest of this micro-step's order and, when the next micro-step belongs to the same
+  // accumulation window (the params do not change in between), the next one's beginning, up to one whole cycle.
+  const size_t n = order_.size(), end = wrap_ ? a.cursor + n : n;
   if (policy_.max_reuse_distance > 0) {
     uint64_t distance = 0;
-    for (size_t j = a.cursor; j < order_.size(); ++j) {
-      const int v = order_[j];
+    for (size_t j = a.cursor; j < end; ++j) {
+      const int v = order_[j % n];
       if (v == unit) {
         a.keep = live + buffer <= max_live;
         break;
@@ -243,8 +246,8 @@ ParameterStore::AheadPlan ParameterStore::plan_ahead(int unit) const {
   // flight or held counts), within max_live_parameters.
   if (policy_.prefetch_elements > 0) {
     uint64_t window = 0;
-    for (size_t j = a.cursor; j < order_.size() && window < static_cast<uint64_t>(policy_.prefetch_elements); ++j) {
-      const int v = order_[j];
+    for (size_t j = a.cursor; j < end && window < static_cast<uint64_t>(policy_.prefetch_elements); ++j) {
+      const int v = order_[j % n];
       if (v == unit) continue;  // gathered now: reuse decides
       const UnitBuffers& vb = units_[v];
       window += unit_elems(v);

@@ -94,6 +94,9 @@ class ParameterStore {
   void drain(double seconds);
   // zero_backward_end: the order of this micro-step's gathers becomes the order the next one prefetches in.
   void end_micro_step();
+  // Whether the micro-step now running is followed by another of the same accumulation window (no zero_step in
+  // between): then fetching ahead may reach into the next micro-step's first units. The same on every rank.
+  void set_next_micro_step_in_window(bool yes) { wrap_ = yes; }
   // The first gathered unit, or -1.
   int first_gathered() const;
   void* gathered(int unit) { return units_[unit].gathered; }
@@ -174,6 +177,7 @@ class ParameterStore {
   std::vector<int> recording_;  // this micro-step's
   size_t cursor_ = 0;           // the position in order_ after the last gather that followed it
   bool order_lost_ = false;     // this micro-step left the recorded order: no fetching ahead until it ends
+  bool wrap_ = false;           // set_next_micro_step_in_window
   uint64_t live_elements_ = 0;  // pooled buffers held by the store's own choice (UnitBuffers::held), in elements
 };
 
