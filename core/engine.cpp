@@ -256,6 +256,7 @@ void Engine::settle_fetches() {
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
   settle_fetches();
   checkpointer_.save(dir, tag, micro_steps_);
+  settle_fetches();  // what the consolidated weights' gathers fetched ahead or kept, and their place in the order
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {

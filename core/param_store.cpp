@@ -329,6 +329,11 @@ void ParameterStore::settle() {
     ub.held = ub.keep = false;
   }
   live_elements_ = 0;
+  // Gathers since the last zero_backward_end (an evaluation, a checkpoint's consolidated weights) are no micro-step:
+  // the next one starts the recorded order from its beginning, and does not record them.
+  recording_.clear();
+  cursor_ = 0;
+  order_lost_ = false;
 }
 
 void ParameterStore::end_micro_step() {

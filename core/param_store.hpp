@@ -86,7 +86,8 @@ class ParameterStore {
   // ---- fetching ahead (overlap_comm)
   void set_fetch_policy(const FetchPolicy& policy) { policy_ = policy; }
   // Completes every all-gather started ahead and gives back what was fetched ahead (the step changes the params;
-  // a checkpoint reads or writes them). Moves data: inside CallGuard::moving_data.
+  // a checkpoint reads or writes them), and forgets gathers made since the last micro-step ended. Moves data:
+  // inside CallGuard::moving_data.
   void settle();
   bool fetches_in_flight() const { return !fetches_.empty(); }
   // An engine going away: completes the fetches still in flight within `seconds` (the other ranks, at the same
