@@ -255,13 +255,13 @@ void Engine::settle_fetches() {
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
   settle_fetches();
-  checkpointer_.save(dir, tag, micro_steps_);
+  checkpointer_.save(dir, tag, micro_steps_, reducer_.micro_step_begun());
   settle_fetches();  // what the consolidated weights' gathers fetched ahead or kept, and their place in the order
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   settle_fetches();
-  checkpointer_.load(dir, tag, micro_steps_);
+  checkpointer_.load(dir, tag, micro_steps_, reducer_.micro_step_begun());
   reducer_.start_window();  // the load cleared every accumulator
   store_.set_next_micro_step_in_window(micro_steps_ + 1 < config_.gradient_accumulation_steps);
 }

@@ -36,6 +36,15 @@ void GradientReducer::allocate(int num_params) {
   written_.assign(static_cast<size_t>(store_.num_units()), 0);
 }
 
+bool GradientReducer::micro_step_begun() const {
+  if (!in_flight_.empty()) return true;
+  for (char c : param_touched_)
+    if (c) return true;
+  for (char c : param_ready_)
+    if (c) return true;
+  return false;
+}
+
 void GradientReducer::zero_unwritten_accumulators() {
   if (!accumulators_written_on_reduction()) return;
   for (int u = 0; u < store_.num_units(); ++u)

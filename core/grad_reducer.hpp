@@ -29,6 +29,9 @@ class GradientReducer {
   // zero_grad_data: where the framework adds the gradient of `param` in this micro-step.
   void* grad_buffer(int param, const std::string& param_name);
   bool declared_ready(int param) const { return param_ready_[param] != 0; }
+  // A gradient was asked for or declared ready since the last zero_backward_end (bucket buffers or reductions may
+  // be in flight): no checkpoint now.
+  bool micro_step_begun() const;
   // zero_grad_ready: reduces every bucket that is complete, in bucket order (collective when one is).
   void grad_ready(int param, const char* call);
   // zero_backward_end, before its agreement: the buckets not reduced yet that expect gradients. Collective.

@@ -80,10 +80,15 @@ int64_t digest(const std::string& text) {
 }
 }  // namespace
 
-void Checkpointer::require_step_boundary(const char* call, int64_t micro_steps) const {
+void Checkpointer::require_step_boundary(const char* call, int64_t micro_steps, bool backward_started) const {
   if (micro_steps != 0)
     fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + std::to_string(micro_steps) +
                                      " micro-steps have run since the last zero_step; save and load between steps");
+  // A micro-step begun (its gradients in buckets, reductions in flight) would be left half-done by a load.
+  if (backward_started)
+    fail(ZERO_ERR_INVALID_STATE, std::string(call) +
+                                     ": a micro-step has begun (zero_grad_data or zero_grad_ready since the last "
+                                     "zero_backward_end); finish it with zero_backward_end and zero_step first");
   const int u = store_.first_gathered();
   if (u >= 0)
     fail(ZERO_ERR_INVALID_STATE,
@@ -180,7 +185,7 @@ void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, 
   if (comm_.rank() == 0) bytes = w->file().bytes_written(), xxh64 = w->file().xxh64();
 }
 
-void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t micro_steps) {
+void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t micro_steps, bool backward_started) {
   const char* call = "zero_save_checkpoint";
   const int rank = comm_.rank(), world = comm_.size();
   const std::string final_dir = dir + "/" + tag, tmp_dir = dir + "/.tmp." + tag;
@@ -191,7 +196,7 @@ void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t 
     std::unique_ptr<Error> error = guard_.local_checks(call, [&] {
       guard_.require(CallGuard::State::kReady, call);
       if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
-      require_step_boundary(call, micro_steps);
+      require_step_boundary(call, micro_steps, backward_started);
       check_tag(tag, call);
       test_hooks::maybe_fail("save", rank);
     });
@@ -306,7 +311,7 @@ void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t 
   }
 }
 
-void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64_t micro_steps) {
+void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64_t micro_steps, bool backward_started) {
   const char* call = "zero_load_checkpoint";
   const int rank = comm_.rank(), world = comm_.size();
   const std::vector<ParamShape>& params = registration_.params();
@@ -319,7 +324,7 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     if (!error)
       error = capture([&] {
         if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
-        require_step_boundary(call, micro_steps);
+        require_step_boundary(call, micro_steps, backward_started);
         test_hooks::maybe_fail("load", rank);
         std::string tag = tag_in;
         if (tag.empty()) {

@@ -22,14 +22,15 @@ class Checkpointer {
                ParameterStore& store, Stepper& stepper)
       : config_(config), comm_(comm), guard_(guard), registration_(registration), store_(store), stepper_(stepper) {}
 
-  // Collective. `micro_steps` since the last zero_step must be 0 (checkpoints are taken between steps).
-  void save(const std::string& dir, const std::string& tag, int64_t micro_steps);
-  void load(const std::string& dir, const std::string& tag, int64_t micro_steps);
+  // Collective. `micro_steps` since the last zero_step must be 0 and no micro-step begun (`backward_started`: a
+  // gradient asked for or declared since the last zero_backward_end): checkpoints are taken between steps.
+  void save(const std::string& dir, const std::string& tag, int64_t micro_steps, bool backward_started);
+  void load(const std::string& dir, const std::string& tag, int64_t micro_steps, bool backward_started);
 
  private:
   void agree_phase(const char* call, CallKind kind, int phase, const Error* local, int64_t check = 0,
                    const std::string& what = "");
-  void require_step_boundary(const char* call, int64_t micro_steps) const;
+  void require_step_boundary(const char* call, int64_t micro_steps, bool backward_started) const;
   void write_shard_files(const std::string& dir, std::vector<int64_t>& record);
   void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);
 

@@ -295,6 +295,12 @@ static void test_wrong_order(void** state) {
   assert_fails(zero_step(&info, engine), ZERO_ERR_INVALID_ARGUMENT, "zero_step_info_init");
   assert_fails(zero_set_lr(engine, 4, 0.1), ZERO_ERR_INVALID_ARGUMENT, "no param group 4");
   assert_fails(zero_engine_set_num_threads(engine, -2), ZERO_ERR_INVALID_ARGUMENT, "threads must be in [0, 4096]");
+  /* A checkpoint between zero_grad_data and zero_backward_end would leave the micro-step half-done: refused
+   * (checked before the directory is looked at, so none is needed here). */
+  assert_int_equal(zero_grad_data(&ptr, engine, w), ZERO_OK);
+  assert_fails(zero_save_checkpoint(engine, "/nonexistent-dir", "t"), ZERO_ERR_INVALID_STATE, "a micro-step has begun");
+  assert_fails(zero_load_checkpoint(engine, "/nonexistent-dir", NULL), ZERO_ERR_INVALID_STATE,
+               "a micro-step has begun");
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 }

@@ -518,9 +518,9 @@ ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double 
  * checksums; any rank count and stage can load what any other saved.
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* Collective, between steps (after zero_step, no unit gathered). Every rank writes its shard of the fp32 master
- * weights and of the optimizer state into `dir`/.tmp.`tag`, then rank 0 writes the manifest, renames the
- * directory to `dir`/`tag` and atomically points `dir`/latest at it. `dir` must be visible to every rank (a
+/* Collective, between steps (after zero_step, no unit gathered, no gradient asked for since). Every rank writes its
+ * shard of the fp32 master weights and of the optimizer state into `dir`/.tmp.`tag`, then rank 0 writes the manifest,
+ * renames the directory to `dir`/`tag` and atomically points `dir`/latest at it. `dir` must be visible to every rank (a
  * shared file system for several nodes). An existing `tag` is never overwritten (ZERO_ERR_INVALID_ARGUMENT). On
  * any failure (ZERO_ERR_IO: no space, permissions) every rank returns the error and the previous checkpoint and
  * `latest` are untouched. */
