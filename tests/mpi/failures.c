@@ -257,6 +257,16 @@ static void fail_in_group(zero_comm_t* comm) {
   zero_engine_destroy(engine);
 }
 
+/* The last rank, with all-gathers started ahead still in flight, aborts its engine (so that zero_engine_destroy does
+ * not complete them first, as it does for an engine whose job ends normally) and leaves. */
+static void last_rank_leaves(zero_engine_t* engine, zero_comm_t* comm) {
+  printf("rank %d: leaving with all-gathers in flight\n", g_rank);
+  fflush(stdout);
+  zero_engine_abort(engine);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+}
+
 /* exit-while-fetching: the last rank leaves with all-gathers started ahead still in flight. */
 static int exit_while_fetching(zero_comm_t* comm, int stage) {
   int32_t ids[kNumParams];
@@ -272,13 +282,7 @@ static int exit_while_fetching(zero_comm_t* comm, int stage) {
    * starting them, which is right but not what this scenario tests). */
   MPI_Barrier(MPI_COMM_WORLD);
   if (g_rank == g_last) {
-    printf("rank %d: leaving with all-gathers in flight\n", g_rank);
-    fflush(stdout);
-    /* Aborted, so that zero_engine_destroy does not complete them first (what it does for an engine whose job
-     * ends normally). */
-    zero_engine_abort(engine);
-    zero_engine_destroy(engine);
-    zero_comm_destroy(comm);
+    last_rank_leaves(engine, comm);
     return 1;
   }
   const double t = now();
@@ -300,11 +304,7 @@ static int abort_with_prefetch_open(zero_comm_t* comm) {
   CHECK(zero_prefetch(engine, 1));
   MPI_Barrier(MPI_COMM_WORLD);
   if (g_rank == g_last) {
-    printf("rank %d: aborting with prefetches in flight\n", g_rank);
-    fflush(stdout);
-    zero_engine_abort(engine);
-    zero_engine_destroy(engine);
-    zero_comm_destroy(comm);
+    last_rank_leaves(engine, comm);
     return 1;
   }
   const double t = now();

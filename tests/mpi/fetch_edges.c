@@ -51,18 +51,21 @@ static void train_step(zero_engine_t* engine, const int32_t* ids) {
   CHECK(zero_step(NULL, engine));
 }
 
+/* Gathers unit `u`, copies its params' values, releases it. */
+static void copy_unit(zero_engine_t* engine, const int32_t* ids, int u, float** out) {
+  CHECK(zero_gather(engine, u));
+  for (int p = 0; p < kNumParams; ++p) {
+    if (kModel[p].unit != u) continue;
+    void* data = NULL;
+    CHECK(zero_param_data(&data, engine, ids[p]));
+    memcpy(out[p], data, test_param_numel(p) * sizeof(float));
+  }
+  CHECK(zero_release(engine, u));
+}
+
 /* Every param's values, gathering each unit in forward order. */
 static void snapshot(zero_engine_t* engine, const int32_t* ids, float** out) {
-  for (int u = 0; u < kNumUnits; ++u) {
-    CHECK(zero_gather(engine, u));
-    for (int p = 0; p < kNumParams; ++p) {
-      if (kModel[p].unit != u) continue;
-      void* data = NULL;
-      CHECK(zero_param_data(&data, engine, ids[p]));
-      memcpy(out[p], data, test_param_numel(p) * sizeof(float));
-    }
-    CHECK(zero_release(engine, u));
-  }
+  for (int u = 0; u < kNumUnits; ++u) copy_unit(engine, ids, u, out);
 }
 
 typedef struct {
@@ -116,16 +119,7 @@ static void release_order(zero_comm_t* comm) {
   CHECK(zero_prefetch(engine, 2));
   if (g_rank != 0) CHECK(zero_release(engine, 2));
   CHECK(zero_prefetch(engine, 1));
-  for (int u = kNumUnits - 1; u >= 0; --u) { /* backward */
-    CHECK(zero_gather(engine, u));
-    for (int p = 0; p < kNumParams; ++p) {
-      if (kModel[p].unit != u) continue;
-      void* data = NULL;
-      CHECK(zero_param_data(&data, engine, ids[p]));
-      memcpy(after.p[p], data, test_param_numel(p) * sizeof(float));
-    }
-    CHECK(zero_release(engine, u));
-  }
+  for (int u = kNumUnits - 1; u >= 0; --u) copy_unit(engine, ids, u, after.p); /* backward */
   expect_same(&before, &after, "release-order");
   weights_free(&before), weights_free(&after);
   zero_engine_destroy(engine);
