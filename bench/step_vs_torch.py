@@ -6,8 +6,10 @@ One rank, stage 0, fp32 AdamW (lr 1e-3, weight decay 0.01), one param of S Mi el
 turn: libzero's zero_step (norm, clip decision, fused update, gradient clearing; the gradients are written
 before the timer starts), torch's AdamW(fused=True).step() alone (no norm, no clipping, no zeroing), the same
 plus clip_grad_norm_ and zero_grad(set_to_none=False) (what a DeepSpeed or FSDP step does), and torch's default
-(foreach) AdamW with those. Both with and without clipping for libzero (gradient_clipping 1.0 / 0). Prints the
-median of the paired ratios (libzero time / torch time). libzero is driven through its C ABI with ctypes (the
+(foreach) AdamW with those. libzero three ways: with clipping (gradient_clipping 1.0), without (0; the norm pass
+still runs first, since a non-finite step is skipped), and without clipping or the skip
+(zero_optimization.compute_grad_norm false: the norm comes from the optimizer pass). Prints the median of the
+paired ratios (libzero time / torch time). libzero is driven through its C ABI with ctypes (the
 Python binding is another issue), so the figures include nothing but the calls.
 """
 import argparse
@@ -34,11 +36,12 @@ class Zero:
         if status != 0:
             raise RuntimeError(self.lib.zero_last_error().decode())
 
-    def engine(self, n, clip, threads):
+    def engine(self, n, clip, threads, check=True):
         comm, engine = ctypes.c_void_p(), ctypes.c_void_p()
         self.ok(self.lib.zero_comm_create_single(ctypes.byref(comm)))
         config = ('{"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},'
-                  ' "gradient_clipping": %s, "zero_optimization": {"stage": 0}}' % clip).encode()
+                  ' "gradient_clipping": %s, "zero_optimization": {"stage": 0, "compute_grad_norm": %s}}'
+                  % (clip, "true" if check else "false")).encode()
         self.ok(self.lib.zero_engine_create(ctypes.byref(engine), config, comm))
         self.lib.zero_comm_destroy(comm)
         self.ok(self.lib.zero_engine_set_num_threads(engine, threads))
@@ -82,16 +85,17 @@ def main():
     z = Zero(args.lib)
     print("zero_step vs torch %s AdamW, stage 0, one rank, fp32; median of %d paired ratios (< 1: libzero faster)"
           % (torch.__version__, args.reps))
-    print("%5s %4s %10s %10s | %9s %9s %9s | %9s %9s" % ("Mi", "thr", "lz clip", "lz noclip", "noclip/",
-                                                         "clip/", "clip/", "torch", "torch"))
-    print("%5s %4s %10s %10s | %9s %9s %9s | %9s %9s" % ("", "", "ms", "ms", "fused", "fused+cz", "foreach+cz",
-                                                         "fused ms", "f+cz ms"))
+    print("%5s %4s %8s %8s %8s | %8s %8s %9s %10s | %8s %8s" % (
+        "Mi", "thr", "lz clip", "lz noclp", "lz 1pass", "noclip/", "1pass/", "clip/", "clip/", "torch", "torch"))
+    print("%5s %4s %8s %8s %8s | %8s %8s %9s %10s | %8s %8s" % (
+        "", "", "ms", "ms", "ms", "fused", "fused", "fused+cz", "foreach+cz", "fused ms", "f+cz ms"))
     for size in [float(s) for s in args.sizes.split(",")]:
         n = int(size * (1 << 20))
         for threads in [int(t) for t in args.threads.split(",")]:
             torch.set_num_threads(threads)
             grad = torch.randn(n) * 1e-3
             e_clip, e_free = z.engine(n, "1.0", threads), z.engine(n, "0", threads)
+            e_one = z.engine(n, "0", threads, check=False)
             p_fused = torch.nn.Parameter(torch.zeros(n))
             p_cz = torch.nn.Parameter(torch.zeros(n))
             p_fe = torch.nn.Parameter(torch.zeros(n))
@@ -106,24 +110,27 @@ def main():
                 o.step()
                 o.zero_grad(set_to_none=False)
 
-            rows = {k: [] for k in ("lz_clip", "lz_free", "fused", "cz", "fe")}
+            rows = {k: [] for k in ("lz_clip", "lz_free", "lz_one", "fused", "cz", "fe")}
             for rep in range(args.reps + 1):
                 z.micro_step(e_clip, grad)
                 z.micro_step(e_free, grad)
+                z.micro_step(e_one, grad)
                 p_cz.grad.copy_(grad)
                 p_fe.grad.copy_(grad)
                 t = {"lz_clip": timed(lambda: z.step(e_clip)), "fused": timed(o_fused.step),
                      "lz_free": timed(lambda: z.step(e_free)), "cz": timed(lambda: torch_cz(p_cz, o_cz)),
+                     "lz_one": timed(lambda: z.step(e_one)),
                      "fe": timed(lambda: torch_cz(p_fe, o_fe))}
                 if rep > 0:  # the first is the warm-up (state allocation, first touch)
                     for k, v in t.items():
                         rows[k].append(v)
             med = {k: statistics.median(v) for k, v in rows.items()}
             ratio = lambda a, b: statistics.median([x / y for x, y in zip(rows[a], rows[b])])
-            print("%5g %4d %10.2f %10.2f | %9.2f %9.2f %9.2f | %9.2f %9.2f" % (
-                size, threads, 1e3 * med["lz_clip"], 1e3 * med["lz_free"], ratio("lz_free", "fused"),
-                ratio("lz_clip", "cz"), ratio("lz_clip", "fe"), 1e3 * med["fused"], 1e3 * med["cz"]), flush=True)
-            for e in (e_clip, e_free):
+            print("%5g %4d %8.2f %8.2f %8.2f | %8.2f %8.2f %9.2f %10.2f | %8.2f %8.2f" % (
+                size, threads, 1e3 * med["lz_clip"], 1e3 * med["lz_free"], 1e3 * med["lz_one"],
+                ratio("lz_free", "fused"), ratio("lz_one", "fused"), ratio("lz_clip", "cz"), ratio("lz_clip", "fe"),
+                1e3 * med["fused"], 1e3 * med["cz"]), flush=True)
+            for e in (e_clip, e_free, e_one):
                 z.lib.zero_engine_destroy(e)
 
 

@@ -149,6 +149,14 @@ void parse_zero_optimization(const Section& z, Config& cfg) {
   cfg.prefetch_bucket_size = z.get_int("prefetch_bucket_size", cfg.overlap_comm ? 50000000 : 0, 0, kMaxInt);
   cfg.max_live_parameters = z.get_int("max_live_parameters", cfg.max_live_parameters, 0, kMaxInt);
   cfg.max_reuse_distance = z.get_int("max_reuse_distance", cfg.overlap_comm ? 1000000000 : 0, 0, kMaxInt);
+  if (!z.get_bool("compute_grad_norm", true)) {
+    if (cfg.gradient_clipping > 0.0)
+      fail(ZERO_ERR_CONFIG,
+           "zero_optimization.compute_grad_norm = false needs gradient_clipping = 0 (clipping needs "
+           "the norm; DeepSpeed refuses the same), got gradient_clipping = " +
+               exact_decimal(cfg.gradient_clipping) + " (libzero's default is 1.0, as DeepSpeed's)");
+    cfg.skip_nonfinite_steps = false;  // fp32's rule; bf16 and fp16 have their own (parse_precision)
+  }
   for (const char* k : {"reduce_scatter", "allgather_partitions", "round_robin_gradients", "elastic_checkpoint",
                         "ignore_unused_parameters", "memory_efficient_linear", "use_multi_rank_bucket_allreduce",
                         "cpu_offload_use_pin_memory", "use_all_reduce_for_fetch_params", "allgather_sequential"})
@@ -277,7 +285,7 @@ DType parse_dtype_name(const Section& s, const std::string& key, DType fallback)
 
 // fp16 / bf16 / amp blocks, communication_data_type and data_types.
 void parse_precision(const Section& top, Config& cfg) {
-  bool fp16 = false, bf16 = false;
+  bool fp16 = false, bf16 = false, check_grad_overflow = true;
   if (top.has("fp16")) {
     Section s = top.child("fp16");
     fp16 = s.get_bool("enabled", false);
@@ -293,12 +301,18 @@ void parse_precision(const Section& top, Config& cfg) {
     Section s = top.child("bf16");
     bf16 = s.get_bool("enabled", false);
     s.get_bool("immediate_grad_update", false);
-    s.get_bool("check_grad_overflow", false);
+    check_grad_overflow = s.get_bool("check_grad_overflow", true);
     cfg.stochastic_rounding = s.get_bool("stochastic_rounding", false);
     cfg.stochastic_rounding_seed = static_cast<uint32_t>(s.get_int("stochastic_rounding_seed", 0, 0, 0xffffffffll));
   }
   if (fp16 && bf16) fail(ZERO_ERR_CONFIG, "config enables both 'fp16' and 'bf16'; choose one");
   cfg.compute_dtype = bf16 ? DType::kBF16 : fp16 ? DType::kF16 : DType::kF32;
+  // DeepSpeed ZeRO 1-2's skip rule: fp16 always checks (the loss scale needs it), bf16 as check_grad_overflow says,
+  // fp32 when the norm is computed (zero_optimization.compute_grad_norm, read before this).
+  if (fp16)
+    cfg.skip_nonfinite_steps = true;
+  else if (bf16)
+    cfg.skip_nonfinite_steps = check_grad_overflow;
   if (cfg.stochastic_rounding && !bf16)
     fail(ZERO_ERR_CONFIG, "config key 'bf16.stochastic_rounding' needs 'bf16.enabled': true");
   cfg.comm_dtype = parse_dtype_name(top, "communication_data_type", cfg.compute_dtype);

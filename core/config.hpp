@@ -54,6 +54,11 @@ struct Config {
   int64_t train_micro_batch_size_per_gpu = 0;  // 0: not given and not derivable
   int64_t train_batch_size = 0;                // 0: not given and not derivable
   double gradient_clipping = 1.0;              // 0: off. DeepSpeed's default is 1.0, so it is libzero's too
+  // A step whose gradient norm is not finite is skipped (DeepSpeed ZeRO 1-2's rule): always with fp16; with bf16
+  // unless bf16.check_grad_overflow is false; with fp32 unless zero_optimization.compute_grad_norm is false. Off,
+  // and without clipping, nothing needs the norm before the update: the optimizer pass computes it as it reads the
+  // gradients (one pass fewer) and zero_step still reports it.
+  bool skip_nonfinite_steps = true;
   OptimizerHyper optimizer;
   DType compute_dtype = DType::kF32;     // bf16.enabled / fp16.enabled
   DType comm_dtype = DType::kF32;        // communication_data_type (default: the compute dtype)

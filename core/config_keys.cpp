@@ -110,7 +110,7 @@ const std::vector<KeyRule>& deepspeed_key_rules() {
       {"zero_optimization.ignore_unused_parameters", N, nullptr, "unused params are always allowed"},
       {"zero_optimization.memory_efficient_linear", N, nullptr, "layers are the framework's"},
       {"zero_optimization.use_multi_rank_bucket_allreduce", N, nullptr, "buckets are reduce-scattered"},
-      {"zero_optimization.compute_grad_norm", N, nullptr, "the norm is always computed"},
+      {"zero_optimization.compute_grad_norm", H, nullptr, ""},
       {"zero_optimization.enable_sanity_checks", N, nullptr, "libzero always checks (failure safety)"},
       {"zero_optimization.leaf_module", N, nullptr, "modules are the framework's"},
       {"zero_optimization.legacy_stage1", N, nullptr, "one implementation of every stage"},
@@ -165,7 +165,7 @@ const std::vector<KeyRule>& deepspeed_key_rules() {
       {"bf16.stochastic_rounding", H, nullptr, ""},       // libzero's own
       {"bf16.stochastic_rounding_seed", H, nullptr, ""},  // libzero's own
       {"bf16.immediate_grad_update", N, nullptr, "gradients are accumulated in their own buffers"},
-      {"bf16.check_grad_overflow", N, nullptr, "the step always checks for non-finite gradients"},
+      {"bf16.check_grad_overflow", H, nullptr, ""},
       {"bf16.bf16_master_weights_and_grads", R, "false", "the master weights are always fp32"},
       {"bf16.bf16_optimizer_states", R, "false", "the optimizer state is always fp32"},
 

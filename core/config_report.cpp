@@ -52,6 +52,8 @@ std::vector<std::string> result_settings(const Config& c) {
   add("train_micro_batch_size_per_gpu", std::to_string(c.train_micro_batch_size_per_gpu));
   add("train_batch_size", std::to_string(c.train_batch_size));
   add("gradient_clipping", number(c.gradient_clipping));
+  add("bf16.check_grad_overflow / zero_optimization.compute_grad_norm (non-finite steps skipped)",
+      flag(c.skip_nonfinite_steps));
   const OptimizerHyper& o = c.optimizer;
   add("optimizer.type", optimizer_kind_name(o.kind));
   add("optimizer.params.lr", number(o.lr));
@@ -159,6 +161,11 @@ std::string config_report(const Config& c, int world) {
     put("  gradient clipping      global norm %g\n", c.gradient_clipping);
   else
     os << "  gradient clipping      off\n";
+  if (c.skip_nonfinite_steps)
+    os << "  non-finite gradients   the step is skipped\n";
+  else
+    os << "  non-finite gradients   the step is applied (the overflow check is off)"
+       << (c.gradient_clipping > 0 ? "\n" : "; the norm is computed in the optimizer pass\n");
   if (c.stage >= 2) put("  reduce bucket          %lld elements\n", static_cast<long long>(c.reduce_bucket_size));
   if (c.stage >= 1)
     os << "  overlap_comm           "

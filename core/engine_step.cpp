@@ -73,15 +73,24 @@ StepResult Engine::step() {
     reducer_.reduce_in_step();
     reducer_.zero_unwritten_accumulators();
     // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order, so that every
-    //    rank computes the same norm bit for bit and takes the same clip and skip decisions.
-    const double sum_sq =
-        comm_.sum_over_ranks(stepper_.local_sum_squares(store_), "zero_step: partial sums of squares");
+    //    rank computes the same norm bit for bit and takes the same clip and skip decisions. When nothing decides
+    //    with it (no clipping, no skip), the optimizer pass sums the squares as it reads the gradients, and the
+    //    partial sums are added after it: the same bits, one pass over the gradients fewer.
+    const bool norm_in_update = stepper_.norm_in_update();
+    double sum_sq = 0.0;
+    if (!norm_in_update)
+      sum_sq = comm_.sum_over_ranks(stepper_.local_sum_squares(store_), "zero_step: partial sums of squares");
     // 3. Average, unscale and clip; the loss scale; the learning rate.
     const StepDecision decision = stepper_.decide(sum_sq, comm_.size(), groups);
     result = decision.result;
     // 4. The fused optimizer pass over what this rank updates (skipped on overflow: weights, state, step counter
     //    and schedule untouched).
-    if (!result.skipped) stepper_.update(store_, groups, decision, !reducer_.accumulators_written_on_reduction());
+    const bool clear = !reducer_.accumulators_written_on_reduction();
+    double local_sq = 0.0;
+    if (!result.skipped) stepper_.update(store_, groups, decision, clear, norm_in_update ? &local_sq : nullptr);
+    if (norm_in_update)
+      result.grad_norm =
+          Stepper::norm_from(comm_.sum_over_ranks(local_sq, "zero_step: partial sums of squares"), decision);
     // 5. Clear the gradients the optimizer pass did not (all of them after a skipped step); publish the new
     //    params where the plan says so.
     if (result.skipped)

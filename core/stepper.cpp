@@ -35,11 +35,38 @@ void Stepper::set_threads(int requested) { threads_ = requested > 0 ? requested 
 
 void Stepper::allocate(const ParameterStore& store, size_t groups) {
   size_t largest_norm_blocks = 0;
-  for (int u = 0; u < store.num_units(); ++u)
-    for (const ShardSegment& s : store.unit(u).norm_segments)
+  update_covers_norm_ = true;
+  for (int u = 0; u < store.num_units(); ++u) {
+    const ParameterStore::UnitBuffers& ub = store.unit(u);
+    const UnitPlan& up = store.unit_plan(u);
+    for (const ShardSegment& s : ub.norm_segments)
       largest_norm_blocks = std::max(largest_norm_blocks, sum_squares_blocks(s.numel));
+    // The pass can sum the norm's squares only where it reads the same gradients in the same runs, and where
+    // parallel_step's split at a multiple of 2^32 elements (stochastic rounding keys) falls on a block of the norm.
+    bool same = up.update_in_grads == up.norm_in_grads && ub.segments.size() == ub.norm_segments.size();
+    for (size_t i = 0; same && i < ub.segments.size(); ++i) {
+      const ShardSegment &s = ub.segments[i], &n = ub.norm_segments[i];
+      const uint64_t first = up.element_base + up.update_begin + s.shard_offset;
+      const uint64_t to_boundary = (uint64_t{1} << 32) - (first & 0xffffffffu);
+      same = s.shard_offset == n.shard_offset && s.numel == n.numel &&
+             (to_boundary >= s.numel || to_boundary % kSumBlockElems == 0);
+    }
+    update_covers_norm_ = update_covers_norm_ && same;
+  }
   norm_scratch_.assign(largest_norm_blocks, 0.0);
   step_scalars_.resize(groups);
+  if (log_enabled(ZERO_LOG_DEBUG))
+    log_message(ZERO_LOG_DEBUG, rank_,
+                norm_in_update() ? "zero_step: the gradient norm is summed in the optimizer pass"
+                                 : "zero_step: the gradient norm has a pass of its own before the update");
+}
+
+bool Stepper::norm_in_update() const {
+  return update_covers_norm_ && !config_.skip_nonfinite_steps && config_.gradient_clipping == 0.0;
+}
+
+double Stepper::norm_from(double sum_sq, const StepDecision& decision) {
+  return std::sqrt(sum_sq / (decision.divisor * decision.divisor));
 }
 
 // Each rank sums the squares of its shard of the reduced gradients, at every stage (stage 0 holds every gradient,
@@ -71,8 +98,8 @@ StepDecision Stepper::decide(double sum_sq, int world_size, const std::vector<Gr
   // squares are, so for the same averaged gradient every N and G compute the same norm (sqrt(sum_sq) / D would
   // round differently for D = 3).
   d.divisor = samples * scaler_.scale();
-  result.grad_norm = std::sqrt(sum_sq / (d.divisor * d.divisor));
-  result.skipped = !std::isfinite(sum_sq);
+  result.grad_norm = norm_from(sum_sq, d);
+  result.skipped = config_.skip_nonfinite_steps && !std::isfinite(sum_sq);
   const double scale_before = scaler_.scale();
   scaler_.update(result.skipped);
   if (scaler_.scale() != scale_before && rank_ == 0 && log_enabled(ZERO_LOG_INFO))
@@ -100,7 +127,9 @@ CopyMode Stepper::copy_mode() const {
 // One fused pass per run of one group's elements: reads the gradient (any accumulation dtype), updates master and
 // state, writes the compute-dtype params.
 void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision,
-                     bool clear_grads) {
+                     bool clear_grads, double* sum_sq) {
+  if (sum_sq != nullptr && !norm_in_update())
+    fail(ZERO_ERR_INTERNAL, "Stepper::update: the norm was asked of a pass that cannot compute it");
   steps_ += 1;
   for (size_t g = 0; g < groups.size(); ++g) {
     OptimizerHyper h = groups[g].hyper;
@@ -131,7 +160,13 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
       a.n = s.numel;
       a.first_index = up.element_base + up.update_begin + s.shard_offset;
       a.s = step_scalars_[s.group];
+      if (sum_sq != nullptr) a.block_sums = norm_scratch_.data();
       parallel_step(kernel, a, threads_);
+      if (sum_sq != nullptr) {  // block order, then segment order: local_sum_squares's sums
+        double segment = 0.0;
+        for (size_t b = 0; b < sum_squares_blocks(s.numel); ++b) segment += norm_scratch_[b];
+        *sum_sq += segment;
+      }
     }
   }
 }
@@ -143,6 +178,11 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
 void Stepper::account(const StepResult& result) {
   if (!result.skipped) {
     consecutive_skips_ = 0;
+    if (!std::isfinite(result.grad_norm) && rank_ == 0)
+      log_message(ZERO_LOG_WARNING, rank_,
+                  "zero_step: step " + std::to_string(result.step) +
+                      " applied with a non-finite gradient norm: the check that would skip it is off "
+                      "(bf16.check_grad_overflow or zero_optimization.compute_grad_norm is false)");
     return;
   }
   const bool fp16 = config_.compute_dtype == DType::kF16 && config_.loss_scale.static_scale == 0.0;

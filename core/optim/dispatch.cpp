@@ -161,7 +161,23 @@ int threads_for(size_t n, int limit) {
   return static_cast<int>(std::max<size_t>(1, std::min<size_t>(useful, static_cast<size_t>(max_threads))));
 }
 
-// The run [begin, begin + n) of `args`.
+void parallel_step_within_2p32(StepKernel kernel, const KernelArgs& args, int max_threads) {
+  const int threads = threads_for(args.n, max_threads);
+  if (threads == 1) return kernel(args);
+  // Chunks are multiples of 64 elements so that every chunk starts on a cache line; whole blocks of the norm when
+  // the pass sums squares.
+  const size_t align = args.block_sums != nullptr ? kSumBlockElems : 64;
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t t = static_cast<size_t>(omp_get_thread_num()), nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t chunk = (args.n / nt + align - 1) / align * align;
+    const size_t begin = std::min(args.n, t * chunk), end = std::min(args.n, begin + chunk);
+    if (begin < end) kernel(sub_run(args, begin, end - begin));
+  }
+}
+
+}  // namespace
+
 KernelArgs sub_run(const KernelArgs& args, size_t begin, size_t n) {
   KernelArgs a = args;
   a.n = n;
@@ -170,28 +186,18 @@ KernelArgs sub_run(const KernelArgs& args, size_t begin, size_t n) {
   if (args.state0) a.state0 = args.state0 + begin;
   if (args.state1) a.state1 = args.state1 + begin;
   if (args.copy) a.copy = static_cast<uint16_t*>(args.copy) + begin;
+  if (args.block_sums) a.block_sums = args.block_sums + begin / kSumBlockElems;
   a.first_index = args.first_index + begin;
   return a;
 }
 
-void parallel_step_within_2p32(StepKernel kernel, const KernelArgs& args, int max_threads) {
-  const int threads = threads_for(args.n, max_threads);
-  if (threads == 1) return kernel(args);
-#pragma omp parallel num_threads(threads)
-  {
-    const size_t t = static_cast<size_t>(omp_get_thread_num()), nt = static_cast<size_t>(omp_get_num_threads());
-    // Chunks are multiples of 64 elements so that every chunk starts on a cache line.
-    const size_t chunk = (args.n / nt + 63) / 64 * 64;
-    const size_t begin = std::min(args.n, t * chunk), end = std::min(args.n, begin + chunk);
-    if (begin < end) kernel(sub_run(args, begin, end - begin));
-  }
-}
-
-}  // namespace
-
 void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads) {
   // The kernels hash the 32 low bits of an element's index (stochastic rounding): a run that crosses a multiple of
-  // 2^32 is split there, and each part gets the seed of its high bits.
+  // 2^32 is split there, and each part gets the seed of its high bits. Boundaries are 2^32 apart, so if the first
+  // falls on a block of the norm, all do (the stepper sums squares in the pass only where it does, or there is none).
+  const uint64_t first_boundary = (uint64_t{1} << 32) - (args.first_index & 0xffffffffu);
+  if (args.block_sums != nullptr && first_boundary < args.n && first_boundary % kSumBlockElems != 0)
+    fail(ZERO_ERR_INTERNAL, "parallel_step: a run that sums squares crosses a multiple of 2^32 elements mid-block");
   size_t done = 0;
   do {
     const uint64_t first = args.first_index + done;

@@ -6,6 +6,7 @@
 // result never depends on whether it sits in the body or the tail of a run.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -32,17 +33,32 @@ inline void store_copy(void* copy, size_t i, typename V::F p, const KernelArgs& 
   if constexpr (C == CopyMode::kFp16Rne) V::store_fp16_rne(static_cast<uint16_t*>(copy) + i, p);
 }
 
+// The sum of squares in fp64 over 16 lanes — element i goes to lane i mod 16 — combined at the end by one fixed
+// tree (lane j plus lane j + 8, then pairwise). Every SIMD path keeps exactly these 16 sums (AVX-512 in two
+// registers, AVX2 in four, the scalar path in an array), so the result is bit-identical whatever the path, and a
+// run's sum depends only on its elements.
+constexpr size_t kSquareLanes = 16;
+
+// Which of the 16 lanes' vectors element i's vector feeds: i counts from the start of a block of the norm.
+template <class V>
+ZERO_KERNEL_INLINE size_t square_part(size_t i) {
+  return (i % kSquareLanes) / V::W;
+}
+
 // SGD's per-step variants, as compile-time flags so that the loop carries no branch: momentum != 0 (a momentum
 // buffer exists), the first step (the buffer starts as the gradient), Nesterov.
 constexpr int kSgdMomentum = 1, kSgdFirstStep = 2, kSgdNesterov = 4;
 
-// One vector of each optimizer. `a` points at the streams; i is the element offset.
-template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd>
-ZERO_KERNEL_INLINE void step_vector(const KernelArgs& a, size_t i) {
+// One vector of each optimizer. `a` points at the streams; i is the element offset. With kNorm the squares of the
+// gradient as read go to `acc` (vector `part` of its 16 lanes), exactly as sum_squares_kernel adds them.
+template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd, bool kNorm>
+ZERO_KERNEL_INLINE void step_vector(const KernelArgs& a, size_t i, typename V::D& acc, size_t part) {
   using F = typename V::F;
   const StepScalars& s = a.s;
   F p = V::load(a.master + i);
-  F g = V::mul(V::div(load_grad<V, G>(a.grad, i), V::set1(s.grad_divisor)), V::set1(s.grad_clip));
+  const F raw = load_grad<V, G>(a.grad, i);
+  if constexpr (kNorm) acc = V::accumulate_squares(acc, raw, part);
+  F g = V::mul(V::div(raw, V::set1(s.grad_divisor)), V::set1(s.grad_clip));
   if constexpr (K == OptimizerKind::kAdamW || K == OptimizerKind::kAdamL2) {
     if constexpr (K == OptimizerKind::kAdamL2) g = V::add(g, V::mul(V::set1(s.h), p));
     F m = V::add(V::mul(V::set1(s.a), V::load(a.state0 + i)), V::mul(V::set1(s.b), g));
@@ -122,8 +138,8 @@ ZERO_KERNEL_INLINE void prefetch_streams(const KernelArgs& a, size_t j) {
   if constexpr (C != CopyMode::kNone) prefetch_block<2, 1>(a.copy, j);
 }
 
-template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd>
-void step_loop(const KernelArgs& args) {
+template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd, bool kNorm>
+void step_run(const KernelArgs& args, typename V::D& acc) {
   constexpr size_t W = V::W;
   static_assert(kBlock % W == 0, "a prefetch block is whole vectors (the clearing after the blocks relies on it)");
   // A local copy: the stores through its float pointers cannot alias it, so the compiler keeps the pointers and
@@ -135,10 +151,10 @@ void step_loop(const KernelArgs& args) {
   for (; i < blocks; i += kBlock) {
     if constexpr (kPrefetchAhead > 0) prefetch_streams<K, G, C, kSgd>(local, i + kPrefetchAhead);
 #pragma GCC unroll 32
-    for (size_t v = 0; v < kBlock; v += W) step_vector<V, K, G, C, kSgd>(local, i + v);
+    for (size_t v = 0; v < kBlock; v += W) step_vector<V, K, G, C, kSgd, kNorm>(local, i + v, acc, square_part<V>(v));
     if (local.clear_grad) clear_grads<G>(local.grad, i, kBlock);
   }
-  for (; i < body; i += W) step_vector<V, K, G, C, kSgd>(local, i);
+  for (; i < body; i += W) step_vector<V, K, G, C, kSgd, kNorm>(local, i, acc, square_part<V>(i));
   if (local.clear_grad) clear_grads<G>(local.grad, blocks, body - blocks);
   const size_t tail = args.n - body;
   if (tail == 0) return;
@@ -157,12 +173,24 @@ void step_loop(const KernelArgs& args) {
   if (args.state1) t.state1 = s1, std::memcpy(s1, args.state1 + body, tail * sizeof(float));
   if (args.copy) t.copy = copy;
   t.first_index = args.first_index + body;
-  step_vector<V, K, G, C, kSgd>(t, 0);
+  step_vector<V, K, G, C, kSgd, kNorm>(t, 0, acc, square_part<V>(body));  // zero padding adds squares of zero
   std::memcpy(args.master + body, master, tail * sizeof(float));
   if (args.state0) std::memcpy(args.state0 + body, s0, tail * sizeof(float));
   if (args.state1) std::memcpy(args.state1 + body, s1, tail * sizeof(float));
   if (args.copy) std::memcpy(static_cast<uint16_t*>(args.copy) + body, copy, tail * sizeof(uint16_t));
   if (args.clear_grad) clear_grads<G>(args.grad, body, tail);
+}
+
+// The pass over a run; with block_sums, block by block, each block's squares summed in its own 16 lanes.
+template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd>
+void step_loop(const KernelArgs& args) {
+  typename V::D acc = V::dzero();
+  if (args.block_sums == nullptr) return step_run<V, K, G, C, kSgd, false>(args, acc);
+  for (size_t b = 0, begin = 0; begin < args.n; ++b, begin += kSumBlockElems) {
+    acc = V::dzero();
+    step_run<V, K, G, C, kSgd, true>(sub_run(args, begin, std::min(kSumBlockElems, args.n - begin)), acc);
+    args.block_sums[b] = V::dsum(acc);
+  }
 }
 
 template <class V, OptimizerKind K, DType G, CopyMode C>
@@ -185,12 +213,6 @@ void step_kernel(const KernelArgs& args) {
     }
   }
 }
-
-// The sum of squares in fp64 over 16 lanes — element i goes to lane i mod 16 — combined at the end by one fixed
-// tree (lane j plus lane j + 8, then pairwise). Every SIMD path keeps exactly these 16 sums (AVX-512 in two
-// registers, AVX2 in four, the scalar path in an array), so the result is bit-identical whatever the path, and a
-// run's sum depends only on its elements.
-constexpr size_t kSquareLanes = 16;
 
 template <class V, DType G>
 double sum_squares_kernel(const void* grad, size_t n) {

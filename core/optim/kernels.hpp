@@ -48,6 +48,10 @@ struct KernelArgs {
   // Zero every gradient after reading it, in the same pass (the gradient buffer is then the caller's writable one):
   // the clearing costs no pass of its own over the gradients.
   bool clear_grad = false;
+  // With block_sums, the pass also sums the squares of the gradients it reads, per block of kSumBlockElems elements
+  // from the start of the run, into block_sums[b]: the same bits as sum_squares on that block, so a norm that no
+  // decision needs before the update costs no pass of its own (the run must start on a block of the norm's run).
+  double* block_sums = nullptr;
   size_t n = 0;
   uint64_t first_index = 0;  // global index of element 0 (stochastic rounding is keyed by it)
   StepScalars s;
@@ -74,8 +78,12 @@ const KernelTable& kernel_table_scalar();
 const KernelTable& kernel_table_avx2();
 const KernelTable& kernel_table_avx512();
 
+// The run [begin, begin + n) of `args` (with block_sums, begin is a multiple of kSumBlockElems).
+KernelArgs sub_run(const KernelArgs& args, size_t begin, size_t n);
+
 // Runs `kernel` over [0, n) split into contiguous chunks across at most `max_threads` OpenMP threads (0: OpenMP's
-// default) when n is large enough to pay for it; every element is computed identically whatever the split.
+// default) when n is large enough to pay for it; every element is computed identically whatever the split (with
+// block_sums, threads take whole blocks, so the block sums do not depend on the split either).
 void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads = 0);
 
 // The sum of squares of a run, the same bits whatever the thread count: the run is cut into blocks of

@@ -9,6 +9,8 @@ file:
 
   lr_schedules      learning rate used by optimizer step k = 1..K, observed
                     through a real deepspeed.initialize() engine
+  nonfinite_steps   fp32 and bf16 engines (stages 0..3) given an inf loss: is
+                    the step skipped, do the weights stay finite
   loss_scaling      fp16 dynamic loss scale, step by step, for a given overflow
                     pattern: (1) DeepSpeed's DynamicLossScaler as the ZeRO
                     optimizers drive it, (2) the stage-0 FP16_Optimizer /
@@ -561,6 +563,72 @@ def record_loss_scaling():
 
 
 # --------------------------------------------------------------------------
+# b2. Non-finite gradients in fp32 and bf16
+# --------------------------------------------------------------------------
+
+NONFINITE_VARIANTS = [
+    # (name, dtype, gradient_clipping, extra zero_optimization keys, extra bf16 keys)
+    ("fp32", "fp32", 1.0, {}, {}),
+    ("fp32_noclip", "fp32", 0.0, {}, {}),
+    ("fp32_compute_grad_norm_false", "fp32", 0.0, {"compute_grad_norm": False}, {}),
+    ("bf16", "bf16", 1.0, {}, {}),
+    ("bf16_noclip", "bf16", 0.0, {}, {}),
+    ("bf16_check_grad_overflow_false", "bf16", 1.0, {}, {"check_grad_overflow": False}),
+    ("bf16_check_grad_overflow_false_noclip", "bf16", 0.0, {}, {"check_grad_overflow": False}),
+]
+
+
+def record_nonfinite_engine(stage, dtype, clip, zero_extra, bf16_extra):
+    """A real engine: a clean step, a step whose loss is multiplied by inf (every
+    gradient inf or nan), a clean step.  Records whether DeepSpeed skipped the
+    poisoned step (engine.skipped_steps) and whether the weights stayed finite."""
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "gradient_clipping": clip,
+        "zero_optimization": dict({"stage": stage}, **zero_extra),
+        "steps_per_print": 10**9,
+    }
+    if dtype == "bf16":
+        config["bf16"] = dict({"enabled": True}, **bf16_extra)
+    rec = {"config": config}
+    try:
+        engine, _, _ = make_engine(config)
+    except Exception as e:
+        rec["initialize_error"] = exc_record(e)
+        return rec
+    x = torch.ones(1, 4, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+    steps = []
+    for k, poison in ((1, False), (2, True), (3, False)):
+        skipped_before = engine.skipped_steps
+        try:
+            loss = engine(x).float().sum()
+            if poison:
+                loss = loss * float("inf")
+            engine.backward(loss)
+            engine.step()
+        except Exception as e:
+            rec["raised"] = dict(exc_record(e), at_step=k)
+            break
+        finite = all(bool(torch.isfinite(p.detach().float()).all()) for p in engine.module.parameters())
+        steps.append({"step": k, "poisoned": poison, "skipped": engine.skipped_steps > skipped_before,
+                      "weights_finite": finite})
+    rec["steps"] = steps
+    rec["optimizer_wrapper"] = type(engine.optimizer).__name__
+    return rec
+
+
+def record_nonfinite_steps():
+    out = {"_how": ("Stage s, variant v: a clean step, a step with loss x inf, a clean step. skipped: "
+                    "engine.skipped_steps grew; weights_finite: every module weight finite after the step."),
+           "cases": {}}
+    for name, dtype, clip, zero_extra, bf16_extra in NONFINITE_VARIANTS:
+        out["cases"][name] = {f"zero_stage_{s}": record_nonfinite_engine(s, dtype, clip, zero_extra, bf16_extra)
+                              for s in (0, 1, 2, 3)}
+    return out
+
+
+# --------------------------------------------------------------------------
 # c. Optimizer defaults
 # --------------------------------------------------------------------------
 
@@ -1027,8 +1095,10 @@ def to_json(v, indent=0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="where to write the JSON fixtures")
-    ap.add_argument("--only", choices=["lr_schedules", "loss_scaling", "optimizers", "config_keys"],
-                    action="append", help="record only these parts (default: all)")
+    ap.add_argument("--only", choices=["lr_schedules", "loss_scaling", "nonfinite_steps", "optimizers",
+                                       "config_keys"],
+                    action="append", help="record only these parts (default: all); the other parts of an "
+                                          "existing --out file are kept")
     args = ap.parse_args()
 
     quiet_deepspeed_logs()
@@ -1039,6 +1109,7 @@ def main():
     parts = {
         "lr_schedules": record_schedules,
         "loss_scaling": record_loss_scaling,
+        "nonfinite_steps": record_nonfinite_steps,
         "optimizers": record_optimizers,
         "config_keys": record_config_keys,
     }
@@ -1052,6 +1123,10 @@ def main():
         "accelerator": get_accelerator()._name,
         "world_size": dist.get_world_size(),
     }
+    if args.only and os.path.exists(args.out):
+        with open(args.out) as f:
+            kept = json.load(f)
+        result = dict(kept, **result)
     for name, fn in parts.items():
         if args.only and name not in args.only:
             continue

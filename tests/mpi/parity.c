@@ -5,6 +5,7 @@
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
  *                            [--comm mpi|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
+ *                            [--norm-in-update 0|1]
  *
  * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on, and the new params are
  * all-gathered in the background after the step (stages 1-2: zero_gather waits for its unit); the weights must be
@@ -16,6 +17,11 @@
  * view is still compared with the reference. --explicit-prefetch 1 calls zero_prefetch for the next unit before
  * each release. --shuffle 1 runs every third step's forward in another unit order (the recorded order is lost
  * and learnt again).
+ *
+ * --norm-in-update 1 turns clipping and the skip of non-finite steps off (gradient_clipping 0,
+ * zero_optimization.compute_grad_norm false, bf16.check_grad_overflow false): nothing needs the norm before the
+ * update, so the optimizer pass sums its squares (stages 1-3, and N = 1; the test checks the engine's log says so).
+ * The reported norm must be the same bits, and the weights the reference's without clipping.
  *
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
@@ -54,6 +60,18 @@ typedef struct {
 
 /* group 0 = the config's optimizer params, group 1 = register_test_model's no_decay group. */
 static const Hyper kGroups[2] = {{0.01, 0.02, 0.9, 0.999, 1e-8}, {0.005, 0.0, 0.8, 0.99, 1e-8}};
+
+typedef struct {
+  int in_update, own_pass;
+} NormLog;
+
+static void record_norm_log(void* user_data, int32_t level, int32_t rank, const char* message) {
+  (void)level;
+  (void)rank;
+  NormLog* log = (NormLog*)user_data;
+  log->in_update += strstr(message, "the gradient norm is summed in the optimizer pass") != NULL;
+  log->own_pass += strstr(message, "the gradient norm has a pass of its own") != NULL;
+}
 
 static uint64_t mix(uint64_t h) {
   h ^= h >> 17;
@@ -107,7 +125,7 @@ static double reference_step(Reference* ref, int t, int world, int gas, double s
     for (size_t i = 0; i < test_param_numel(p); ++i) sum_sq += (double)ref->g[p][i] * (double)ref->g[p][i];
   double divisor = (double)world * (double)gas * scale;
   double norm = sqrt(sum_sq / (divisor * divisor));
-  double clip = norm > g_clip ? g_clip / (norm + 1e-6) : 1.0;
+  double clip = g_clip > 0 && norm > g_clip ? g_clip / (norm + 1e-6) : 1.0;
   float divisor_f = (float)divisor, clip_f = (float)clip;
   for (int p = 0; p < kNumParams; ++p) {
     const Hyper* h = &kGroups[kModel[p].group];
@@ -155,7 +173,7 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
 }
 
 int main(int argc, char** argv) {
-  int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0;
+  int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0, norm_in_update = 0;
   long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
   const char* comm_kind = "mpi";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -183,8 +201,17 @@ int main(int argc, char** argv) {
       explicit_prefetch = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--shuffle") == 0)
       shuffle = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--norm-in-update") == 0)
+      norm_in_update = atoi(argv[i + 1]);
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
+  if (norm_in_update) {
+    if (g_dtype == ZERO_DTYPE_FP16) {
+      fprintf(stderr, "--norm-in-update: fp16 always checks for overflow (the loss scale needs it)\n");
+      return 2;
+    }
+    g_clip = 0.0;
+  }
   int mpi_provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &mpi_provided);
   int rank = 0, world = 1;
@@ -203,14 +230,20 @@ int main(int argc, char** argv) {
   if (live >= 0)
     snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch), ", \"stage3_max_live_parameters\": %ld", live);
   char config[1024];
-  snprintf(config, sizeof config,
-           "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": %d, \"gradient_clipping\": %g,"
-           " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g, \"betas\": [%g, %g], \"eps\": %g,"
-           " \"weight_decay\": %g}},"
-           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
-           " \"stage3_param_persistence_threshold\": %ld, \"overlap_comm\": %s%s}%s}",
-           gas, g_clip, kGroups[0].lr, kGroups[0].beta1, kGroups[0].beta2, kGroups[0].eps, kGroups[0].weight_decay,
-           stage, bucket, persist, overlap ? "true" : "false", fetch, dtype_config(g_dtype));
+  snprintf(
+      config, sizeof config,
+      "{\"train_micro_batch_size_per_gpu\": 2, \"gradient_accumulation_steps\": %d, \"gradient_clipping\": %g,"
+      " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g, \"betas\": [%g, %g], \"eps\": %g,"
+      " \"weight_decay\": %g}},"
+      " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
+      " \"stage3_param_persistence_threshold\": %ld, \"overlap_comm\": %s%s%s}%s}",
+      gas, g_clip, kGroups[0].lr, kGroups[0].beta1, kGroups[0].beta2, kGroups[0].eps, kGroups[0].weight_decay, stage,
+      bucket, persist, overlap ? "true" : "false", fetch, norm_in_update ? ", \"compute_grad_norm\": false" : "",
+      norm_in_update && g_dtype == ZERO_DTYPE_BF16 ? ", \"bf16\": {\"enabled\": true, \"check_grad_overflow\": false}"
+                                                   : dtype_config(g_dtype));
+  /* Which pass sums the norm is logged at debug level by finalize. */
+  NormLog norm_log = {0, 0};
+  CHECK(zero_set_log_callback(record_norm_log, &norm_log, ZERO_LOG_DEBUG));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
 
@@ -232,7 +265,14 @@ int main(int argc, char** argv) {
   int32_t ids[kNumParams];
   register_test_model(engine, g_dtype, init, ids);
   CHECK(zero_engine_finalize(engine));
+  CHECK(zero_set_log_callback(NULL, NULL, ZERO_LOG_WARNING));
   for (int p = 0; p < kNumParams; ++p) free(init[p]);
+  /* One rank or a sharded update (stages 1-3): the pass sums the norm; stage 0 at N > 1 updates every element but
+   * sums only its shard, so the norm keeps its own pass there. */
+  const int expect_in_update = norm_in_update && (stage > 0 || world == 1);
+  EXPECT(norm_log.in_update == expect_in_update && norm_log.own_pass == !expect_in_update,
+         "the engine logged %d 'summed in the optimizer pass' and %d 'pass of its own', expected %s",
+         norm_log.in_update, norm_log.own_pass, expect_in_update ? "the first" : "the second");
 
   int clipped = 0;
   for (int t = 1; t <= kSteps; ++t) {
@@ -272,10 +312,10 @@ int main(int argc, char** argv) {
     EXPECT(info.step == t, "step %lld, expected %d", (long long)info.step, t);
     EXPECT(info.grad_norm == norm, "step %d: grad_norm %.17g, reference %.17g", t, info.grad_norm, norm);
     EXPECT(info.skipped == 0, "step %d skipped", t);
-    clipped += norm > g_clip;
+    clipped += g_clip > 0 && norm > g_clip;
   }
   /* Both paths of the clip (scaled and untouched) must have run, or the test would not cover clipping. */
-  EXPECT(clipped > 0 && clipped < kSteps, "clipping engaged on %d of %d steps", clipped, kSteps);
+  if (g_clip > 0) EXPECT(clipped > 0 && clipped < kSteps, "clipping engaged on %d of %d steps", clipped, kSteps);
   for (int u = 0; u < kNumUnits; ++u) {
     CHECK(zero_gather(engine, u));
     expect_weights_equal(engine, ids, &ref, u, "final");

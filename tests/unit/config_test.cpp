@@ -262,6 +262,27 @@ TEST(Config, FetchAheadDefaultsFollowOverlapComm) {
   EXPECT_EQ(given.max_reuse_distance, 0);
 }
 
+// DeepSpeed ZeRO 1-2's rule for skipping a step with a non-finite gradient norm: fp16 always; bf16 as
+// check_grad_overflow says (default true); fp32 as compute_grad_norm says (default true), which needs clipping off.
+TEST(Config, NonFiniteStepsAreSkippedAsDeepSpeedSkipsThem) {
+  EXPECT_TRUE(parse_config(with_optimizer(""), 1).skip_nonfinite_steps);
+  EXPECT_TRUE(parse_config(with_optimizer(R"("bf16": {"enabled": true})"), 1).skip_nonfinite_steps);
+  EXPECT_FALSE(parse_config(with_optimizer(R"("bf16": {"enabled": true, "check_grad_overflow": false})"), 1)
+                   .skip_nonfinite_steps);
+  const std::string no_norm = R"("gradient_clipping": 0, "zero_optimization": {"compute_grad_norm": false})";
+  EXPECT_FALSE(parse_config(with_optimizer(no_norm), 1).skip_nonfinite_steps);
+  // bf16 follows check_grad_overflow alone; fp16 always checks (its loss scale needs it).
+  EXPECT_TRUE(parse_config(with_optimizer(no_norm + R"(, "bf16": {"enabled": true})"), 1).skip_nonfinite_steps);
+  EXPECT_TRUE(parse_config(with_optimizer(no_norm + R"(, "fp16": {"enabled": true})"), 1).skip_nonfinite_steps);
+  // Clipping needs the norm (libzero's default gradient_clipping is 1.0, as DeepSpeed's).
+  const std::string e =
+      parse_error(with_optimizer(R"("zero_optimization": {"compute_grad_norm": false})"), ZERO_ERR_CONFIG);
+  EXPECT_NE(e.find("compute_grad_norm = false needs gradient_clipping = 0"), std::string::npos) << e;
+  EXPECT_NE(parse_error(with_optimizer(R"("zero_optimization": {"compute_grad_norm": 0})"), ZERO_ERR_CONFIG)
+                .find("compute_grad_norm"),
+            std::string::npos);
+}
+
 TEST(Config, OptimizerTypes) {
   Config c = parse_config(R"({"optimizer": {"type": "Adam"}})", 1);
   EXPECT_EQ(c.optimizer.kind, OptimizerKind::kAdamW);  // DeepSpeed's adam_w_mode defaults to true

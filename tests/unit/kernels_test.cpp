@@ -447,6 +447,99 @@ TEST(Kernels, SumOfSquaresIsTheSameOnEveryPathAndThreadCount) {
   }
 }
 
+// With block_sums the optimizer pass also returns the norm's block sums: exactly sum_squares's bits on each block
+// of the run (so the norm of a step is the same whether it comes from its own pass or from the update), on every
+// path and thread count, whatever else the pass does (clearing, copies, every optimizer and gradient dtype), and
+// the update itself is unchanged by it.
+TEST(Kernels, TheUpdatePassSumsTheNormsSquaresWithTheNormPassesBits) {
+  // Tails that start on either half of a 16-lane group (1037: AVX2 tail in lanes 8-15, 1061: in lanes 0-7).
+  for (size_t n : {size_t{1}, size_t{17}, size_t{1037}, size_t{1061}, kSumBlockElems, kSumBlockElems * 3 + 45}) {
+    for (const Case& c : all_cases()) {
+      if (n > 2000 && !(c.kind == OptimizerKind::kAdamW || c.copy == CopyMode::kBf16Stochastic)) continue;
+      const OptimizerHyper h = hyper_for(c);
+      const int k = static_cast<int>(c.kind), g = static_cast<int>(c.grad), m = static_cast<int>(c.copy);
+      const Streams start = make_streams(c, n, 11);
+      const size_t blocks = sum_squares_blocks(n);
+      std::vector<double> want_sums(blocks);
+      for (size_t b = 0; b < blocks; ++b)
+        want_sums[b] = kernel_table_scalar().sum_squares[g](start.grad.data() + b * kSumBlockElems * dtype_size(c.grad),
+                                                            std::min(kSumBlockElems, n - b * kSumBlockElems));
+      Streams want = start;
+      KernelArgs wa = args_for(want, c, h, 2);
+      kernel_table_scalar().step[k][g][m](wa);
+      for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+        if (!isa_supported(isa)) continue;
+        for (int threads : {1, 2, 3}) {
+          for (bool clear : {false, true}) {
+            Streams got = start;
+            std::vector<double> sums(blocks + 1, -1.0);  // one past the end: must stay untouched
+            KernelArgs ga = args_for(got, c, h, 2);
+            ga.block_sums = sums.data();
+            ga.clear_grad = clear;
+            parallel_step(kernels(isa).step[k][g][m], ga, threads);
+            const std::string what = std::string(isa_name(isa)) + " " + describe(c) + " n " + std::to_string(n) +
+                                     " threads " + std::to_string(threads) + (clear ? " clearing" : "");
+            for (size_t b = 0; b < blocks; ++b) ASSERT_EQ(sums[b], want_sums[b]) << what << " block " << b;
+            ASSERT_EQ(sums[blocks], -1.0) << what;
+            ASSERT_EQ(0, std::memcmp(want.master.data(), got.master.data(), n * 4)) << what;
+            ASSERT_EQ(0, std::memcmp(want.s0.data(), got.s0.data(), n * 4)) << what;
+            ASSERT_EQ(0, std::memcmp(want.s1.data(), got.s1.data(), n * 4)) << what;
+            ASSERT_EQ(0, std::memcmp(want.copy.data(), got.copy.data(), n * 2)) << what;
+            if (clear)
+              ASSERT_TRUE(std::all_of(got.grad.begin(), got.grad.end(), [](uint8_t x) { return x == 0; })) << what;
+            else
+              ASSERT_EQ(got.grad, start.grad) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Random data rarely rounds differently when a square goes to the wrong lane; these values do: lane 0 holds 1 and
+// lane 8 two squares of 0.5625 ulp each, whose sum rounds to 1 ulp above 1 when added to lane 0 together, and to 2
+// ulp when one of them is added to lane 0 alone. The second sits in the tail (element 1032 of 1037: AVX2's last
+// partial vector, which starts on the second half of a 16-lane group).
+TEST(Kernels, TheUpdatePassPutsEverySquareInTheNormPassesLane) {
+  const Case c{OptimizerKind::kAdamW, DType::kF32, CopyMode::kNone};
+  const OptimizerHyper h = hyper_for(c);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    Streams s = make_streams(c, 1037, 3);
+    std::vector<float> g(1037, 0.0f);
+    g[0] = 1.0f;
+    g[8] = g[1032] = std::ldexp(3.0f, -28);
+    std::memcpy(s.grad.data(), g.data(), g.size() * 4);
+    const double want = kernel_table_scalar().sum_squares[0](g.data(), g.size());
+    ASSERT_EQ(want, 1.0 + std::ldexp(1.0, -52));
+    double sum = 0.0;
+    KernelArgs a = args_for(s, c, h, 1);
+    a.block_sums = &sum;
+    kernels(isa).step[0][0][0](a);
+    EXPECT_EQ(sum, want) << isa_name(isa);
+  }
+}
+
+// Non-finite gradients make the pass's block sum non-finite, as they do the norm pass's.
+TEST(Kernels, TheUpdatePassesSquaresSeeNonFiniteGradients) {
+  const Case c{OptimizerKind::kAdamW, DType::kF32, CopyMode::kNone};
+  const OptimizerHyper h = hyper_for(c);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    for (size_t at : {size_t{0}, size_t{16}, size_t{1036}}) {  // first vector, a body vector, the tail
+      for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+        Streams s = make_streams(c, 1037, 3);
+        std::memcpy(&s.grad[4 * at], &bad, 4);
+        double sum = 0.0;
+        KernelArgs a = args_for(s, c, h, 1);
+        a.block_sums = &sum;
+        kernels(isa).step[0][0][0](a);
+        EXPECT_FALSE(std::isfinite(sum)) << isa_name(isa) << " at " << at;
+      }
+    }
+  }
+}
+
 // Stochastic rounding keys every element by its 64-bit index: parallel_step splits a run at a multiple of 2^32
 // and gives the part above it the seed of the high bits, so the elements past the boundary round as the kernel
 // rounds them when called on their own with that seed (and unlike a 32-bit key that wraps around).
