@@ -4,6 +4,7 @@
 
 #include "error.hpp"
 #include "memory/ops.hpp"
+#include "optim/kernels.hpp"
 #include "test_hooks.hpp"
 
 namespace zero {
@@ -34,6 +35,65 @@ void GradientReducer::allocate(int num_params) {
   param_touched_.assign(static_cast<size_t>(num_params), 0);
   param_expected_.assign(static_cast<size_t>(num_params), 1);
   written_.assign(static_cast<size_t>(store_.num_units()), 0);
+  // Folding pays only where the norm is needed before the update; otherwise the optimizer pass sums it anyway.
+  fold_squares_ = plan.bucketed() && (config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0);
+  segment_squares_.assign(static_cast<size_t>(store_.num_units()), {});
+  squares_final_.assign(static_cast<size_t>(store_.num_units()), 0);
+  micro_step_in_window_ = 0;
+}
+
+void GradientReducer::start_window() {
+  std::fill(written_.begin(), written_.end(), 0);
+  std::fill(squares_final_.begin(), squares_final_.end(), 0);
+  micro_step_in_window_ = 0;
+}
+
+const double* GradientReducer::folded_squares(int unit) const {
+  return squares_final_[unit] ? segment_squares_[unit].data() : nullptr;
+}
+
+// The shard is walked in the order of its norm segments (params, ascending offsets): the gaps between them
+// (alignment, padding) are accumulated only, each segment block by block (kSumBlockElems from its start, the norm
+// pass's blocks) and each block's squares summed right after it is written, from cache. The accumulation itself is
+// element-wise, so cutting it into pieces changes no bit.
+void GradientReducer::accumulate_into_unit(int unit, const char* reduced) {
+  // The window's first reduction of a unit writes its accumulator, which the optimizer pass left as it was (nothing
+  // to clear there); later ones add.
+  const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
+  ParameterStore::UnitBuffers& ub = store_.unit(unit);
+  const ElementOps& ops = element_ops(ub.grads.space());
+  const auto add = written_[unit] ? ops.accumulate : ops.accumulate_into_zero;
+  const size_t shard = store_.layout().units[unit].shard_elems;
+  char* acc = static_cast<char*>(ub.grads.data());
+  written_[unit] = 1;
+  const bool last = micro_step_in_window_ == config_.gradient_accumulation_steps - 1;
+  bool fold = fold_squares_ && last && store_.norm_grads(unit) == acc;
+  size_t pos = 0;
+  for (const ShardSegment& s : ub.norm_segments) fold = fold && s.shard_offset >= pos, pos = s.shard_offset + s.numel;
+  squares_final_[unit] = 0;
+  if (!fold) return add(acc, accum, reduced, comm_type, shard);
+  const size_t acc_size = dtype_size(accum), red_size = dtype_size(comm_type);
+  auto run = [&](size_t begin, size_t end) {
+    if (end > begin) add(acc + begin * acc_size, accum, reduced + begin * red_size, comm_type, end - begin);
+  };
+  const SumSquaresKernel squares = kernels(ub.grads.space(), active_isa()).sum_squares[static_cast<int>(accum)];
+  std::vector<double>& sums = segment_squares_[unit];
+  sums.assign(ub.norm_segments.size(), 0.0);
+  pos = 0;
+  for (size_t i = 0; i < ub.norm_segments.size(); ++i) {
+    const ShardSegment& s = ub.norm_segments[i];
+    run(pos, s.shard_offset);
+    double sum = 0.0;  // block order from zero, as parallel_sum_squares adds them
+    for (size_t begin = 0; begin < s.numel; begin += kSumBlockElems) {
+      const size_t n = std::min(kSumBlockElems, s.numel - begin), at = s.shard_offset + begin;
+      run(at, at + n);
+      sum += squares(acc + at * acc_size, n);
+    }
+    sums[i] = sum;
+    pos = s.shard_offset + s.numel;
+  }
+  run(pos, shard);
+  squares_final_[unit] = 1;
 }
 
 bool GradientReducer::micro_step_begun() const {
@@ -115,18 +175,12 @@ void GradientReducer::complete_oldest() {
   guard_.moving_data([&] {
     comm_.wait_all(f.pending);
     const Bucket& b = store_.plan().buckets[f.bucket];
-    const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
-    const ElementOps& ops = element_ops(bucket_pool_.space());
     const int rank = comm_.rank();
     for (size_t i = 0; i < b.units.size(); ++i) {
       const int u = b.units[i];
       const size_t shard = store_.layout().units[u].shard_elems;
       const char* full = static_cast<const char*>(f.buffer) + b.unit_offsets[i] * grad_size();
-      // The window's first reduction of a unit writes its accumulator, which the optimizer pass left as it was
-      // (nothing to clear there); later ones add.
-      (written_[u] ? ops.accumulate : ops.accumulate_into_zero)(
-          store_.unit(u).grads.data(), accum, full + rank * shard * dtype_size(comm_type), comm_type, shard);
-      written_[u] = 1;
+      accumulate_into_unit(u, full + rank * shard * dtype_size(config_.comm_dtype));
     }
     bucket_pool_.give_back(f.buffer);
   });
@@ -228,6 +282,7 @@ void GradientReducer::finish_micro_step(const char* call) {
   }
   std::fill(param_ready_.begin(), param_ready_.end(), 0);
   std::fill(param_touched_.begin(), param_touched_.end(), 0);
+  micro_step_in_window_ += 1;
 }
 
 void GradientReducer::reduce_pending_buckets(const char* call) {

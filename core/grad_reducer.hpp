@@ -51,7 +51,14 @@ class GradientReducer {
   // After the step (or a checkpoint load): a new window.
   bool accumulators_written_on_reduction() const { return store_.plan().bucketed(); }
   void zero_unwritten_accumulators();
-  void start_window() { std::fill(written_.begin(), written_.end(), 0); }
+  void start_window();
+
+  // Bucketed plans, when zero_step needs the norm before the update (clipping, or the skip of a non-finite step):
+  // the reductions of the window's last micro-step also sum the squares of what they leave in each accumulator,
+  // block by block while the block is still in cache, so that zero_step need not read the shard again. For unit u,
+  // the sums of its norm segments (in Stepper::local_sum_squares's blocks, order and bits), or null where the
+  // unit's final values did not come from such a reduction (the stepper then reads them).
+  const double* folded_squares(int unit) const;
 
   // The buckets allocated now (what zero_memory_stats reports beyond the plan's one).
   size_t buckets_held() const { return bucket_pool_.buffers(); }
@@ -85,6 +92,9 @@ class GradientReducer {
   void reduce_bucket(int bucket, bool again, const char* call);
   void reduce_pending_buckets(const char* call);
   void reduce_full_grads(int unit);
+  // Adds (or, first in the window, writes) a reduced block into unit u's accumulator; in the window's last
+  // micro-step also sums the squares of the result (folded_squares).
+  void accumulate_into_unit(int unit, const char* reduced);
   int bucket_of_param(int param) const;
   size_t grad_size() const { return dtype_size(config_.grad_accum_dtype); }
 
@@ -101,6 +111,10 @@ class GradientReducer {
   std::vector<char> param_touched_;   // per param: zero_grad_data was called in this micro-step
   std::vector<char> param_expected_;  // per param: its bucket waits for it (BucketState)
   std::vector<char> written_;         // per unit: a reduction wrote its accumulator in this accumulation window
+  int micro_step_in_window_ = 0;      // zero_backward_end calls since the window began
+  bool fold_squares_ = false;         // allocate(): bucketed, and the step needs the norm before the update
+  std::vector<std::vector<double>> segment_squares_;  // per unit, per norm segment (folded_squares)
+  std::vector<char> squares_final_;  // per unit: segment_squares_ holds the sums of the accumulator's final values
 };
 
 }  // namespace zero

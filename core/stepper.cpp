@@ -72,11 +72,15 @@ double Stepper::norm_from(double sum_sq, const StepDecision& decision) {
 // Each rank sums the squares of its shard of the reduced gradients, at every stage (stage 0 holds every gradient,
 // but sums only its shard: the same sums as stages 1-3). Squares of small multiples of 2^-10 and their sums are
 // exact in fp64, so for those the norm does not depend on how shards split the sum.
-double Stepper::local_sum_squares(ParameterStore& store) {
+double Stepper::local_sum_squares(ParameterStore& store, const std::function<const double*(int)>& folded) {
   const size_t grad_size = dtype_size(config_.grad_accum_dtype);
   const int grad_index = static_cast<int>(config_.grad_accum_dtype);
   double sum_sq = 0.0;
   for (int u = 0; u < store.num_units(); ++u) {
+    if (const double* sums = folded ? folded(u) : nullptr) {
+      for (size_t i = 0; i < store.unit(u).norm_segments.size(); ++i) sum_sq += sums[i];
+      continue;
+    }
     const KernelTable& table = kernels(store.unit(u).grads.space(), isa_);
     const char* g = static_cast<const char*>(store.norm_grads(u));
     for (const ShardSegment& s : store.unit(u).norm_segments)

@@ -4,6 +4,7 @@
 // the step counter and the per-step scratch, so that zero_step allocates nothing.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "config.hpp"
@@ -38,7 +39,9 @@ class Stepper {
   void allocate(const ParameterStore& store, size_t groups);
   // This rank's sum of squares of its shard of the reduced gradients, in fp64 (also the overflow test: an inf or
   // nan anywhere makes it non-finite; finite fp32 squares cannot overflow fp64).
-  double local_sum_squares(ParameterStore& store);
+  // `folded(u)`, where not null, gives unit u's per-segment sums already summed as the gradients were reduced
+  // (GradientReducer::folded_squares): the same bits, no pass over the unit.
+  double local_sum_squares(ParameterStore& store, const std::function<const double*(int)>& folded = nullptr);
   // From the sum over ranks: the norm, the skip and loss-scale decisions, the clip, the learning rate of group 0.
   StepDecision decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups);
   // Whether this step's norm comes from the optimizer pass (norm_in_update) instead of a pass of its own before it:

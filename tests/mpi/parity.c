@@ -62,7 +62,9 @@ typedef struct {
 static const Hyper kGroups[2] = {{0.01, 0.02, 0.9, 0.999, 1e-8}, {0.005, 0.0, 0.8, 0.99, 1e-8}};
 
 typedef struct {
-  int in_update, own_pass;
+  int in_update, own_pass; /* finalize: which pass sums the norm */
+  int steps_folded_all;    /* zero_step: steps on which every unit's squares came from the reductions */
+  char all_units[64];
 } NormLog;
 
 static void record_norm_log(void* user_data, int32_t level, int32_t rank, const char* message) {
@@ -71,6 +73,7 @@ static void record_norm_log(void* user_data, int32_t level, int32_t rank, const 
   NormLog* log = (NormLog*)user_data;
   log->in_update += strstr(message, "the gradient norm is summed in the optimizer pass") != NULL;
   log->own_pass += strstr(message, "the gradient norm has a pass of its own") != NULL;
+  log->steps_folded_all += strstr(message, log->all_units) != NULL;
 }
 
 static uint64_t mix(uint64_t h) {
@@ -242,7 +245,9 @@ int main(int argc, char** argv) {
       norm_in_update && g_dtype == ZERO_DTYPE_BF16 ? ", \"bf16\": {\"enabled\": true, \"check_grad_overflow\": false}"
                                                    : dtype_config(g_dtype));
   /* Which pass sums the norm is logged at debug level by finalize. */
-  NormLog norm_log = {0, 0};
+  NormLog norm_log = {0, 0, 0, ""};
+  snprintf(norm_log.all_units, sizeof norm_log.all_units, "the squares of %d of %d units were summed", kNumUnits,
+           kNumUnits);
   CHECK(zero_set_log_callback(record_norm_log, &norm_log, ZERO_LOG_DEBUG));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
@@ -265,7 +270,6 @@ int main(int argc, char** argv) {
   int32_t ids[kNumParams];
   register_test_model(engine, g_dtype, init, ids);
   CHECK(zero_engine_finalize(engine));
-  CHECK(zero_set_log_callback(NULL, NULL, ZERO_LOG_WARNING));
   for (int p = 0; p < kNumParams; ++p) free(init[p]);
   /* One rank or a sharded update (stages 1-3): the pass sums the norm; stage 0 at N > 1 updates every element but
    * sums only its shard, so the norm keeps its own pass there. */
@@ -314,6 +318,13 @@ int main(int argc, char** argv) {
     EXPECT(info.skipped == 0, "step %d skipped", t);
     clipped += g_clip > 0 && norm > g_clip;
   }
+  CHECK(zero_set_log_callback(NULL, NULL, ZERO_LOG_WARNING));
+  /* Stages 2-3 sum the squares as the window's last micro-step reduces each unit: every unit on every step (each
+   * unit of the test model gets gradients on every micro-step), so zero_step reads no shard for the norm. */
+  const int expect_folded = stage >= 2 && !norm_in_update ? kSteps : 0;
+  EXPECT(norm_log.steps_folded_all == expect_folded,
+         "%d steps summed every unit's squares in the reductions, expected %d", norm_log.steps_folded_all,
+         expect_folded);
   /* Both paths of the clip (scaled and untouched) must have run, or the test would not cover clipping. */
   if (g_clip > 0) EXPECT(clipped > 0 && clipped < kSteps, "clipping engaged on %d of %d steps", clipped, kSteps);
   for (int u = 0; u < kNumUnits; ++u) {

@@ -10,7 +10,8 @@
  *    every third step: whole accumulation windows go by in which no reduction writes its shard accumulator, which
  *    the optimizer pass does not clear at stages 2-3 (the next window's first reduction writes it): zero_step
  *    must zero it, or the last window's gradient would be applied again.
- * The final weights equal stage 1's (which reduces whole gradients in zero_step, with no buckets) bit for bit.
+ * The final weights and every step's gradient norm equal stage 1's (which reduces whole gradients in zero_step, with
+ * no buckets) bit for bit.
  * With --overlap 1 (overlap_comm) the same, with up to two buckets in flight beside the one being filled.
  *
  *   mpirun -np N test_unused [--overlap 0|1]
@@ -33,7 +34,8 @@ static float grad_value(int t, int k, int rank, int p, size_t i) {
 
 /* Trains at `stage`; returns the final weights (all params, registration order) and, at stages 2-3, the largest
  * bucket memory seen before zero_backward_end in micro-steps after the first. */
-static float* train(zero_comm_t* comm, int stage, int rank, uint64_t* late_bucket_bytes, uint64_t* first_bucket_bytes) {
+static float* train(zero_comm_t* comm, int stage, int rank, uint64_t* late_bucket_bytes, uint64_t* first_bucket_bytes,
+                    double* norms) {
   char config[512];
   snprintf(config, sizeof config,
            "{\"gradient_accumulation_steps\": %d, \"train_micro_batch_size_per_gpu\": 1,"
@@ -74,7 +76,9 @@ static float* train(zero_comm_t* comm, int stage, int rank, uint64_t* late_bucke
       if (micro > 0 && mem.bucket_bytes > *late_bucket_bytes) *late_bucket_bytes = mem.bucket_bytes;
       CHECK(zero_backward_end(engine));
     }
-    CHECK(zero_step(NULL, engine));
+    zero_step_info_t info = ZERO_STEP_INFO_INIT;
+    CHECK(zero_step(&info, engine));
+    norms[t - 1] = info.grad_norm;
   }
   size_t total = 0;
   for (int p = 0; p < kNumParams; ++p) total += test_param_numel(p);
@@ -105,7 +109,8 @@ int main(int argc, char** argv) {
   size_t total = 0;
   for (int p = 0; p < kNumParams; ++p) total += test_param_numel(p);
   uint64_t late = 0, first = 0;
-  float* reference = train(comm, 1, rank, &late, &first);
+  double reference_norms[kSteps], norms[kSteps];
+  float* reference = train(comm, 1, rank, &late, &first, reference_norms);
   /* The largest bucket: the layout rule of harness.h, units in backward order, 250 elements per bucket. */
   uint64_t largest = 0, bucket = 0;
   for (int u = kNumUnits - 1; u >= 0; --u) {
@@ -115,7 +120,12 @@ int main(int argc, char** argv) {
     if (bucket > largest) largest = bucket;
   }
   for (int stage = 2; stage <= 3; ++stage) {
-    float* got = train(comm, stage, rank, &late, &first);
+    float* got = train(comm, stage, rank, &late, &first, norms);
+    /* Stages 2-3 sum the squares as the last micro-step's reductions write the accumulators, except for a unit no
+     * reduction of that micro-step wrote (the skipped block), whose squares zero_step reads: the same bits. */
+    for (int t = 0; t < kSteps; ++t)
+      EXPECT(memcmp(&norms[t], &reference_norms[t], sizeof(double)) == 0, "stage %d step %d: norm %.17g, stage 1 %.17g",
+             stage, t + 1, norms[t], reference_norms[t]);
     for (size_t i = 0; i < total; ++i)
       EXPECT(memcmp(&got[i], &reference[i], sizeof(float)) == 0, "stage %d: weight %zu is %.9g, stage 1 has %.9g",
              stage, i, got[i], reference[i]);
