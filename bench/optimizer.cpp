@@ -223,7 +223,8 @@ void roofline(const RoofVariant& variant, const Pattern& pat, float* p, const vo
 #pragma omp parallel
   {
     const size_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const size_t chunk = (n / nt + 63) / 64 * 64, begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
+    const size_t chunk = ((n + nt - 1) / nt + 63) / 64 * 64, begin = std::min(n, t * chunk),
+                 end = std::min(n, begin + chunk);
     if (begin < end) {
       const void* gt = static_cast<const char*>(g) + begin * pat.grad_bytes;
       variant.loop(pat, p + begin, gt, s0 ? s0 + begin : nullptr, s1 ? s1 + begin : nullptr,

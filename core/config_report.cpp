@@ -165,7 +165,9 @@ std::string config_report(const Config& c, int world) {
     os << "  non-finite gradients   the step is skipped\n";
   else
     os << "  non-finite gradients   the step is applied (the overflow check is off)"
-       << (c.gradient_clipping > 0 ? "\n" : "; the norm is computed in the optimizer pass\n");
+       << (c.gradient_clipping > 0 ? "\n"
+           : c.stage > 0           ? "; the optimizer pass sums the norm\n"
+                                   : "; at one rank the optimizer pass sums the norm\n");
   if (c.stage >= 2) put("  reduce bucket          %lld elements\n", static_cast<long long>(c.reduce_bucket_size));
   if (c.stage >= 1)
     os << "  overlap_comm           "

@@ -229,6 +229,7 @@ void Engine::backward_end() {
   store_.end_micro_step();
   micro_steps_ += 1;
   store_.set_next_micro_step_in_window(micro_steps_ + 1 < config_.gradient_accumulation_steps);
+  reducer_.set_micro_step_in_window(micro_steps_);
   micro_step_count_ += 1;
 }
 
@@ -263,6 +264,7 @@ void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   settle_fetches();
   checkpointer_.load(dir, tag, micro_steps_, reducer_.micro_step_begun());
   reducer_.start_window();  // the load cleared every accumulator
+  reducer_.set_micro_step_in_window(micro_steps_);
   store_.set_next_micro_step_in_window(micro_steps_ + 1 < config_.gradient_accumulation_steps);
 }
 

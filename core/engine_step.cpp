@@ -114,6 +114,7 @@ StepResult Engine::step() {
     if (!result.skipped) store_.publish("zero_step: all-gather of the new params");
   });
   micro_steps_ = 0;
+  reducer_.set_micro_step_in_window(0);
   store_.set_next_micro_step_in_window(config_.gradient_accumulation_steps > 1);
   result.step = stepper_.steps();
   stepper_.account(result);

@@ -36,16 +36,27 @@ void GradientReducer::allocate(int num_params) {
   param_expected_.assign(static_cast<size_t>(num_params), 1);
   written_.assign(static_cast<size_t>(store_.num_units()), 0);
   // Folding pays only where the norm is needed before the update; otherwise the optimizer pass sums it anyway.
-  fold_squares_ = plan.bucketed() && (config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0);
-  segment_squares_.assign(static_cast<size_t>(store_.num_units()), {});
-  squares_final_.assign(static_cast<size_t>(store_.num_units()), 0);
-  micro_step_in_window_ = 0;
+  const bool fold = plan.bucketed() && (config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0);
+  const size_t units = static_cast<size_t>(store_.num_units());
+  foldable_.assign(units, 0);
+  segment_squares_.assign(units, {});
+  squares_final_.assign(units, 0);
+  for (int u = 0; fold && u < store_.num_units(); ++u) {
+    const ParameterStore::UnitBuffers& ub = store_.unit(u);
+    bool ascending = true;
+    size_t end = 0;
+    for (const ShardSegment& s : ub.norm_segments) {
+      ascending = ascending && s.shard_offset >= end;
+      end = s.shard_offset + s.numel;
+    }
+    foldable_[u] = ascending && store_.norm_grads(u) == ub.grads.data();
+    if (foldable_[u]) segment_squares_[u].assign(ub.norm_segments.size(), 0.0);
+  }
 }
 
 void GradientReducer::start_window() {
   std::fill(written_.begin(), written_.end(), 0);
   std::fill(squares_final_.begin(), squares_final_.end(), 0);
-  micro_step_in_window_ = 0;
 }
 
 const double* GradientReducer::folded_squares(int unit) const {
@@ -66,20 +77,16 @@ void GradientReducer::accumulate_into_unit(int unit, const char* reduced) {
   const size_t shard = store_.layout().units[unit].shard_elems;
   char* acc = static_cast<char*>(ub.grads.data());
   written_[unit] = 1;
-  const bool last = micro_step_in_window_ == config_.gradient_accumulation_steps - 1;
-  bool fold = fold_squares_ && last && store_.norm_grads(unit) == acc;
-  size_t pos = 0;
-  for (const ShardSegment& s : ub.norm_segments) fold = fold && s.shard_offset >= pos, pos = s.shard_offset + s.numel;
   squares_final_[unit] = 0;
-  if (!fold) return add(acc, accum, reduced, comm_type, shard);
+  if (!foldable_[unit] || micro_step_in_window_ != config_.gradient_accumulation_steps - 1)
+    return add(acc, accum, reduced, comm_type, shard);
   const size_t acc_size = dtype_size(accum), red_size = dtype_size(comm_type);
   auto run = [&](size_t begin, size_t end) {
     if (end > begin) add(acc + begin * acc_size, accum, reduced + begin * red_size, comm_type, end - begin);
   };
   const SumSquaresKernel squares = kernels(ub.grads.space(), active_isa()).sum_squares[static_cast<int>(accum)];
   std::vector<double>& sums = segment_squares_[unit];
-  sums.assign(ub.norm_segments.size(), 0.0);
-  pos = 0;
+  size_t pos = 0;
   for (size_t i = 0; i < ub.norm_segments.size(); ++i) {
     const ShardSegment& s = ub.norm_segments[i];
     run(pos, s.shard_offset);
@@ -282,7 +289,6 @@ void GradientReducer::finish_micro_step(const char* call) {
   }
   std::fill(param_ready_.begin(), param_ready_.end(), 0);
   std::fill(param_touched_.begin(), param_touched_.end(), 0);
-  micro_step_in_window_ += 1;
 }
 
 void GradientReducer::reduce_pending_buckets(const char* call) {

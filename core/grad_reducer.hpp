@@ -59,6 +59,9 @@ class GradientReducer {
   // the sums of its norm segments (in Stepper::local_sum_squares's blocks, order and bits), or null where the
   // unit's final values did not come from such a reduction (the stepper then reads them).
   const double* folded_squares(int unit) const;
+  // Where the engine is in the accumulation window: the micro-steps completed since it began (the engine counts
+  // them; the folding above happens in the micro-step numbered gradient_accumulation_steps - 1).
+  void set_micro_step_in_window(int64_t completed) { micro_step_in_window_ = completed; }
 
   // The buckets allocated now (what zero_memory_stats reports beyond the plan's one).
   size_t buckets_held() const { return bucket_pool_.buffers(); }
@@ -111,9 +114,11 @@ class GradientReducer {
   std::vector<char> param_touched_;   // per param: zero_grad_data was called in this micro-step
   std::vector<char> param_expected_;  // per param: its bucket waits for it (BucketState)
   std::vector<char> written_;         // per unit: a reduction wrote its accumulator in this accumulation window
-  int micro_step_in_window_ = 0;      // zero_backward_end calls since the window began
-  bool fold_squares_ = false;         // allocate(): bucketed, and the step needs the norm before the update
-  std::vector<std::vector<double>> segment_squares_;  // per unit, per norm segment (folded_squares)
+  int64_t micro_step_in_window_ = 0;  // set_micro_step_in_window
+  // allocate(): per unit, whether its reductions can sum the norm's squares (bucketed plan, the step needs the norm
+  // before the update, the accumulator is what the norm reads, the norm segments in ascending order).
+  std::vector<char> foldable_;
+  std::vector<std::vector<double>> segment_squares_;  // per unit, per norm segment (folded_squares), sized once
   std::vector<char> squares_final_;  // per unit: segment_squares_ holds the sums of the accumulator's final values
 };
 

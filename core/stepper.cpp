@@ -111,8 +111,11 @@ StepDecision Stepper::decide(double sum_sq, int world_size, const std::vector<Gr
                 "zero_step: loss scale " + exact_decimal(scale_before) + " -> " + exact_decimal(scaler_.scale()) +
                     (result.skipped ? " (gradients overflowed; step skipped)" : " (no overflow for a window)"));
   result.lr = scheduled_lr(config_.scheduler, groups[0].base_lr, steps_ + 1);
-  if (!result.skipped && config_.gradient_clipping > 0.0 && result.grad_norm > config_.gradient_clipping)
-    d.clip = config_.gradient_clipping / (result.grad_norm + 1e-6);
+  // A non-finite norm that is not skipped (the check is off) clips every gradient to zero, inf and nan alike, as
+  // DeepSpeed's ZeRO 1-2 do (tests/deepspeed/fixtures.json, "one_element"): the non-finite elements become nan.
+  if (!result.skipped && config_.gradient_clipping > 0.0 &&
+      (!std::isfinite(result.grad_norm) || result.grad_norm > config_.gradient_clipping))
+    d.clip = std::isfinite(result.grad_norm) ? config_.gradient_clipping / (result.grad_norm + 1e-6) : 0.0;
   return d;
 }
 

@@ -170,7 +170,9 @@ void parallel_step_within_2p32(StepKernel kernel, const KernelArgs& args, int ma
 #pragma omp parallel num_threads(threads)
   {
     const size_t t = static_cast<size_t>(omp_get_thread_num()), nt = static_cast<size_t>(omp_get_num_threads());
-    const size_t chunk = (args.n / nt + align - 1) / align * align;
+    // n / nt rounded up, then to whole lines or blocks: rounding n / nt down first could leave the last
+    // n mod nt elements to no thread when n / nt is already a multiple of `align`.
+    const size_t chunk = ((args.n + nt - 1) / nt + align - 1) / align * align;
     const size_t begin = std::min(args.n, t * chunk), end = std::min(args.n, begin + chunk);
     if (begin < end) kernel(sub_run(args, begin, end - begin));
   }

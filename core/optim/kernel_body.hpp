@@ -139,12 +139,14 @@ ZERO_KERNEL_INLINE void prefetch_streams(const KernelArgs& a, size_t j) {
 }
 
 template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd, bool kNorm>
-void step_run(const KernelArgs& args, typename V::D& acc) {
+void step_run(const KernelArgs& args, typename V::D& sum) {
   constexpr size_t W = V::W;
   static_assert(kBlock % W == 0, "a prefetch block is whole vectors (the clearing after the blocks relies on it)");
-  // A local copy: the stores through its float pointers cannot alias it, so the compiler keeps the pointers and
-  // the broadcast constants in registers instead of reloading them after every store.
+  // Local copies: the stores through its float pointers cannot alias them (SIMD types may alias anything, so the
+  // caller's accumulator could not stay in registers), so the compiler keeps the pointers, the broadcast constants
+  // and the squares' lanes in registers instead of reloading them after every store.
   const KernelArgs local = args;
+  typename V::D acc = sum;
   const size_t body = local.n / W * W;
   const size_t blocks = local.n / kBlock * kBlock;
   size_t i = 0;
@@ -157,6 +159,7 @@ void step_run(const KernelArgs& args, typename V::D& acc) {
   for (; i < body; i += W) step_vector<V, K, G, C, kSgd, kNorm>(local, i, acc, square_part<V>(i));
   if (local.clear_grad) clear_grads<G>(local.grad, blocks, body - blocks);
   const size_t tail = args.n - body;
+  sum = acc;
   if (tail == 0) return;
   // The last partial vector, on zero-padded copies of every stream.
   alignas(64) float master[W] = {}, s0[W] = {}, s1[W] = {};
@@ -174,6 +177,7 @@ void step_run(const KernelArgs& args, typename V::D& acc) {
   if (args.copy) t.copy = copy;
   t.first_index = args.first_index + body;
   step_vector<V, K, G, C, kSgd, kNorm>(t, 0, acc, square_part<V>(body));  // zero padding adds squares of zero
+  sum = acc;
   std::memcpy(args.master + body, master, tail * sizeof(float));
   if (args.state0) std::memcpy(args.state0 + body, s0, tail * sizeof(float));
   if (args.state1) std::memcpy(args.state1 + body, s1, tail * sizeof(float));

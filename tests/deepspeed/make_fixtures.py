@@ -571,6 +571,7 @@ NONFINITE_VARIANTS = [
     ("fp32", "fp32", 1.0, {}, {}),
     ("fp32_noclip", "fp32", 0.0, {}, {}),
     ("fp32_compute_grad_norm_false", "fp32", 0.0, {"compute_grad_norm": False}, {}),
+    ("fp32_compute_grad_norm_false_clip", "fp32", 1.0, {"compute_grad_norm": False}, {}),
     ("bf16", "bf16", 1.0, {}, {}),
     ("bf16_noclip", "bf16", 0.0, {}, {}),
     ("bf16_check_grad_overflow_false", "bf16", 1.0, {}, {"check_grad_overflow": False}),
@@ -618,13 +619,75 @@ def record_nonfinite_engine(stage, dtype, clip, zero_extra, bf16_extra):
     return rec
 
 
+ONE_ELEMENT_VARIANTS = [
+    # (name, dtype, gradient_clipping, extra zero_optimization keys, extra bf16 keys, poison value)
+    ("bf16_check_grad_overflow_false_one_inf", "bf16", 1.0, {}, {"check_grad_overflow": False}, "inf"),
+    ("bf16_check_grad_overflow_false_one_nan", "bf16", 1.0, {}, {"check_grad_overflow": False}, "nan"),
+    ("bf16_check_grad_overflow_false_noclip_one_inf", "bf16", 0.0, {}, {"check_grad_overflow": False}, "inf"),
+    ("fp32_compute_grad_norm_false_one_inf", "fp32", 0.0, {"compute_grad_norm": False}, {}, "inf"),
+]
+
+
+def record_one_element_engine(stage, dtype, clip, zero_extra, bf16_extra, poison):
+    """SGD lr 0.01 (no momentum), so a weight moves by exactly lr x the gradient it was given: one step whose
+    gradient is 1.0 everywhere except lin.weight[0, 0], which a tensor hook sets to `poison` (inf or nan).
+    Records, for the finite elements, whether they moved, and the clip factor they were given ((before - after)
+    / lr, the same for all of them), and whether the poisoned weight is finite."""
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
+        "gradient_clipping": clip,
+        "zero_optimization": dict({"stage": stage}, **zero_extra),
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    if dtype == "bf16":
+        config["bf16"] = dict({"enabled": True}, **bf16_extra)
+    rec = {"config": config, "poison": poison}
+    model = TinyModel()
+    bad = float(poison)
+
+    def hook(g):
+        g = g.clone()
+        g[0, 0] = bad
+        return g
+
+    model.lin.weight.register_hook(hook)
+    try:
+        engine, _, _ = make_engine(config, model)
+    except Exception as e:
+        rec["initialize_error"] = exc_record(e)
+        return rec
+    x = torch.ones(1, 4, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+    before = engine.module.lin.weight.detach().float().clone()
+    skipped_before = engine.skipped_steps
+    try:
+        engine.backward(engine(x).float().sum())
+        engine.step()
+    except Exception as e:
+        rec["raised"] = exc_record(e)
+        return rec
+    after = engine.module.lin.weight.detach().float()
+    moved = (before - after).flatten()[1:]
+    rec["skipped"] = engine.skipped_steps > skipped_before
+    rec["poisoned_weight_finite"] = bool(torch.isfinite(after[0, 0]))
+    rec["finite_weights_moved"] = bool((moved != 0).any())
+    rec["finite_weights_finite"] = bool(torch.isfinite(after.flatten()[1:]).all())
+    return rec
+
+
 def record_nonfinite_steps():
     out = {"_how": ("Stage s, variant v: a clean step, a step with loss x inf, a clean step. skipped: "
-                    "engine.skipped_steps grew; weights_finite: every module weight finite after the step."),
-           "cases": {}}
+                    "engine.skipped_steps grew; weights_finite: every module weight finite after the step. "
+                    "one_element: one step in which a single gradient element is inf or nan (SGD)."),
+           "cases": {}, "one_element": {}}
     for name, dtype, clip, zero_extra, bf16_extra in NONFINITE_VARIANTS:
         out["cases"][name] = {f"zero_stage_{s}": record_nonfinite_engine(s, dtype, clip, zero_extra, bf16_extra)
                               for s in (0, 1, 2, 3)}
+    for name, dtype, clip, zero_extra, bf16_extra, poison in ONE_ELEMENT_VARIANTS:
+        out["one_element"][name] = {
+            f"zero_stage_{s}": record_one_element_engine(s, dtype, clip, zero_extra, bf16_extra, poison)
+            for s in (1, 2)}
     return out
 
 

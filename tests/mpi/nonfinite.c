@@ -9,9 +9,9 @@
  *
  * --check 0 (gradient_clipping 0 and zero_optimization.compute_grad_norm false in fp32, bf16.check_grad_overflow
  * false in bf16): the step is applied on every rank, as DeepSpeed applies it: the reported norm is not finite, the
- * poisoned element's weight becomes nan while every other weight moves as on a clean step, and rank 0 logs a
- * warning each time. Where nothing needs the norm first the optimizer pass sums it (stages 1-3, N = 1), so this
- * also checks that the pass sees a non-finite gradient.
+ * poisoned element's weight becomes nan while every other weight has the bits of a run without the inf, and rank 0
+ * logs a warning each time. Where nothing needs the norm first the optimizer pass sums it (stages 1-3, N = 1), so
+ * this also checks that the pass sees a non-finite gradient.
  */
 #include <math.h>
 #include <string.h>
@@ -106,6 +106,17 @@ int main(int argc, char** argv) {
   }
   register_test_model(engine, dtype, init, ids);
   CHECK(zero_engine_finalize(engine));
+  /* Without the check, the same model trained on the same gradients without the inf: with clipping off the update
+   * is element-wise, so every other weight must have exactly its bits. */
+  zero_engine_t* clean = NULL;
+  int32_t clean_ids[kNumParams];
+  float* clean_after[kNumParams];
+  if (!check) {
+    CHECK(zero_engine_create(&clean, config, comm));
+    register_test_model(clean, dtype, init, clean_ids);
+    CHECK(zero_engine_finalize(clean));
+    for (int p = 0; p < kNumParams; ++p) clean_after[p] = malloc(test_param_numel(p) * sizeof(float));
+  }
   CHECK(zero_set_log_callback(count_warnings, NULL, ZERO_LOG_WARNING));
 
   /* A clean step, then a poisoned one, then a clean one. */
@@ -119,6 +130,14 @@ int main(int argc, char** argv) {
   CHECK(zero_step(&info, engine));
   EXPECT(!isfinite(info.grad_norm), "poisoned step: norm %g", info.grad_norm);
   snapshot(engine, ids, dtype, after);
+  if (clean) {
+    for (int t = 0; t < 2; ++t) {
+      zero_step_info_t clean_info = ZERO_STEP_INFO_INIT;
+      backward(clean, clean_ids, rank, world, 0);
+      CHECK(zero_step(&clean_info, clean));
+    }
+    snapshot(clean, clean_ids, dtype, clean_after);
+  }
   if (check) {
     EXPECT(info.skipped && info.step == 1, "poisoned step with the check: skipped %d, step %lld", info.skipped,
            (long long)info.step);
@@ -136,6 +155,8 @@ int main(int argc, char** argv) {
         } else {
           EXPECT(isfinite(after[p][i]) && after[p][i] != before[p][i], "%s[%zu]: %g -> %g on an applied step",
                  kModel[p].name, i, before[p][i], after[p][i]);
+          EXPECT(memcmp(&after[p][i], &clean_after[p][i], sizeof(float)) == 0, "%s[%zu]: %.9g, without the inf %.9g",
+                 kModel[p].name, i, after[p][i], clean_after[p][i]);
         }
       }
     EXPECT(g_warnings == (rank == 0), "rank %d logged %d warnings about the applied step", rank, g_warnings);
@@ -170,6 +191,10 @@ int main(int argc, char** argv) {
            check ? "on" : "off",
            check ? "steps skipped on every rank, the tenth in a row an error" : "steps applied, nan where the inf was");
   for (int p = 0; p < kNumParams; ++p) free(init[p]), free(before[p]), free(after[p]);
+  if (clean) {
+    for (int p = 0; p < kNumParams; ++p) free(clean_after[p]);
+    zero_engine_destroy(clean);
+  }
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
   return 0;

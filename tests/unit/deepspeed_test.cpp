@@ -6,6 +6,7 @@
 // (docs/config.md, "Differences from DeepSpeed") are asserted as such.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -140,24 +141,25 @@ TEST(DeepSpeed, DynamicLossScalingMatchesStepForStep) {
   EXPECT_EQ(cases, 5);
 }
 
-// The hyper-parameters of the optimizer DeepSpeed builds for each optimizer config (FusedAdam, torch.optim.AdamW
-// with torch_adam, DeepSpeedCPULion, torch's Adagrad and SGD) are the ones libzero runs with.
-// Every weight of the test param finite, in the compute dtype the config gives (fp32 or bf16).
-bool weights_finite(Engine& e, bool bf16) {
+// The weights of the test param as floats, from the compute dtype the config gives (fp32 or bf16).
+std::vector<float> weights(Engine& e, bool bf16) {
   e.gather(0);
-  bool finite = true;
+  std::vector<float> w(kNumel);
   for (int i = 0; i < kNumel; ++i) {
-    float w;
     if (bf16) {
       const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(e.param_data(0))[i]) << 16;
-      std::memcpy(&w, &bits, 4);
+      std::memcpy(&w[i], &bits, 4);
     } else {
-      w = static_cast<const float*>(e.param_data(0))[i];
+      w[i] = static_cast<const float*>(e.param_data(0))[i];
     }
-    finite = finite && std::isfinite(w);
   }
   e.release(0);
-  return finite;
+  return w;
+}
+
+bool weights_finite(Engine& e, bool bf16) {
+  const std::vector<float> w = weights(e, bf16);
+  return std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); });
 }
 
 // DeepSpeed's engines given an inf loss in fp32 and bf16 (fixtures "nonfinite_steps"): a clean step, the poisoned
@@ -167,8 +169,25 @@ bool weights_finite(Engine& e, bool bf16) {
 // libzero's documented differences (docs/config.md), asserted here as such.
 TEST(DeepSpeed, NonFiniteStepsAreSkippedOrAppliedAsZeroStages1And2Do) {
   int compared = 0, differences = 0;
+  int refused = 0;
   for (const auto& [variant, stages] : fixtures().at("nonfinite_steps").at("cases").items()) {
     const json& zero1 = stages.at("zero_stage_1");
+    if (zero1.contains("initialize_error")) {  // compute_grad_norm false with clipping: refused by both
+      for (int stage = 1; stage <= 2; ++stage) {
+        const json& ds = stages.at("zero_stage_" + std::to_string(stage));
+        EXPECT_NE(ds.at("initialize_error").at("message").get<std::string>().find("requires gradient_clipping=0"),
+                  std::string::npos);
+        try {
+          parse_config(ds.at("config").dump(), 1);
+          ADD_FAILURE() << variant << ": libzero accepted what DeepSpeed refuses";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.status(), ZERO_ERR_CONFIG);
+          EXPECT_NE(std::string(e.what()).find("needs gradient_clipping = 0"), std::string::npos) << e.what();
+          ++refused;
+        }
+      }
+      continue;
+    }
     for (int stage = 0; stage <= 3; ++stage) {
       SCOPED_TRACE(variant + " stage " + std::to_string(stage));
       const json& ds = stages.at("zero_stage_" + std::to_string(stage));
@@ -194,11 +213,52 @@ TEST(DeepSpeed, NonFiniteStepsAreSkippedOrAppliedAsZeroStages1And2Do) {
     }
   }
   EXPECT_EQ(compared, 14);
+  EXPECT_EQ(refused, 2);
   // DeepSpeed 0.19.8: stage 0 fp32 applies a non-finite step (no check without ZeRO), and stage 0 and 3 bf16 skip
   // it even with check_grad_overflow false (the key is read by ZeRO 1-2 only): 2 + 2 + 2 cases.
   EXPECT_EQ(differences, 6);
 }
 
+// One gradient element inf or nan, the rest 1.0, with the check off (fixtures "one_element": DeepSpeed's ZeRO 1-2
+// with SGD): not skipped; with clipping the non-finite norm clips every gradient to zero (the finite weights stay,
+// the poisoned one becomes nan), without it the finite weights move and the poisoned one is lost. libzero's every
+// stage does the same.
+TEST(DeepSpeed, ANonFiniteElementWithTheCheckOffIsHandledAsZeroStages1And2Do) {
+  int compared = 0;
+  for (const auto& [variant, stages] : fixtures().at("nonfinite_steps").at("one_element").items()) {
+    const json& ds = stages.at("zero_stage_1");
+    for (const char* key : {"skipped", "poisoned_weight_finite", "finite_weights_moved", "finite_weights_finite"})
+      EXPECT_EQ(stages.at("zero_stage_2").at(key), ds.at(key)) << variant << ": DeepSpeed's stages 1 and 2 disagree";
+    const float poison = ds.at("poison") == "inf" ? std::numeric_limits<float>::infinity() : std::nanf("");
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(variant + " stage " + std::to_string(stage));
+      json config = ds.at("config");
+      config["zero_optimization"]["stage"] = stage;
+      const bool bf16 = config.contains("bf16");
+      auto e = engine_for(config);
+      const std::vector<float> before = weights(*e, bf16);
+      e->gather(0);
+      float* g = static_cast<float*>(e->grad_data(0));
+      for (int i = 0; i < kNumel; ++i) g[i] += 1.0f;
+      g[0] = poison;
+      e->grad_ready(0);
+      e->release(0);
+      e->backward_end();
+      EXPECT_EQ(e->step().skipped, ds.at("skipped").get<bool>());
+      const std::vector<float> after = weights(*e, bf16);
+      EXPECT_EQ(std::isfinite(after[0]), ds.at("poisoned_weight_finite").get<bool>());
+      bool moved = false, finite = true;
+      for (int i = 1; i < kNumel; ++i) moved |= after[i] != before[i], finite &= std::isfinite(after[i]) != 0;
+      EXPECT_EQ(moved, ds.at("finite_weights_moved").get<bool>());
+      EXPECT_EQ(finite, ds.at("finite_weights_finite").get<bool>());
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 16);
+}
+
+// The hyper-parameters of the optimizer DeepSpeed builds for each optimizer config (FusedAdam, torch.optim.AdamW
+// with torch_adam, DeepSpeedCPULion, torch's Adagrad and SGD) are the ones libzero runs with.
 TEST(DeepSpeed, OptimizerDefaultsMatch) {
   const json& o = fixtures().at("optimizers");
   int compared = 0;

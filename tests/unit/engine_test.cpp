@@ -1,11 +1,15 @@
 // The engine on one rank: the order of calls, and the optimizer's arithmetic against a double-precision Adam.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "comm/single_communicator.hpp"
+#include "dtype.hpp"
 #include "engine.hpp"
 #include "error.hpp"
 #include "log.hpp"
@@ -245,6 +249,107 @@ TEST(Engine, InfoMessagesReportFinalizeAndLossScaleChanges) {
       << messages[0];
   EXPECT_NE(messages[1].find("loss scale 65536 -> 32768 (gradients overflowed; step skipped)"), std::string::npos)
       << messages[1];
+}
+
+// The gradient norm has the same bits whichever pass sums its squares: its own pass before the update (stage 1
+// with clipping), the reductions of the window's last micro-step (stages 2-3 with clipping), or the optimizer pass
+// (no clipping, no skip: every stage at one rank). Random gradients of every magnitude, so that a square in another
+// lane or block, or a block summed out of order, changes the bits; params interleaved over two units, larger than two
+// norm blocks (2^16), with padding between them; fp32 and bf16 accumulation, fp32 and bf16 communication.
+TEST(Engine, TheNormHasTheSameBitsWhicheverPassSumsIt) {
+  const std::vector<size_t> sizes = {3, 140001, 65537, 7, 131073};
+  std::vector<std::string> log;
+  set_log_callback(
+      [](void* out, int32_t level, int32_t, const char* m) {
+        if (level == ZERO_LOG_DEBUG) static_cast<std::vector<std::string>*>(out)->push_back(m);
+      },
+      &log, ZERO_LOG_DEBUG);
+  struct Types {
+    const char *accum, *comm;
+    int gas;  // 1 where communicating narrower than accumulating: stage 1 narrows the sum, stages 2-3 each term
+  };
+  for (const Types& t : {Types{"fp32", "fp32", 2}, Types{"bf16", "bf16", 2}, Types{"fp32", "bf16", 1}}) {
+    const std::string types = std::string(R"(, "gradient_accumulation_steps": )") + std::to_string(t.gas) +
+                              R"(, "data_types": {"grad_accum_dtype": ")" + t.accum +
+                              R"("}, "communication_data_type": ")" + t.comm + R"(", "bf16": {"enabled": true})";
+    auto run = [&](int stage, bool clip, const char* expect_log, std::vector<double>& norms) {
+      const std::string extra =
+          clip ? R"(, "gradient_clipping": 1e30)" + types
+               : R"(, "gradient_clipping": 0, "bf16": {"enabled": true, "check_grad_overflow": false})" +
+                     types.substr(0, types.find(R"(, "bf16")"));
+      auto e = make_engine(stage, extra);
+      for (size_t p = 0; p < sizes.size(); ++p)
+        e->add_param(ParamShape{"p" + std::to_string(p), {static_cast<int64_t>(sizes[p])}, static_cast<int>(p % 2), 0},
+                     ParamInit{});
+      log.clear();
+      e->finalize();
+      std::mt19937 rng(17);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (int step = 0; step < 2; ++step) {
+        for (int k = 0; k < t.gas; ++k) {
+          for (int u = 1; u >= 0; --u) {
+            e->gather(u);
+            for (size_t p = 0; p < sizes.size(); ++p) {
+              if (static_cast<int>(p % 2) != u) continue;
+              char* g = static_cast<char*>(e->grad_data(static_cast<int>(p)));
+              for (size_t i = 0; i < sizes[p]; ++i) {
+                // bf16 values, so that every stage accumulates the same sums whatever dtype it narrows to first.
+                const float v =
+                    bf16_to_float(float_to_bf16_rne(normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15)));
+                if (std::string(t.accum) == "fp32") {
+                  reinterpret_cast<float*>(g)[i] += v;
+                } else {  // bf16 accumulation: the framework adds in bf16
+                  uint16_t& h = reinterpret_cast<uint16_t*>(g)[i];
+                  h = float_to_bf16_rne(bf16_to_float(h) + v);
+                }
+              }
+              e->grad_ready(static_cast<int>(p));
+            }
+            e->release(u);
+          }
+          e->backward_end();
+        }
+        norms.push_back(e->step().grad_norm);
+      }
+      const bool seen = std::any_of(log.begin(), log.end(),
+                                    [&](const std::string& m) { return m.find(expect_log) != std::string::npos; });
+      EXPECT_TRUE(seen) << "stage " << stage << (clip ? " with" : " without") << " clipping: no '" << expect_log
+                        << "' in the debug log";
+      std::vector<float> w;
+      for (size_t p = 0; p < sizes.size(); ++p) {
+        e->gather(static_cast<int>(p % 2));
+        const uint16_t* d = static_cast<const uint16_t*>(e->param_data(static_cast<int>(p)));
+        for (size_t i = 0; i < sizes[p]; ++i) w.push_back(bf16_to_float(d[i]));
+        e->release(static_cast<int>(p % 2));
+      }
+      return w;
+    };
+    SCOPED_TRACE(std::string("accumulation ") + t.accum + ", communication " + t.comm);
+    std::vector<double> want;
+    const std::vector<float> want_w = run(1, true, "has a pass of its own", want);
+    struct Case {
+      int stage;
+      bool clip;
+      const char* log;
+    };
+    for (const Case& c :
+         {Case{2, true, "the squares of 2 of 2 units were summed"},
+          Case{3, true, "the squares of 2 of 2 units were summed"}, Case{0, false, "summed in the optimizer pass"},
+          Case{1, false, "summed in the optimizer pass"}, Case{2, false, "summed in the optimizer pass"},
+          Case{3, false, "summed in the optimizer pass"}}) {
+      std::vector<double> got;
+      const std::vector<float> got_w = run(c.stage, c.clip, c.log, got);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(std::isfinite(want[i]) && want[i] > 0.0);
+        EXPECT_EQ(std::memcmp(&got[i], &want[i], sizeof(double)), 0)
+            << "stage " << c.stage << (c.clip ? " with" : " without") << " clipping, step " << i + 1 << ": norm "
+            << got[i] << ", the norm pass's " << want[i];
+      }
+      EXPECT_TRUE(got_w == want_w) << "stage " << c.stage << ": the weights differ";
+    }
+  }
+  set_log_callback(nullptr, nullptr, ZERO_LOG_WARNING);
 }
 
 }  // namespace

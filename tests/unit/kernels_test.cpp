@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dtype.hpp"
+#include "error.hpp"
 #include "optim/hyper.hpp"
 #include "optim/kernels.hpp"
 
@@ -329,8 +330,9 @@ TEST(Kernels, EverySimdPathEqualsTheScalarPathBitForBit) {
 TEST(Kernels, ClearingTheGradientsInThePassChangesNothingElse) {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_supported(isa)) continue;
-    // 2^17 + 37: parallel_step splits it between two threads (on one path: the split does not depend on it).
-    for (size_t n : {size_t{1}, size_t{17}, size_t{64}, size_t{1061}, (size_t{1} << 17) + 37}) {
+    // 2^17 + 37: parallel_step splits it between two threads (on one path: the split does not depend on it);
+    // 2^17 + 1: half of it rounds down to whole lines, so a split that rounded down first lost the last element.
+    for (size_t n : {size_t{1}, size_t{17}, size_t{64}, size_t{1061}, (size_t{1} << 17) + 37, (size_t{1} << 17) + 1}) {
       if (n > 2000 && isa != Isa::kScalar) continue;
       for (const Case& c : all_cases()) {
         const OptimizerHyper h = hyper_for(c);
@@ -452,8 +454,11 @@ TEST(Kernels, SumOfSquaresIsTheSameOnEveryPathAndThreadCount) {
 // path and thread count, whatever else the pass does (clearing, copies, every optimizer and gradient dtype), and
 // the update itself is unchanged by it.
 TEST(Kernels, TheUpdatePassSumsTheNormsSquaresWithTheNormPassesBits) {
-  // Tails that start on either half of a 16-lane group (1037: AVX2 tail in lanes 8-15, 1061: in lanes 0-7).
-  for (size_t n : {size_t{1}, size_t{17}, size_t{1037}, size_t{1061}, kSumBlockElems, kSumBlockElems * 3 + 45}) {
+  // Tails that start on either half of a 16-lane group (1037: AVX2 tail in lanes 8-15, 1061: in lanes 0-7); runs
+  // of whole blocks plus one element (split between 2 and 3 threads: each thread takes whole blocks, and the last
+  // element must still belong to one).
+  for (size_t n : {size_t{1}, size_t{17}, size_t{1037}, size_t{1061}, kSumBlockElems, kSumBlockElems * 3 + 45,
+                   kSumBlockElems * 2 + 1, kSumBlockElems * 3 + 1}) {
     for (const Case& c : all_cases()) {
       if (n > 2000 && !(c.kind == OptimizerKind::kAdamW || c.copy == CopyMode::kBf16Stochastic)) continue;
       const OptimizerHyper h = hyper_for(c);
@@ -517,6 +522,36 @@ TEST(Kernels, TheUpdatePassPutsEverySquareInTheNormPassesLane) {
     a.block_sums = &sum;
     kernels(isa).step[0][0][0](a);
     EXPECT_EQ(sum, want) << isa_name(isa);
+  }
+}
+
+// parallel_step splits a run at a multiple of 2^32 elements (stochastic rounding keys): with block_sums the split
+// must fall on a block of the norm, where it leaves the sums as they are; elsewhere it is refused (the stepper
+// then keeps the norm's own pass), never summed across a block.
+TEST(Kernels, TheUpdatePassSumsSquaresAcrossA2p32SplitOnlyOnABlock) {
+  const Case c{OptimizerKind::kAdamW, DType::kF32, CopyMode::kBf16Stochastic};
+  const OptimizerHyper h = hyper_for(c);
+  const size_t n = kSumBlockElems * 3;
+  const Streams start = make_streams(c, n, 21);
+  std::vector<double> want(3);
+  for (size_t b = 0; b < 3; ++b)
+    want[b] = kernel_table_scalar().sum_squares[0](start.grad.data() + b * kSumBlockElems * 4, kSumBlockElems);
+  Streams plain = start, summed = start;
+  KernelArgs pa = args_for(plain, c, h, 2), sa = args_for(summed, c, h, 2);
+  pa.first_index = sa.first_index = (uint64_t{1} << 32) - kSumBlockElems;  // the split falls after block 0
+  std::vector<double> sums(3, -1.0);
+  sa.block_sums = sums.data();
+  parallel_step(kernels(active_isa()).step[0][0][2], pa, 2);
+  parallel_step(kernels(active_isa()).step[0][0][2], sa, 2);
+  EXPECT_EQ(sums, want);
+  EXPECT_EQ(0, std::memcmp(plain.master.data(), summed.master.data(), n * 4));
+  EXPECT_EQ(0, std::memcmp(plain.copy.data(), summed.copy.data(), n * 2));
+  sa.first_index = (uint64_t{1} << 32) - 100;  // mid-block
+  try {
+    parallel_step(kernels(active_isa()).step[0][0][2], sa, 2);
+    ADD_FAILURE() << "a split inside a block of the norm was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), ZERO_ERR_INTERNAL);
   }
 }
 
