@@ -13,9 +13,11 @@
  * --compute-ms C adds C ms of a model's compute per unit in forward and 2C in backward, between the calls, so that
  * communication can hide behind it: --compute-kind sleep (default) leaves the core free, as a GPU's kernels do;
  * spin keeps it busy, as a CPU model does. The compute is not counted in "micro-step comm".
+ * --dtype bf16 trains bf16 params with an fp32 master (bf16.enabled): gradients still accumulate in fp32, and are
+ * reduced in bf16 (DeepSpeed's default communication dtype), so stages 0-1 widen them after the reduction.
  *
  *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5 [--overlap 0|1] [--compute-ms C]
- *                                  [--compute-kind sleep|spin] [--stages 0,3]
+ *                                  [--compute-kind sleep|spin] [--stages 0,3] [--dtype fp32|bf16]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -70,7 +72,7 @@ static double slowest(double t) {
 
 int main(int argc, char** argv) {
   double millions = 64;
-  int units = 16, steps = 5, overlap = 0;
+  int units = 16, steps = 5, overlap = 0, bf16 = 0;
   const char* stages = "0,1,2,3";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--compute-ms") == 0) g_compute_ms = atof(argv[i + 1]);
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--overlap") == 0) overlap = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--dtype") == 0) bf16 = strcmp(argv[i + 1], "bf16") == 0;
   }
   if (units < 1 || steps < 1 || steps > 100 || millions <= 0) {
     fprintf(stderr, "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)]\n");
@@ -96,18 +99,20 @@ int main(int argc, char** argv) {
   double iteration[4] = {0, 0, 0, 0};
   if (rank == 0)
     printf(
-        "%.0f M fp32 params in %d units, %d ranks, AdamW, overlap_comm %s, compute %.1f ms per unit (%s), medians of "
+        "%.0f M %s params in %d units, %d ranks, AdamW, overlap_comm %s, compute %.1f ms per unit (%s), medians of "
         "%d iterations (ms, slowest rank)\n"
         "stage  micro-step comm   grad writes   zero_step   iteration   MiB moved/rank\n",
-        millions, units, world, overlap ? "on" : "off", g_compute_ms, g_spin ? "spin" : "sleep", steps);
+        millions, bf16 ? "bf16 (fp32 master and gradients, bf16 reductions)" : "fp32", units, world,
+        overlap ? "on" : "off", g_compute_ms, g_spin ? "spin" : "sleep", steps);
   for (int stage = 0; stage <= 3; ++stage) {
     if (strchr(stages, '0' + stage) == NULL) continue;
-    char config[256];
+    char config[320];
     snprintf(config, sizeof config,
              "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"gradient_clipping\": 1.0,"
              " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld,"
-             " \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": %s}}",
-             stage, (long long)(2 * per_unit), overlap ? "true" : "false");
+             " \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": %s}%s}",
+             stage, (long long)(2 * per_unit), overlap ? "true" : "false",
+             bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
     zero_engine_t* engine = NULL;
     CHECK(zero_engine_create(&engine, config, comm));
     for (int u = 0; u < units; ++u) {
@@ -116,6 +121,7 @@ int main(int argc, char** argv) {
       int64_t shape[1] = {per_unit};
       zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
       d.name = name, d.ndim = 1, d.shape = shape, d.unit = u;
+      d.dtype = bf16 ? ZERO_DTYPE_BF16 : ZERO_DTYPE_FP32;
       int32_t id = -1;
       CHECK(zero_engine_add_param(&id, engine, &d));
     }

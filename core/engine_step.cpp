@@ -76,8 +76,8 @@ StepResult Engine::step() {
     // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order, so that every
     //    rank computes the same norm bit for bit and takes the same clip and skip decisions. When nothing decides
     //    with it (no clipping, no skip), the optimizer pass sums the squares as it reads the gradients, and the
-    //    partial sums are added after it; otherwise stages 2-3 summed them as the last micro-step's reductions
-    //    wrote the accumulators. The same bits either way, one pass over the gradients fewer.
+    //    partial sums are added after it; otherwise the pass that wrote the reduced values summed them where there
+    //    is one (GradientReducer::folded_squares). The same bits either way, one pass over the gradients fewer.
     const bool norm_in_update = stepper_.norm_in_update();
     double sum_sq = 0.0;
     if (!norm_in_update) {
@@ -87,10 +87,10 @@ StepResult Engine::step() {
         folded += sums != nullptr;
         return sums;
       });
-      if (store_.plan().bucketed() && log_enabled(ZERO_LOG_DEBUG))
+      if (log_enabled(ZERO_LOG_DEBUG))
         log_message(ZERO_LOG_DEBUG, comm_.rank(),
                     "zero_step: the squares of " + std::to_string(folded) + " of " +
-                        std::to_string(store_.num_units()) + " units were summed as the last micro-step reduced them");
+                        std::to_string(store_.num_units()) + " units were summed as their reduced values were written");
       sum_sq = comm_.sum_over_ranks(local, "zero_step: partial sums of squares");
     }
     // 3. Average, unscale and clip; the loss scale; the learning rate.

@@ -35,23 +35,37 @@ void GradientReducer::allocate(int num_params) {
   param_touched_.assign(static_cast<size_t>(num_params), 0);
   param_expected_.assign(static_cast<size_t>(num_params), 1);
   written_.assign(static_cast<size_t>(store_.num_units()), 0);
-  // Folding pays only where the norm is needed before the update; otherwise the optimizer pass sums it anyway.
-  const bool fold = plan.bucketed() && (config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0);
+  // Folding pays only where the norm is needed before the update (otherwise the optimizer pass sums it anyway), and
+  // only where a pass of the engine writes the reduced values: the bucket accumulation (stages 2-3), or the widening
+  // from a narrower communication dtype (stages 0-1; otherwise the backend writes them and nothing else touches them).
+  const bool widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
+  const bool fold = (plan.bucketed() || widened) && (config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0);
+  size_t most_blocks = 0;
   const size_t units = static_cast<size_t>(store_.num_units());
   foldable_.assign(units, 0);
   segment_squares_.assign(units, {});
   squares_final_.assign(units, 0);
   for (int u = 0; fold && u < store_.num_units(); ++u) {
-    const ParameterStore::UnitBuffers& ub = store_.unit(u);
+    ParameterStore::UnitBuffers& ub = store_.unit(u);
     bool ascending = true;
     size_t end = 0;
     for (const ShardSegment& s : ub.norm_segments) {
       ascending = ascending && s.shard_offset >= end;
       end = s.shard_offset + s.numel;
     }
-    foldable_[u] = ascending && store_.norm_grads(u) == ub.grads.data();
-    if (foldable_[u]) segment_squares_[u].assign(ub.norm_segments.size(), 0.0);
+    const UnitPlan& up = store_.unit_plan(u);
+    // Stages 2-3: the accumulator is the shard the norm reads. Stages 0-1: the widened range (the shard at stage 1,
+    // everything at stage 0) holds the norm's shard, widened into the place the norm reads.
+    foldable_[u] = ascending && (plan.bucketed() ? store_.norm_grads(u) == ub.grads.data()
+                                                 : store_.norm_grads(u) == ub.grads.at(up.norm_begin) &&
+                                                       up.update_begin <= up.norm_begin);
+    if (!foldable_[u]) continue;
+    segment_squares_[u].assign(ub.norm_segments.size(), 0.0);
+    size_t blocks = 0;
+    for (const ShardSegment& s : ub.norm_segments) blocks += sum_squares_blocks(s.numel);
+    most_blocks = std::max(most_blocks, blocks);
   }
+  block_squares_.assign(most_blocks, 0.0);
 }
 
 void GradientReducer::start_window() {
@@ -177,6 +191,50 @@ void GradientReducer::reduce_remaining(const char* call) {
   complete_in_flight();
 }
 
+// Widening in place runs back to front (a wider element overwrites the narrower ones after it), so the range is
+// cut into pieces — the gaps around the norm's segments, each segment's blocks — converted last piece first; each
+// block's squares are summed right after it is widened, from cache, and the blocks' sums added front to back.
+void GradientReducer::widen_in_unit(int unit, size_t begin, size_t n) {
+  const DType accum = config_.grad_accum_dtype, comm_type = config_.comm_dtype;
+  ParameterStore::UnitBuffers& ub = store_.unit(unit);
+  const ElementOps& ops = element_ops(ub.grads.space());
+  char* g = static_cast<char*>(ub.grads.data());
+  const size_t acc_size = dtype_size(accum), red_size = dtype_size(comm_type);
+  // Elements [a, b) of the unit: from the reduced buffer's layout (element e at byte e x the communication dtype's
+  // size) into the accumulation dtype's (at byte e x its size: the same byte or after, never before).
+  auto widen = [&](size_t a, size_t b) {
+    if (b > a) ops.convert(g + a * acc_size, accum, g + a * red_size, comm_type, b - a);
+  };
+  squares_final_[unit] = 0;
+  if (!foldable_[unit]) return widen(begin, begin + n);
+  const UnitPlan& up = store_.unit_plan(unit);
+  const SumSquaresKernel squares = kernels(ub.grads.space(), active_isa()).sum_squares[static_cast<int>(accum)];
+  const std::vector<ShardSegment>& segments = ub.norm_segments;
+  size_t first_block = 0;
+  for (const ShardSegment& s : segments) first_block += sum_squares_blocks(s.numel);
+  size_t end = begin + n;  // what is still narrow: [begin, end)
+  for (size_t i = segments.size(); i-- > 0;) {
+    const ShardSegment& s = segments[i];
+    const size_t from = up.norm_begin + s.shard_offset, blocks = sum_squares_blocks(s.numel);
+    first_block -= blocks;
+    widen(from + s.numel, end);
+    for (size_t b = blocks; b-- > 0;) {
+      const size_t a = from + b * kSumBlockElems, len = std::min(kSumBlockElems, s.numel - b * kSumBlockElems);
+      widen(a, a + len);
+      block_squares_[first_block + b] = squares(g + a * acc_size, len);
+    }
+    end = from;
+  }
+  widen(begin, end);
+  size_t at = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    double sum = 0.0;  // block order from zero, as parallel_sum_squares adds them
+    for (size_t b = 0; b < sum_squares_blocks(segments[i].numel); ++b) sum += block_squares_[at++];
+    segment_squares_[unit][i] = sum;
+  }
+  squares_final_[unit] = 1;
+}
+
 void GradientReducer::complete_oldest() {
   InFlight& f = in_flight_.front();
   guard_.moving_data([&] {
@@ -258,13 +316,12 @@ void GradientReducer::reduce_full_grads(int unit) {
   ops.convert(g, comm_type, g, accum, full);
   if (store_.plan().reduction == GradReduction::kAllReduceInStep) {
     comm_.all_reduce_sum(g, full, elem_type(comm_type), "zero_step: all-reduce of " + unit_name(unit));
-    ops.convert(g, accum, g, comm_type, full);
+    if (comm_type != accum) widen_in_unit(unit, 0, full);
   } else {
     comm_.reduce_scatter_sum(g, shard, elem_type(comm_type), "zero_step: reduce-scatter of " + unit_name(unit));
     // The rank's block sits at update_begin in the communication dtype; widen it into the accumulation dtype's
-    // place for the same elements (at the same byte or entirely after it: convert() allows both).
-    ops.convert(ub.grads.at(up.update_begin), accum, static_cast<char*>(g) + up.update_begin * dtype_size(comm_type),
-                comm_type, shard);
+    // place for the same elements (at the same byte or after it: convert() widens back to front).
+    if (comm_type != accum) widen_in_unit(unit, up.update_begin, shard);
   }
 }
 

@@ -53,11 +53,13 @@ class GradientReducer {
   void zero_unwritten_accumulators();
   void start_window();
 
-  // Bucketed plans, when zero_step needs the norm before the update (clipping, or the skip of a non-finite step):
-  // the reductions of the window's last micro-step also sum the squares of what they leave in each accumulator,
-  // block by block while the block is still in cache, so that zero_step need not read the shard again. For unit u,
-  // the sums of its norm segments (in Stepper::local_sum_squares's blocks, order and bits), or null where the
-  // unit's final values did not come from such a reduction (the stepper then reads them).
+  // When zero_step needs the norm before the update (clipping, or the skip of a non-finite step), the pass that
+  // leaves the reduced values where the norm reads them also sums their squares, block by block while the block is
+  // still in cache, so that zero_step need not read the shard again: at stages 2-3 the accumulation into the shard
+  // accumulators in the window's last micro-step; at stages 0-1 the widening after a reduction in a narrower
+  // communication dtype (bf16 training: reduced in bf16, accumulated in fp32). For unit u, the sums of its norm
+  // segments (in Stepper::local_sum_squares's blocks, order and bits), or null where the unit's final values did
+  // not come from such a pass (the stepper then reads them).
   const double* folded_squares(int unit) const;
   // Where the engine is in the accumulation window: the micro-steps completed since it began (the engine counts
   // them; the folding above happens in the micro-step numbered gradient_accumulation_steps - 1).
@@ -98,6 +100,9 @@ class GradientReducer {
   // Adds (or, first in the window, writes) a reduced block into unit u's accumulator; in the window's last
   // micro-step also sums the squares of the result (folded_squares).
   void accumulate_into_unit(int unit, const char* reduced);
+  // Widens unit u's reduced elements [begin, begin + n) in place, from the communication dtype into the
+  // accumulation dtype's place; where foldable, also sums the squares of the norm's part (folded_squares).
+  void widen_in_unit(int unit, size_t begin, size_t n);
   int bucket_of_param(int param) const;
   size_t grad_size() const { return dtype_size(config_.grad_accum_dtype); }
 
@@ -115,9 +120,11 @@ class GradientReducer {
   std::vector<char> param_expected_;  // per param: its bucket waits for it (BucketState)
   std::vector<char> written_;         // per unit: a reduction wrote its accumulator in this accumulation window
   int64_t micro_step_in_window_ = 0;  // set_micro_step_in_window
-  // allocate(): per unit, whether its reductions can sum the norm's squares (bucketed plan, the step needs the norm
-  // before the update, the accumulator is what the norm reads, the norm segments in ascending order).
+  // allocate(): per unit, whether its reductions can sum the norm's squares (the step needs the norm before the
+  // update; bucketed, or a communication dtype narrower than the accumulation dtype; the pass writes what the norm
+  // reads; the norm segments in ascending order).
   std::vector<char> foldable_;
+  std::vector<double> block_squares_;  // widen_in_unit: the blocks' sums, widened back to front, added front to back
   std::vector<std::vector<double>> segment_squares_;  // per unit, per norm segment (folded_squares), sized once
   std::vector<char> squares_final_;  // per unit: segment_squares_ holds the sums of the accumulator's final values
 };

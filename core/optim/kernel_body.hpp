@@ -238,6 +238,74 @@ double sum_squares_kernel(const void* grad, size_t n) {
   return V::dsum(acc);
 }
 
+// The conversions (kernels.hpp): whole vectors, then the rest one element at a time with the scalar functions
+// whose results the vector ones equal bit for bit (tests/unit/kernels_test.cpp).
+template <class V, DType D>
+ZERO_KERNEL_INLINE typename V::F load16(const uint16_t* p) {
+  if constexpr (D == DType::kBF16) return V::load_bf16(p);
+  return V::load_fp16(p);
+}
+template <DType D>
+inline float scalar16(uint16_t h) {
+  return D == DType::kBF16 ? bf16_to_float(h) : fp16_to_float(h);
+}
+
+template <class V, DType D>
+void narrow_kernel(void* dst, const void* src, size_t n) {
+  constexpr size_t W = V::W;
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const float* s = static_cast<const float*>(src);
+  size_t i = 0;
+  // Each vector is loaded whole before it is stored, and its 2-byte results end before the next vector's 4-byte
+  // sources begin: in place (d == s) is safe front to back.
+  for (; i + W <= n; i += W) {
+    const typename V::F x = V::load(s + i);
+    if constexpr (D == DType::kBF16)
+      V::store_bf16_rne(d + i, x);
+    else
+      V::store_fp16_rne(d + i, x);
+  }
+  for (; i < n; ++i) {
+    const float x = s[i];
+    d[i] = D == DType::kBF16 ? float_to_bf16_rne(x) : float_to_fp16_rne(x);
+  }
+}
+
+template <class V, DType D>
+void widen_kernel(void* dst, const void* src, size_t n) {
+  constexpr size_t W = V::W;
+  float* d = static_cast<float*>(dst);
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  const size_t body = n / W * W;
+  // Back to front: the elements past the vectors first, then each vector, loaded whole before its 4-byte results
+  // overwrite the 2-byte sources of elements already done (in place, d == s).
+  for (size_t i = n; i-- > body;) d[i] = scalar16<D>(s[i]);
+  for (size_t i = body; i >= W;) {
+    i -= W;
+    V::store(d + i, load16<V, D>(s + i));
+  }
+}
+
+template <class V, DType D, bool kIntoZero>
+void accumulate_kernel(void* acc, const void* src, size_t n) {
+  constexpr size_t W = V::W;
+  float* a = static_cast<float*>(acc);
+  size_t i = 0;
+  for (; i + W <= n; i += W) {
+    typename V::F x;
+    if constexpr (D == DType::kF32)
+      x = V::load(static_cast<const float*>(src) + i);
+    else
+      x = load16<V, D>(static_cast<const uint16_t*>(src) + i);
+    V::store(a + i, V::add(kIntoZero ? V::set1(0.0f) : V::load(a + i), x));
+  }
+  for (; i < n; ++i) {
+    const float x =
+        D == DType::kF32 ? static_cast<const float*>(src)[i] : scalar16<D>(static_cast<const uint16_t*>(src)[i]);
+    a[i] = (kIntoZero ? 0.0f : a[i]) + x;
+  }
+}
+
 template <class V, OptimizerKind K, DType G>
 void fill_copy_modes(KernelTable& t) {
   t.step[static_cast<int>(K)][static_cast<int>(G)][0] = step_kernel<V, K, G, CopyMode::kNone>;
@@ -264,6 +332,16 @@ KernelTable make_table() {
   t.sum_squares[0] = sum_squares_kernel<V, DType::kF32>;
   t.sum_squares[1] = sum_squares_kernel<V, DType::kBF16>;
   t.sum_squares[2] = sum_squares_kernel<V, DType::kF16>;
+  t.narrow[1] = narrow_kernel<V, DType::kBF16>;
+  t.narrow[2] = narrow_kernel<V, DType::kF16>;
+  t.widen[1] = widen_kernel<V, DType::kBF16>;
+  t.widen[2] = widen_kernel<V, DType::kF16>;
+  t.accumulate[0] = accumulate_kernel<V, DType::kF32, false>;
+  t.accumulate[1] = accumulate_kernel<V, DType::kBF16, false>;
+  t.accumulate[2] = accumulate_kernel<V, DType::kF16, false>;
+  t.accumulate_into_zero[0] = accumulate_kernel<V, DType::kF32, true>;
+  t.accumulate_into_zero[1] = accumulate_kernel<V, DType::kBF16, true>;
+  t.accumulate_into_zero[2] = accumulate_kernel<V, DType::kF16, true>;
   return t;
 }
 

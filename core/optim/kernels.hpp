@@ -60,9 +60,19 @@ struct KernelArgs {
 using StepKernel = void (*)(const KernelArgs&);
 using SumSquaresKernel = double (*)(const void* grad, size_t n);
 
+// Gradient conversions between fp32 and a 16-bit dtype, with core/convert.hpp's exact per-element results (round
+// to nearest even, denormals kept, nan quieted), at memory speed. narrow: fp32 -> 16-bit, front to back, so dst may
+// start at src or before it (in place). widen: 16-bit -> fp32, back to front, so dst may start at src or after it.
+// accumulate: fp32 acc[i] += src[i] (into_zero: acc[i] = 0 + src[i]); acc and src must not overlap.
+using ConvertKernel = void (*)(void* dst, const void* src, size_t n);
+
 struct KernelTable {
   StepKernel step[kNumOptimizerKinds][3][kNumCopyModes];  // [optimizer][grad dtype][copy mode]
   SumSquaresKernel sum_squares[3];                        // [grad dtype]
+  ConvertKernel narrow[3];                                // [16-bit dtype: kBF16, kF16]; [kF32] unused
+  ConvertKernel widen[3];                                 // [16-bit dtype]
+  ConvertKernel accumulate[3];                            // [source dtype], into fp32
+  ConvertKernel accumulate_into_zero[3];                  // [source dtype], into fp32
 };
 
 // The best path this CPU supports, unless ZERO_SIMD=scalar|avx2|avx512 forces one (an unsupported forced path

@@ -19,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "convert.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
 #include "optim/hyper.hpp"
@@ -552,6 +553,77 @@ TEST(Kernels, TheUpdatePassSumsSquaresAcrossA2p32SplitOnlyOnABlock) {
     ADD_FAILURE() << "a split inside a block of the norm was not refused";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), ZERO_ERR_INTERNAL);
+  }
+}
+
+// The conversion kernels equal core/convert.hpp bit for bit on every path: random values of every magnitude and the
+// special ones (denormals, infinities, nan, values that round to infinity or to zero), sizes around the vector
+// widths, out of place and in place (narrowing with dst at src, widening with dst at src and after it).
+TEST(Kernels, ConversionsEqualTheScalarConversionsBitForBit) {
+  std::mt19937 rng(5);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1e-40f,
+                            -1e-45f,
+                            3.0e38f,
+                            -3.4e38f,
+                            65520.0f,
+                            65519.0f,
+                            6.0e-8f,
+                            2.9e-8f,
+                            1.00390625f,
+                            1.001953125f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::nanf(""),
+                            -std::nanf("")};
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    const KernelTable& k = kernels(isa);
+    for (size_t n :
+         {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{1000}}) {
+      std::vector<float> f(n);
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(rng());
+        f[i] = i % 3 == 0 ? specials[i / 3 % (sizeof specials / sizeof specials[0])]
+                          : std::ldexp(static_cast<float>(bits % 20001) - 10000.0f, static_cast<int>(bits % 300) - 160);
+      }
+      for (DType d : {DType::kBF16, DType::kF16}) {
+        const int di = static_cast<int>(d);
+        const std::string what = std::string(isa_name(isa)) + " " + dtype_name(d) + " n " + std::to_string(n);
+        std::vector<uint16_t> want16(n), got16(n);
+        convert(want16.data(), d, f.data(), DType::kF32, n);
+        k.narrow[di](got16.data(), f.data(), n);
+        ASSERT_EQ(got16, want16) << what << " narrow";
+        std::vector<float> in_place = f;  // narrowing in place: the 2-byte results at the start of the fp32 buffer
+        k.narrow[di](in_place.data(), in_place.data(), n);
+        ASSERT_EQ(0, std::memcmp(in_place.data(), want16.data(), n * 2)) << what << " narrow in place";
+        std::vector<float> want32(n), got32(n);
+        convert(want32.data(), DType::kF32, want16.data(), d, n);
+        k.widen[di](got32.data(), want16.data(), n);
+        ASSERT_EQ(0, std::memcmp(got32.data(), want32.data(), n * 4)) << what << " widen";
+        for (size_t shift : {size_t{0}, size_t{3}, size_t{64}}) {  // dst at src, and after it (stage 1's block)
+          std::vector<float> buf(n + shift + 1, 0.0f);
+          std::memcpy(reinterpret_cast<char*>(buf.data()) + shift * 2, want16.data(), n * 2);
+          k.widen[di](reinterpret_cast<char*>(buf.data()) + shift * 4, reinterpret_cast<char*>(buf.data()) + shift * 2,
+                      n);
+          ASSERT_EQ(0, std::memcmp(reinterpret_cast<char*>(buf.data()) + shift * 4, want32.data(), n * 4))
+              << what << " widen in place, shift " << shift;
+        }
+        std::vector<float> acc(n), want_acc(n);
+        for (size_t i = 0; i < n; ++i) acc[i] = want_acc[i] = f[(i * 7) % n];
+        accumulate(want_acc.data(), DType::kF32, want16.data(), d, n);
+        k.accumulate[di](acc.data(), want16.data(), n);
+        ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << what << " accumulate";
+        accumulate_into_zero(want_acc.data(), DType::kF32, want16.data(), d, n);
+        k.accumulate_into_zero[di](acc.data(), want16.data(), n);
+        ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << what << " accumulate into zero";
+      }
+      std::vector<float> acc(n, 0.5f), want_acc(n, 0.5f);
+      accumulate(want_acc.data(), DType::kF32, f.data(), DType::kF32, n);
+      k.accumulate[0](acc.data(), f.data(), n);
+      ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << isa_name(isa) << " fp32 accumulate";
+    }
   }
 }
 
