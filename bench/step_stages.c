@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   double millions = 64;
   int units = 16, steps = 5, overlap = 0, bf16 = 0;
   const char* stages = "0,1,2,3";
+  int bad = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--compute-ms") == 0) g_compute_ms = atof(argv[i + 1]);
     if (strcmp(argv[i], "--compute-kind") == 0) g_spin = strcmp(argv[i + 1], "spin") == 0;
@@ -82,10 +83,14 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--overlap") == 0) overlap = atoi(argv[i + 1]);
-    if (strcmp(argv[i], "--dtype") == 0) bf16 = strcmp(argv[i + 1], "bf16") == 0;
+    if (strcmp(argv[i], "--dtype") == 0) {
+      bf16 = strcmp(argv[i + 1], "bf16") == 0;
+      if (!bf16 && strcmp(argv[i + 1], "fp32") != 0) bad = 1;
+    }
   }
-  if (units < 1 || steps < 1 || steps > 100 || millions <= 0) {
-    fprintf(stderr, "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)]\n");
+  if (bad || units < 1 || steps < 1 || steps > 100 || millions <= 0) {
+    fprintf(stderr,
+            "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)] [--dtype fp32|bf16]\n");
     return 2;
   }
   int provided = 0;

@@ -49,7 +49,8 @@ inline uint16_t float_to_bf16_sr(float f, uint32_t random) {
 inline float fp16_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  // inf, or a NaN, quieted as F16C's vcvtph2ps quiets it (the SIMD paths widen with it)
+  if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x00400000u : 0u));
   if (exp != 0) return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
   // Zero or denormal: mant x 2^-24, exact in fp32.
   float v = static_cast<float>(mant) * 5.9604644775390625e-8f;

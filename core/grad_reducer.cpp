@@ -35,30 +35,40 @@ void GradientReducer::allocate(int num_params) {
   param_touched_.assign(static_cast<size_t>(num_params), 0);
   param_expected_.assign(static_cast<size_t>(num_params), 1);
   written_.assign(static_cast<size_t>(store_.num_units()), 0);
-  // Folding pays only where the norm is needed before the update (otherwise the optimizer pass sums it anyway), and
-  // only where a pass of the engine writes the reduced values: the bucket accumulation (stages 2-3), or the widening
-  // from a narrower communication dtype (stages 0-1; otherwise the backend writes them and nothing else touches them).
+  // Folding pays where zero_step would otherwise read the norm's shard in a pass of its own: where the norm is
+  // needed before the update (clipping, or the skip), or where the optimizer pass cannot sum it (a rank that updates
+  // more than its norm shard: stage 0 at N > 1). And only where a pass of the engine writes the reduced values: the
+  // bucket accumulation (stages 2-3), or the widening from a narrower communication dtype (stages 0-1; otherwise
+  // the backend writes them and nothing else touches them).
   const bool widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
-  const bool fold = (plan.bucketed() || widened) && (config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0);
-  size_t most_blocks = 0;
+  const bool norm_first = config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0;
   const size_t units = static_cast<size_t>(store_.num_units());
   foldable_.assign(units, 0);
   segment_squares_.assign(units, {});
   squares_final_.assign(units, 0);
-  for (int u = 0; fold && u < store_.num_units(); ++u) {
+  size_t most_blocks = 0;
+  for (int u = 0; (plan.bucketed() || widened) && u < store_.num_units(); ++u) {
     ParameterStore::UnitBuffers& ub = store_.unit(u);
+    const UnitPlan& up = store_.unit_plan(u);
+    const size_t shard = store_.layout().units[u].shard_elems, full = store_.layout().units[u].padded_elems;
     bool ascending = true;
     size_t end = 0;
     for (const ShardSegment& s : ub.norm_segments) {
       ascending = ascending && s.shard_offset >= end;
       end = s.shard_offset + s.numel;
     }
-    const UnitPlan& up = store_.unit_plan(u);
-    // Stages 2-3: the accumulator is the shard the norm reads. Stages 0-1: the widened range (the shard at stage 1,
-    // everything at stage 0) holds the norm's shard, widened into the place the norm reads.
-    foldable_[u] = ascending && (plan.bucketed() ? store_.norm_grads(u) == ub.grads.data()
-                                                 : store_.norm_grads(u) == ub.grads.at(up.norm_begin) &&
-                                                       up.update_begin <= up.norm_begin);
+    const bool pass_sums_norm =
+        up.update_begin == up.norm_begin && up.update_in_grads == up.norm_in_grads && up.update_elems == shard;
+    bool writes_norm_range;
+    if (plan.bucketed()) {  // the accumulator is the shard the norm reads
+      writes_norm_range = store_.norm_grads(u) == ub.grads.data();
+    } else {  // widened: everything (all-reduce) or the rank's block (reduce-scatter), into the place it is read
+      const size_t begin = plan.reduction == GradReduction::kAllReduceInStep ? 0 : up.update_begin;
+      const size_t length = plan.reduction == GradReduction::kAllReduceInStep ? full : shard;
+      writes_norm_range = store_.norm_grads(u) == ub.grads.at(up.norm_begin) && begin <= up.norm_begin &&
+                          up.norm_begin + shard <= begin + length;
+    }
+    foldable_[u] = ascending && writes_norm_range && (norm_first || !pass_sums_norm);
     if (!foldable_[u]) continue;
     segment_squares_[u].assign(ub.norm_segments.size(), 0.0);
     size_t blocks = 0;

@@ -58,7 +58,8 @@ void Stepper::allocate(const ParameterStore& store, size_t groups) {
   if (log_enabled(ZERO_LOG_DEBUG))
     log_message(ZERO_LOG_DEBUG, rank_,
                 norm_in_update() ? "zero_step: the gradient norm is summed in the optimizer pass"
-                                 : "zero_step: the gradient norm has a pass of its own before the update");
+                                 : "zero_step: the gradient norm is summed before the update (as the reduced gradients "
+                                   "are written where a pass writes them, else in a pass of its own)");
 }
 
 bool Stepper::norm_in_update() const {

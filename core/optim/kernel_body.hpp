@@ -238,16 +238,25 @@ double sum_squares_kernel(const void* grad, size_t n) {
   return V::dsum(acc);
 }
 
-// The conversions (kernels.hpp): whole vectors, then the rest one element at a time with the scalar functions
-// whose results the vector ones equal bit for bit (tests/unit/kernels_test.cpp).
+// The conversions (kernels.hpp): whole vectors, and the last partial vector by the same vector code on a
+// zero-padded copy (as the step kernels do), so an element's result never depends on where it sits and these files
+// call no scalar conversion (which, compiled here, would carry this file's instruction set).
 template <class V, DType D>
 ZERO_KERNEL_INLINE typename V::F load16(const uint16_t* p) {
   if constexpr (D == DType::kBF16) return V::load_bf16(p);
   return V::load_fp16(p);
 }
-template <DType D>
-inline float scalar16(uint16_t h) {
-  return D == DType::kBF16 ? bf16_to_float(h) : fp16_to_float(h);
+template <class V, DType D>
+ZERO_KERNEL_INLINE void store16(uint16_t* p, typename V::F x) {
+  if constexpr (D == DType::kBF16)
+    V::store_bf16_rne(p, x);
+  else
+    V::store_fp16_rne(p, x);
+}
+template <class V, DType D>
+ZERO_KERNEL_INLINE typename V::F load_any(const void* p, size_t i) {
+  if constexpr (D == DType::kF32) return V::load(static_cast<const float*>(p) + i);
+  return load16<V, D>(static_cast<const uint16_t*>(p) + i);
 }
 
 template <class V, DType D>
@@ -255,20 +264,16 @@ void narrow_kernel(void* dst, const void* src, size_t n) {
   constexpr size_t W = V::W;
   uint16_t* d = static_cast<uint16_t*>(dst);
   const float* s = static_cast<const float*>(src);
-  size_t i = 0;
+  const size_t body = n / W * W;
   // Each vector is loaded whole before it is stored, and its 2-byte results end before the next vector's 4-byte
-  // sources begin: in place (d == s) is safe front to back.
-  for (; i + W <= n; i += W) {
-    const typename V::F x = V::load(s + i);
-    if constexpr (D == DType::kBF16)
-      V::store_bf16_rne(d + i, x);
-    else
-      V::store_fp16_rne(d + i, x);
-  }
-  for (; i < n; ++i) {
-    const float x = s[i];
-    d[i] = D == DType::kBF16 ? float_to_bf16_rne(x) : float_to_fp16_rne(x);
-  }
+  // sources begin (when d <= s): in place is safe front to back.
+  for (size_t i = 0; i < body; i += W) store16<V, D>(d + i, V::load(s + i));
+  if (body == n) return;
+  alignas(64) float in[W] = {};
+  alignas(64) uint16_t out[W] = {};
+  std::memcpy(in, s + body, (n - body) * sizeof(float));
+  store16<V, D>(out, V::load(in));
+  std::memcpy(d + body, out, (n - body) * sizeof(uint16_t));
 }
 
 template <class V, DType D>
@@ -277,9 +282,15 @@ void widen_kernel(void* dst, const void* src, size_t n) {
   float* d = static_cast<float*>(dst);
   const uint16_t* s = static_cast<const uint16_t*>(src);
   const size_t body = n / W * W;
-  // Back to front: the elements past the vectors first, then each vector, loaded whole before its 4-byte results
-  // overwrite the 2-byte sources of elements already done (in place, d == s).
-  for (size_t i = n; i-- > body;) d[i] = scalar16<D>(s[i]);
+  // Back to front: the last partial vector first, then each vector, loaded whole before its 4-byte results
+  // overwrite the 2-byte sources of elements already done (in place, d >= s).
+  if (body < n) {
+    alignas(64) uint16_t in[W] = {};
+    alignas(64) float out[W] = {};
+    std::memcpy(in, s + body, (n - body) * sizeof(uint16_t));
+    V::store(out, load16<V, D>(in));
+    std::memcpy(d + body, out, (n - body) * sizeof(float));
+  }
   for (size_t i = body; i >= W;) {
     i -= W;
     V::store(d + i, load16<V, D>(s + i));
@@ -290,20 +301,17 @@ template <class V, DType D, bool kIntoZero>
 void accumulate_kernel(void* acc, const void* src, size_t n) {
   constexpr size_t W = V::W;
   float* a = static_cast<float*>(acc);
-  size_t i = 0;
-  for (; i + W <= n; i += W) {
-    typename V::F x;
-    if constexpr (D == DType::kF32)
-      x = V::load(static_cast<const float*>(src) + i);
-    else
-      x = load16<V, D>(static_cast<const uint16_t*>(src) + i);
-    V::store(a + i, V::add(kIntoZero ? V::set1(0.0f) : V::load(a + i), x));
-  }
-  for (; i < n; ++i) {
-    const float x =
-        D == DType::kF32 ? static_cast<const float*>(src)[i] : scalar16<D>(static_cast<const uint16_t*>(src)[i]);
-    a[i] = (kIntoZero ? 0.0f : a[i]) + x;
-  }
+  const size_t body = n / W * W;
+  for (size_t i = 0; i < body; i += W)
+    V::store(a + i, V::add(kIntoZero ? V::set1(0.0f) : V::load(a + i), load_any<V, D>(src, i)));
+  if (body == n) return;
+  using Elem = std::conditional_t<D == DType::kF32, float, uint16_t>;
+  alignas(64) float sum[W] = {};
+  alignas(64) Elem in[W] = {};
+  std::memcpy(sum, a + body, (n - body) * sizeof(float));
+  std::memcpy(in, static_cast<const Elem*>(src) + body, (n - body) * sizeof(Elem));
+  V::store(sum, V::add(kIntoZero ? V::set1(0.0f) : V::load(sum), load_any<V, D>(in, 0)));
+  std::memcpy(a + body, sum, (n - body) * sizeof(float));
 }
 
 template <class V, OptimizerKind K, DType G>

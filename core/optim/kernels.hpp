@@ -61,9 +61,10 @@ using StepKernel = void (*)(const KernelArgs&);
 using SumSquaresKernel = double (*)(const void* grad, size_t n);
 
 // Gradient conversions between fp32 and a 16-bit dtype, with core/convert.hpp's exact per-element results (round
-// to nearest even, denormals kept, nan quieted), at memory speed. narrow: fp32 -> 16-bit, front to back, so dst may
-// start at src or before it (in place). widen: 16-bit -> fp32, back to front, so dst may start at src or after it.
-// accumulate: fp32 acc[i] += src[i] (into_zero: acc[i] = 0 + src[i]); acc and src must not overlap.
+// to nearest even, denormals kept, nans as there: quieted by narrowing and by fp16 widening), at memory speed.
+// narrow: fp32 -> 16-bit, front to back, so dst may start at src or before it (in place). widen: 16-bit -> fp32,
+// back to front, so dst may start at src or after it. accumulate: fp32 acc[i] += src[i] (into_zero: acc[i] = 0 +
+// src[i]); acc and src must not overlap.
 using ConvertKernel = void (*)(void* dst, const void* src, size_t n);
 
 struct KernelTable {

@@ -22,6 +22,7 @@
 #include "convert.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
+#include "memory/ops.hpp"
 #include "optim/hyper.hpp"
 #include "optim/kernels.hpp"
 
@@ -82,6 +83,10 @@ TEST(Rounding, Fp16MatchesF16cHardwareEverywhere) {
   for (uint64_t u = 0; u <= 0xffffffffull; u += 97) check(static_cast<uint32_t>(u));
   for (uint32_t u : {0x477fefffu, 0x477ff000u, 0x477ff001u, 0x33000000u, 0x33000001u, 0x387fffffu, 0x38800000u})
     check(u), check(u | 0x80000000u);
+  // Every fp16 value widens as F16C widens it: nans, signaling ones included, come out quiet.
+  for (uint32_t h = 0; h <= 0xffffu; ++h)
+    ASSERT_EQ(float_bits(fp16_to_float(static_cast<uint16_t>(h))), float_bits(f16c_widen(static_cast<uint16_t>(h))))
+        << std::hex << h;
 }
 #endif
 
@@ -556,37 +561,32 @@ TEST(Kernels, TheUpdatePassSumsSquaresAcrossA2p32SplitOnlyOnABlock) {
   }
 }
 
-// The conversion kernels equal core/convert.hpp bit for bit on every path: random values of every magnitude and the
-// special ones (denormals, infinities, nan, values that round to infinity or to zero), sizes around the vector
-// widths, out of place and in place (narrowing with dst at src, widening with dst at src and after it).
+// The conversion kernels equal core/convert.hpp bit for bit on every path, and so do the host ElementOps that
+// dispatch to them: random values of every magnitude and the special ones (denormals, infinities, quiet and
+// signaling nans with payloads, values that round to infinity or to zero), raw 16-bit patterns (not only narrowed
+// ones), sizes around the vector widths, out of place and in place (narrowing with dst at or before src, widening
+// with dst at or after src, by offsets that are not whole vectors).
 TEST(Kernels, ConversionsEqualTheScalarConversionsBitForBit) {
   std::mt19937 rng(5);
-  const float specials[] = {0.0f,
-                            -0.0f,
-                            1e-40f,
-                            -1e-45f,
-                            3.0e38f,
-                            -3.4e38f,
-                            65520.0f,
-                            65519.0f,
-                            6.0e-8f,
-                            2.9e-8f,
-                            1.00390625f,
-                            1.001953125f,
-                            std::numeric_limits<float>::infinity(),
-                            -std::numeric_limits<float>::infinity(),
-                            std::nanf(""),
-                            -std::nanf("")};
+  const uint32_t special32[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu,
+                                0x477ff000u, 0x477fefffu, 0x33000001u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0xffc12345u, 0x7f800001u, 0xff812345u, 0x3f808000u, 0x3f818000u};
+  const uint16_t special16[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x7bff, 0x7c00, 0xfc00, 0x7c01,
+                                0xfd55, 0x7e00, 0x7f80, 0xff80, 0x7f81, 0xffc1, 0x0080, 0x807f};
+  const ElementOps& ops = element_ops(MemorySpace::kHost);
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_supported(isa)) continue;
     const KernelTable& k = kernels(isa);
-    for (size_t n :
-         {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{1000}}) {
-      std::vector<float> f(n);
+    // Nothing is read or written for n = 0 (the pointers of an empty range may be anything).
+    k.narrow[1](nullptr, nullptr, 0), k.widen[2](nullptr, nullptr, 0), k.accumulate[1](nullptr, nullptr, 0);
+    for (size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{1000}}) {
+      std::vector<float> f(n), finite(n);
+      std::vector<uint16_t> raw(n);
       for (size_t i = 0; i < n; ++i) {
         const uint32_t bits = static_cast<uint32_t>(rng());
-        f[i] = i % 3 == 0 ? specials[i / 3 % (sizeof specials / sizeof specials[0])]
-                          : std::ldexp(static_cast<float>(bits % 20001) - 10000.0f, static_cast<int>(bits % 300) - 160);
+        finite[i] = std::ldexp(static_cast<float>(bits % 20001) - 10000.0f, static_cast<int>(bits % 300) - 160);
+        f[i] = i % 3 == 0 ? bits_float(special32[i / 3 % (sizeof special32 / 4)]) : finite[i];
+        raw[i] = i % 3 == 1 ? special16[i / 3 % (sizeof special16 / 2)] : static_cast<uint16_t>(bits >> 7);
       }
       for (DType d : {DType::kBF16, DType::kF16}) {
         const int di = static_cast<int>(d);
@@ -595,34 +595,47 @@ TEST(Kernels, ConversionsEqualTheScalarConversionsBitForBit) {
         convert(want16.data(), d, f.data(), DType::kF32, n);
         k.narrow[di](got16.data(), f.data(), n);
         ASSERT_EQ(got16, want16) << what << " narrow";
-        std::vector<float> in_place = f;  // narrowing in place: the 2-byte results at the start of the fp32 buffer
-        k.narrow[di](in_place.data(), in_place.data(), n);
-        ASSERT_EQ(0, std::memcmp(in_place.data(), want16.data(), n * 2)) << what << " narrow in place";
+        for (size_t back : {size_t{0}, size_t{1}, size_t{6}}) {  // dst at src, and 2 / 12 bytes before it
+          std::vector<float> buf(n + 8, 0.0f);
+          char* src = reinterpret_cast<char*>(buf.data()) + 16;
+          std::memcpy(src, f.data(), n * 4);
+          k.narrow[di](src - 2 * back, src, n);
+          ASSERT_EQ(0, std::memcmp(src - 2 * back, want16.data(), n * 2)) << what << " narrow in place, back " << back;
+          std::memcpy(src, f.data(), n * 4);
+          ops.convert(src - 2 * back, d, src, DType::kF32, n);
+          ASSERT_EQ(0, std::memcmp(src - 2 * back, want16.data(), n * 2)) << what << " ops narrow, back " << back;
+        }
         std::vector<float> want32(n), got32(n);
-        convert(want32.data(), DType::kF32, want16.data(), d, n);
-        k.widen[di](got32.data(), want16.data(), n);
+        convert(want32.data(), DType::kF32, raw.data(), d, n);
+        k.widen[di](got32.data(), raw.data(), n);
         ASSERT_EQ(0, std::memcmp(got32.data(), want32.data(), n * 4)) << what << " widen";
         for (size_t shift : {size_t{0}, size_t{3}, size_t{64}}) {  // dst at src, and after it (stage 1's block)
           std::vector<float> buf(n + shift + 1, 0.0f);
-          std::memcpy(reinterpret_cast<char*>(buf.data()) + shift * 2, want16.data(), n * 2);
-          k.widen[di](reinterpret_cast<char*>(buf.data()) + shift * 4, reinterpret_cast<char*>(buf.data()) + shift * 2,
-                      n);
-          ASSERT_EQ(0, std::memcmp(reinterpret_cast<char*>(buf.data()) + shift * 4, want32.data(), n * 4))
-              << what << " widen in place, shift " << shift;
+          char* base = reinterpret_cast<char*>(buf.data());
+          std::memcpy(base + shift * 2, raw.data(), n * 2);
+          k.widen[di](base + shift * 4, base + shift * 2, n);
+          ASSERT_EQ(0, std::memcmp(base + shift * 4, want32.data(), n * 4)) << what << " widen in place " << shift;
+          std::memcpy(base + shift * 2, raw.data(), n * 2);
+          ops.convert(base + shift * 4, DType::kF32, base + shift * 2, d, n);
+          ASSERT_EQ(0, std::memcmp(base + shift * 4, want32.data(), n * 4)) << what << " ops widen " << shift;
         }
-        std::vector<float> acc(n), want_acc(n);
-        for (size_t i = 0; i < n; ++i) acc[i] = want_acc[i] = f[(i * 7) % n];
-        accumulate(want_acc.data(), DType::kF32, want16.data(), d, n);
-        k.accumulate[di](acc.data(), want16.data(), n);
-        ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << what << " accumulate";
-        accumulate_into_zero(want_acc.data(), DType::kF32, want16.data(), d, n);
-        k.accumulate_into_zero[di](acc.data(), want16.data(), n);
-        ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << what << " accumulate into zero";
+        // Accumulators hold finite values: with a nan on both sides, which payload survives is the compiler's
+        // choice of operand order (a + b and b + a are the same operation to it).
+        for (bool into_zero : {false, true}) {
+          std::vector<float> want_acc = finite, acc = finite, via_ops = finite;
+          (into_zero ? accumulate_into_zero : accumulate)(want_acc.data(), DType::kF32, raw.data(), d, n);
+          (into_zero ? k.accumulate_into_zero : k.accumulate)[di](acc.data(), raw.data(), n);
+          (into_zero ? ops.accumulate_into_zero : ops.accumulate)(via_ops.data(), DType::kF32, raw.data(), d, n);
+          ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << what << " accumulate " << into_zero;
+          ASSERT_EQ(0, std::memcmp(via_ops.data(), want_acc.data(), n * 4)) << what << " ops accumulate " << into_zero;
+        }
       }
-      std::vector<float> acc(n, 0.5f), want_acc(n, 0.5f);
-      accumulate(want_acc.data(), DType::kF32, f.data(), DType::kF32, n);
-      k.accumulate[0](acc.data(), f.data(), n);
-      ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << isa_name(isa) << " fp32 accumulate";
+      for (bool into_zero : {false, true}) {
+        std::vector<float> want_acc = finite, acc = finite;
+        (into_zero ? accumulate_into_zero : accumulate)(want_acc.data(), DType::kF32, f.data(), DType::kF32, n);
+        (into_zero ? k.accumulate_into_zero : k.accumulate)[0](acc.data(), f.data(), n);
+        ASSERT_EQ(0, std::memcmp(acc.data(), want_acc.data(), n * 4)) << isa_name(isa) << " fp32 " << into_zero;
+      }
     }
   }
 }
