@@ -50,20 +50,21 @@ static void snapshot(zero_engine_t* engine, const int32_t* ids, zero_dtype_t dty
   }
 }
 
-/* One micro-step; with `poison`, rank 1 (the last rank when N < 2) puts an inf into one gradient element. */
+/* One micro-step (harness.h's backward pass); with `poison`, rank 1 (the last rank when N < 2) puts an inf into one
+ * gradient element. */
+typedef struct {
+  int rank, world, poison;
+} Poison;
+
+static void add_grads(float* g, int param, size_t numel, const void* ctx) {
+  const Poison* c = (const Poison*)ctx;
+  for (size_t i = 0; i < numel; ++i) g[i] += (float)ldexp((double)((i % 5) + 1), -12);
+  if (c->poison && param == kPoisonParam && c->rank == (c->world > 1 ? 1 : 0)) g[kPoisonElem] = INFINITY;
+}
+
 static void backward(zero_engine_t* engine, const int32_t* ids, int rank, int world, int poison) {
-  for (int u = kNumUnits - 1; u >= 0; --u) {
-    CHECK(zero_gather(engine, u));
-    for (int p = kNumParams - 1; p >= 0; --p) {
-      if (kModel[p].unit != u) continue;
-      float* g = NULL;
-      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-      for (size_t i = 0; i < test_param_numel(p); ++i) g[i] += (float)ldexp((double)((i % 5) + 1), -12);
-      if (poison && p == kPoisonParam && rank == (world > 1 ? 1 : 0)) g[kPoisonElem] = INFINITY;
-      CHECK(zero_grad_ready(engine, ids[p]));
-    }
-    CHECK(zero_release(engine, u));
-  }
+  const Poison c = {rank, world, poison};
+  test_backward(engine, ids, add_grads, &c);
   CHECK(zero_backward_end(engine));
 }
 
