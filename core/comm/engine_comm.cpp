@@ -361,23 +361,41 @@ void EngineComm::broadcast(void* buf, size_t n_elems, ElemType type, int root, c
   run(std::move(c), Counter::kBroadcast, bytes, bytes * (n - 1) / n);
 }
 
+void EngineComm::run_control(Collective c, size_t total_bytes, uint64_t bytes, uint64_t wire_bytes) {
+  void* const caller = c.buf;
+  if (control_staging_bytes_ < total_bytes || control_staging_ == nullptr) {
+    control_staging_.reset(new char[std::max<size_t>(total_bytes, 64)]);
+    control_staging_bytes_ = std::max<size_t>(total_bytes, 64);
+  }
+  if (total_bytes != 0) std::memcpy(control_staging_.get(), caller, total_bytes);
+  c.buf = control_staging_.get();
+  try {
+    run(std::move(c), Counter::kControl, bytes, wire_bytes);
+  } catch (...) {
+    if (abandoned_) abandoned_staging_.push_back(control_staging_.release()), control_staging_bytes_ = 0;
+    throw;
+  }
+  if (total_bytes != 0) std::memcpy(caller, control_staging_.get(), total_bytes);
+}
+
 void EngineComm::control_min(int64_t* values, size_t n, const std::string& label) {
   Collective c = collective(CollKind::kAllReduce, values, n, ElemType::kI64, label);
   c.op = ReduceOp::kMin;
-  run(std::move(c), Counter::kControl, n * 8,
-      2 * n * 8 * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+  run_control(std::move(c), n * 8, n * 8,
+              2 * n * 8 * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
 }
 
 void EngineComm::control_all_gather(void* buf, size_t block_bytes, const std::string& label) {
-  run(collective(CollKind::kAllGather, buf, block_bytes, ElemType::kU8, label), Counter::kControl,
-      block_bytes * static_cast<uint64_t>(size()), block_bytes * static_cast<uint64_t>(size() - 1));
+  const uint64_t total = block_bytes * static_cast<uint64_t>(size());
+  run_control(collective(CollKind::kAllGather, buf, block_bytes, ElemType::kU8, label), total, total,
+              block_bytes * static_cast<uint64_t>(size() - 1));
 }
 
 void EngineComm::control_broadcast(void* buf, size_t n_bytes, int root, const std::string& label) {
   Collective c = collective(CollKind::kBroadcast, buf, n_bytes, ElemType::kU8, label);
   c.root = root;
-  run(std::move(c), Counter::kControl, n_bytes,
-      n_bytes * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+  run_control(std::move(c), n_bytes, n_bytes,
+              n_bytes * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
 }
 
 std::string EngineComm::broadcast_text(const std::string& text, int root, const std::string& label) {

@@ -167,6 +167,11 @@ class EngineComm {
  private:
   enum class Counter { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kControl, kNone };
   void run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
+  // A control collective: its buffer is small and often on the caller's stack, and a collective given up in flight
+  // may still be written by the backend later (no backend can cancel one: an MPI request completes when the late
+  // ranks arrive). So it runs on a staging copy the communicator owns, copied back when it completes; a staging
+  // buffer left in flight is kept and never freed.
+  void run_control(Collective c, size_t total_bytes, uint64_t bytes, uint64_t wire_bytes);
   Pending start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
@@ -188,6 +193,9 @@ class EngineComm {
   CommStats stats_;
   bool abandoned_ = false;
   bool failed_ = false;
+  std::unique_ptr<char[]> control_staging_;  // run_control's, reused while nothing is left in flight
+  size_t control_staging_bytes_ = 0;
+  std::vector<char*> abandoned_staging_;  // left in flight by a failed control collective: never freed
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   static constexpr size_t kRecords = 64;
   mutable std::mutex records_mutex_;
