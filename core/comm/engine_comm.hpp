@@ -195,7 +195,6 @@ class EngineComm {
   bool failed_ = false;
   std::unique_ptr<char[]> control_staging_;  // run_control's, reused while nothing is left in flight
   size_t control_staging_bytes_ = 0;
-  std::vector<char*> abandoned_staging_;  // left in flight by a failed control collective: never freed
   std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   static constexpr size_t kRecords = 64;
   mutable std::mutex records_mutex_;
