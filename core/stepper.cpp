@@ -46,10 +46,8 @@ void Stepper::allocate(const ParameterStore& store, size_t groups) {
     bool same = up.update_in_grads == up.norm_in_grads && ub.segments.size() == ub.norm_segments.size();
     for (size_t i = 0; same && i < ub.segments.size(); ++i) {
       const ShardSegment &s = ub.segments[i], &n = ub.norm_segments[i];
-      const uint64_t first = up.element_base + up.update_begin + s.shard_offset;
-      const uint64_t to_boundary = (uint64_t{1} << 32) - (first & 0xffffffffu);
       same = s.shard_offset == n.shard_offset && s.numel == n.numel &&
-             (to_boundary >= s.numel || to_boundary % kSumBlockElems == 0);
+             !splits_inside_a_norm_block(up.element_base + up.update_begin + s.shard_offset, s.numel);
     }
     update_covers_norm_ = update_covers_norm_ && same;
   }

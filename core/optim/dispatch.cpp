@@ -195,10 +195,9 @@ KernelArgs sub_run(const KernelArgs& args, size_t begin, size_t n) {
 
 void parallel_step(StepKernel kernel, const KernelArgs& args, int max_threads) {
   // The kernels hash the 32 low bits of an element's index (stochastic rounding): a run that crosses a multiple of
-  // 2^32 is split there, and each part gets the seed of its high bits. Boundaries are 2^32 apart, so if the first
-  // falls on a block of the norm, all do (the stepper sums squares in the pass only where it does, or there is none).
-  const uint64_t first_boundary = (uint64_t{1} << 32) - (args.first_index & 0xffffffffu);
-  if (args.block_sums != nullptr && first_boundary < args.n && first_boundary % kSumBlockElems != 0)
+  // 2^32 is split there, and each part gets the seed of its high bits (the stepper sums squares in the pass only
+  // where every split falls on a block of the norm).
+  if (args.block_sums != nullptr && splits_inside_a_norm_block(args.first_index, args.n))
     fail(ZERO_ERR_INTERNAL, "parallel_step: a run that sums squares crosses a multiple of 2^32 elements mid-block");
   size_t done = 0;
   do {

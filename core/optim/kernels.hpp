@@ -105,4 +105,12 @@ inline size_t sum_squares_blocks(size_t n) { return (n + kSumBlockElems - 1) / k
 double parallel_sum_squares(SumSquaresKernel kernel, const void* grad, size_t elem_size, size_t n, int max_threads,
                             double* scratch);
 
+// Whether parallel_step splits a run of n elements from global index `first_index` at a multiple of 2^32 (the
+// stochastic-rounding keys) somewhere other than on a block of the norm: such a run cannot sum the norm's squares in
+// the pass (block_sums). Boundaries are 2^32 apart, so the first one decides.
+inline bool splits_inside_a_norm_block(uint64_t first_index, size_t n) {
+  const uint64_t first_boundary = (uint64_t{1} << 32) - (first_index & 0xffffffffu);
+  return first_boundary < n && first_boundary % kSumBlockElems != 0;
+}
+
 }  // namespace zero
