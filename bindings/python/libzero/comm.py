@@ -1,0 +1,109 @@
+"""Communicators: MPI (through libzero's MPI module), one process, or a transport written in Python."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+from . import _native
+from ._dtypes import BF16
+
+# ZERO_MPI_COMM_WORLD in zero.h.
+_MPI_COMM_WORLD = -1
+
+# Set by the launchers of Open MPI, MPICH/Hydra and PMIx-based ones (Slurm's srun --mpi=pmix).
+_MPI_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
+class Transport(Protocol):
+    """What :meth:`Comm.custom` needs from a framework's own process group.
+
+    ``rank`` and ``size`` (ints); ``run(collective)`` performs one collective to completion, in place, on
+    ``collective["buf"]`` (a 1-D numpy array over libzero's buffer, valid during the call only). The other keys:
+    ``kind`` ("all_gather", "reduce_scatter", "all_reduce", "broadcast"), ``dtype`` ("fp32", "bf16", "fp16",
+    "fp64", "int64", "uint8"), ``count`` (elements per rank's block for all_gather and reduce_scatter, in all
+    otherwise), ``op`` ("sum", "min", "max"; all_reduce), ``root`` (broadcast), ``sequence`` and ``label``
+    (diagnostics). The conventions are those of zero_comm_ops_t in zero.h: reduce_scatter leaves this rank's
+    block (``buf[rank * count:(rank + 1) * count]``) holding the sum over ranks of that block; bf16 and fp16 sums
+    are computed in fp32 and rounded once. Optional: ``deterministic`` (True when sums add contributions in rank
+    order 0..size-1: training is then bit-identical across stages and rank counts), ``local_size`` (ranks on
+    this node) and ``finalize()`` (collective teardown). An exception raised by ``run`` becomes a
+    :class:`~libzero.errors.CommError` with its text. A transport that only runs collectives to completion gets
+    every failure check of libzero but the timeout.
+    """
+
+    rank: int
+    size: int
+
+    def run(self, collective: dict[str, Any]) -> None: ...
+
+
+class Comm:
+    """A communicator. Engines keep theirs alive, so closing it (or dropping it) early is safe."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @staticmethod
+    def mpi(comm: Any = None) -> "Comm":
+        """Over MPI: ``comm`` is an mpi4py communicator, a Fortran handle (int), or None for MPI_COMM_WORLD.
+
+        libzero duplicates it, so its messages never match yours. If MPI is not initialised yet, libzero
+        initialises it (MPI_THREAD_SERIALIZED) and finalises it at exit. Collective.
+        """
+        if comm is None:
+            handle = _MPI_COMM_WORLD
+        elif hasattr(comm, "py2f"):
+            handle = int(comm.py2f())
+        elif isinstance(comm, int):
+            handle = comm
+        else:
+            raise TypeError(f"Comm.mpi expects an mpi4py communicator, a Fortran handle or None, not {type(comm)!r}")
+        return Comm(_native.Comm.mpi(handle))
+
+    @staticmethod
+    def single() -> "Comm":
+        """One process, no MPI: every collective is a local copy."""
+        return Comm(_native.Comm.single())
+
+    @staticmethod
+    def custom(transport: Transport) -> "Comm":
+        """Over a framework's own transport (see :class:`Transport`)."""
+        return Comm(_native.Comm.custom(transport, BF16))
+
+    @staticmethod
+    def world() -> "Comm":
+        """MPI_COMM_WORLD when the process was started by an MPI launcher (mpirun, mpiexec, srun), else one
+        process."""
+        if any(os.environ.get(v) for v in _MPI_LAUNCHER_VARIABLES):
+            return Comm.mpi()
+        return Comm.single()
+
+    @property
+    def rank(self) -> int:
+        return int(self._native.rank)
+
+    @property
+    def size(self) -> int:
+        return int(self._native.size)
+
+    def finalize(self) -> None:
+        """Collective teardown: agrees with every rank that the communicator is done, frees the backend's
+        collective resources and, if libzero initialised MPI, finalises it. Engines on it fail afterwards."""
+        self._native.finalize()
+
+    def close(self) -> None:
+        """Drops this reference (local)."""
+        self._native.close()
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        try:
+            return f"<libzero.Comm rank {self.rank} of {self.size}>"
+        except Exception:  # closed
+            return "<libzero.Comm (closed)>"

@@ -1,0 +1,220 @@
+"""Zero-copy numpy views of engine memory that refuse to be used once the memory is no longer theirs.
+
+A stage-3 unit's gathered buffer goes back to the engine's pool at ``release`` and may hold another unit's weights
+after the next ``gather``; a gradient buffer at stages 2-3 is a bucket the engine reduces and reuses after
+``grad_ready``. A plain array kept across those points would read or write someone else's numbers without a word.
+:class:`View` is an ``ndarray`` subclass that checks its lease before every operation that touches the data
+(indexing, ufuncs and operators, numpy functions, DLPack export, printing, copying) and raises
+:class:`~libzero.errors.StaleViewError` instead.
+
+What it cannot guard: a plain ``ndarray`` taken from a view (``np.asarray(view)``, ``view.numpy()``,
+``view.view(np.ndarray)``) is an ordinary array over the same memory. The memory itself stays allocated as long as
+any array over it exists (views keep the engine alive), so such an array never touches freed memory, but after
+its unit's release it may show another unit's values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from ._dtypes import CODES
+from .errors import InvalidStateError, StaleViewError
+
+
+class _Lease:
+    """What a view is allowed to see: a param's values while its unit stays gathered in one generation, or a
+    param's gradient buffer until the param is declared ready (or the micro-step ends)."""
+
+    __slots__ = ("engine", "native", "param", "unit", "generation", "grad_epoch", "zero_dtype", "what", "__weakref__")
+
+    def __init__(self, engine: Any, param: int, what: str) -> None:
+        self.engine = engine
+        self.native = engine._n  # keeps the C engine (and its memory) alive while any array uses it
+        self.param = param
+        self.what = what
+        self.unit = -1
+        self.generation = 0
+        self.grad_epoch: tuple[int, int] | None = None
+        self.zero_dtype = 0
+
+    def check(self) -> None:
+        if self.engine._native is None:
+            raise StaleViewError(f"this view of {self._name()} outlived engine.close()")
+        if self.grad_epoch is not None:
+            if self.engine._grad_epoch(self.param) != self.grad_epoch:
+                raise StaleViewError(
+                    f"this view of {self._name()}'s gradient was taken before grad_ready() (or the end of the "
+                    "micro-step): its buffer now belongs to the reduction; call engine.grad() again"
+                )
+            return
+        gathered, generation = self.native.unit_state(self.unit)
+        if not gathered or generation != self.generation:
+            raise StaleViewError(
+                f"this view of {self._name()} belongs to a gather of unit {self.unit} that was released"
+                + (" (the unit is gathered again: call engine.param() again)" if gathered else "")
+            )
+
+    def _name(self) -> str:
+        return f"param {self.param} ({self.engine._names[self.param]!r})"
+
+
+def _unwrap(x: Any) -> Any:
+    """A View as a plain ndarray after checking its lease; containers unwrapped element by element."""
+    if isinstance(x, View):
+        x._check()
+        return x.view(np.ndarray)
+    if isinstance(x, tuple):
+        return tuple(_unwrap(v) for v in x)
+    if isinstance(x, list):
+        return [_unwrap(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _unwrap(v) for k, v in x.items()}
+    return x
+
+
+class View(np.ndarray):
+    """A numpy array over engine memory (see the module's documentation). Operations on it behave as on an
+    ``ndarray`` and return plain arrays, except slices, which are views with the same lease."""
+
+    _lease: _Lease | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._lease = getattr(obj, "_lease", None)
+
+    def _check(self) -> None:
+        if self._lease is not None:
+            self._lease.check()
+
+    @property
+    def valid(self) -> bool:
+        """Whether the view may still be used (its unit is gathered in the same generation, or its gradient not
+        yet declared ready)."""
+        try:
+            self._check()
+            return True
+        except StaleViewError:
+            return False
+
+    def numpy(self) -> np.ndarray:
+        """A plain ndarray over the same memory, unguarded from here on (see the module's documentation)."""
+        self._check()
+        return self.view(np.ndarray)
+
+    # ---- numpy's protocols -------------------------------------------------------------------------------------
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        out = kwargs.get("out")
+        kwargs = _unwrap(kwargs)
+        result = getattr(ufunc, method)(*_unwrap(inputs), **kwargs)
+        if out is not None:  # in place (e.g. view += x): hand back the arrays the caller gave, views included
+            return out[0] if len(out) == 1 else out
+        return result
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        return func(*_unwrap(args), **_unwrap(kwargs))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self._check()
+        plain = self.view(np.ndarray)
+        if dtype is not None and np.dtype(dtype) != plain.dtype:
+            return plain.astype(dtype)
+        return plain.copy() if copy else plain
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
+        if stream is not None and stream != -1:
+            raise BufferError("libzero views live in host memory: no stream applies")
+        if copy:
+            raise BufferError("libzero views export their memory; copy the consumer's tensor instead")
+        self._check()
+        code = self._lease.zero_dtype if self._lease is not None else CODES["fp32"]
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        return _native.to_dlpack(self.view(np.ndarray), code, versioned)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
+
+    # ---- element access and the methods that read memory without going through a ufunc ------------------------
+    def __getitem__(self, key: Any) -> Any:
+        self._check()
+        return super().__getitem__(_unwrap(key))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._check()
+        super().__setitem__(_unwrap(key), _unwrap(value))
+
+    def __repr__(self) -> str:
+        self._check()
+        return f"View({np.array_repr(self.view(np.ndarray))})"
+
+    def __str__(self) -> str:
+        self._check()
+        return str(self.view(np.ndarray))
+
+    def __reduce__(self) -> Any:  # pickling copies the values into a plain array
+        self._check()
+        return self.view(np.ndarray).copy().__reduce__()
+
+    def __iter__(self) -> Any:
+        self._check()
+        return iter(self.view(np.ndarray).copy())
+
+    def __len__(self) -> int:
+        return super().__len__()
+
+    def __bool__(self) -> bool:
+        self._check()
+        return bool(self.view(np.ndarray))
+
+    def __float__(self) -> float:
+        self._check()
+        return float(self.view(np.ndarray))
+
+    def copy(self, order: Any = "C") -> np.ndarray:  # type: ignore[override]
+        self._check()
+        return self.view(np.ndarray).copy(order)
+
+    def astype(self, *args: Any, **kwargs: Any) -> np.ndarray:  # type: ignore[override]
+        self._check()
+        return self.view(np.ndarray).astype(*args, **kwargs)
+
+    def fill(self, value: Any) -> None:
+        self._check()
+        self.view(np.ndarray).fill(value)
+
+    def tobytes(self, order: Any = "C") -> bytes:
+        self._check()
+        return self.view(np.ndarray).tobytes(order)
+
+    def tolist(self) -> Any:
+        self._check()
+        return self.view(np.ndarray).tolist()
+
+    def item(self, *args: Any) -> Any:
+        self._check()
+        return self.view(np.ndarray).item(*args)
+
+
+def make_view(engine: Any, param: int, what: str) -> View:
+    """A checked view of `param`'s values (`what` = "param") or gradient buffer ("grad")."""
+    if not engine._infos:
+        raise InvalidStateError("views of params and gradients exist after finalize(): call engine.finalize() first")
+    lease = _Lease(engine, param, what)
+    info = engine._infos[param]
+    if what == "param":
+        lease.unit = info["unit"]
+        lease.zero_dtype = CODES[info["param_dtype"]]
+    else:
+        lease.grad_epoch = engine._grad_epoch(param)
+        lease.zero_dtype = CODES[info["grad_dtype"]]
+    from ._dtypes import BF16
+
+    array = lease.native.array(param, what == "grad", BF16, lease)
+    if what == "param":
+        # The generation after the array was made: zero_param_data succeeded, so the unit is gathered now.
+        lease.generation = lease.native.unit_state(lease.unit)[1]
+    view = array.view(View)
+    view._lease = lease
+    engine._leases.add(lease)
+    return view

@@ -1,0 +1,374 @@
+"""The Python binding in one process: API, views and their lifetimes, errors, config check, checkpoints."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import libzero
+import training
+
+SGD = {"train_batch_size": 1, "gradient_clipping": 0.0, "optimizer": {"type": "SGD", "params": {"lr": 1.0}}}
+
+
+def sgd(stage: int = 0, **extra) -> dict:
+    cfg = json.loads(json.dumps(SGD))
+    cfg["zero_optimization"] = {"stage": stage}
+    cfg.update(extra)
+    return cfg
+
+
+def one_param_engine(stage: int = 0, shape=(4, 3), **extra) -> tuple[libzero.Engine, int]:
+    e = libzero.Engine(sgd(stage, **extra), libzero.Comm.single())
+    w = e.add_param("w", shape, init=np.arange(np.prod(shape), dtype=np.float32).reshape(shape))
+    e.finalize()
+    return e, w
+
+
+# ---- configs -----------------------------------------------------------------------------------------------------
+def test_a_config_is_a_dict_json_text_or_a_path(tmp_path):
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps(sgd(2)))
+    for config in (sgd(2), json.dumps(sgd(2)), path, str(path)):
+        with libzero.Engine(config, libzero.Comm.single()) as e:
+            assert e.info["stage"] == 2
+
+
+def test_config_errors_name_the_key_and_are_value_errors():
+    with pytest.raises(libzero.ConfigError, match="bogus") as info:
+        libzero.Engine({**SGD, "bogus": 1}, libzero.Comm.single())
+    assert isinstance(info.value, ValueError) and isinstance(info.value, libzero.ZeroError)
+    assert info.value.status == 3
+    with pytest.raises(FileNotFoundError):
+        libzero.Engine("no/such/config.json", libzero.Comm.single())
+    with pytest.raises(TypeError):
+        libzero.Engine(42, libzero.Comm.single())
+
+
+def test_config_check_reports_what_libzero_will_do():
+    report = libzero.config_check({**sgd(3), "train_batch_size": 4}, world_size=4)
+    assert "stage 3" in report.lower() or "stage: 3" in report.lower() or "3" in report
+    with pytest.raises(libzero.ConfigError, match="optimizer"):
+        libzero.config_check({"train_batch_size": 1}, 1)
+
+
+# ---- the training calls -----------------------------------------------------------------------------------------
+def test_one_sgd_step_moves_the_weights_by_the_gradient():
+    e, w = one_param_engine()
+    with e.gathered(0):
+        g = e.grad(w)
+        g += np.full((4, 3), 0.5, np.float32)
+        e.grad_ready(w)
+    e.backward_end()
+    r = e.step()
+    assert isinstance(r, libzero.StepResult)
+    assert r.step == 1 and not r.skipped and r.loss_scale == 1.0 and r.lr == 1.0
+    assert r.grad_norm == pytest.approx(np.sqrt(12 * 0.25))
+    with e.gathered(0):
+        np.testing.assert_array_equal(e.param(w), np.arange(12, dtype=np.float32).reshape(4, 3) - 0.5)
+    e.close()
+
+
+def test_params_are_found_by_name_and_described():
+    e, w = one_param_engine(shape=(2, 5))
+    assert e.param_names == ["w"] and e.param_id("w") == w
+    info = e.param_info("w")
+    assert info["shape"] == (2, 5) and info["numel"] == 10 and info["param_dtype"] == "fp32"
+    assert e.unit_info(0)["numel"] == 10 and e.num_units == 1
+    with pytest.raises(libzero.InvalidArgumentError):
+        e.param_id("nope")
+    with pytest.raises(libzero.InvalidArgumentError):
+        e.param(7)
+    e.close()
+
+
+def test_calls_in_the_wrong_order_raise_invalid_state():
+    e = libzero.Engine(sgd(), libzero.Comm.single())
+    e.add_param("w", 3)
+    with pytest.raises(libzero.InvalidStateError, match="finalize"):
+        e.param(0)
+    with pytest.raises(libzero.InvalidStateError):
+        e.step()
+    e.finalize()
+    with pytest.raises(libzero.InvalidStateError):
+        e.add_param("late", 2)
+    with pytest.raises(libzero.InvalidStateError):
+        e.param(0)  # unit 0 is not gathered
+    e.close()
+    with pytest.raises(libzero.InvalidStateError, match="closed"):
+        e.step()
+
+
+def test_init_values_must_match_the_shape():
+    e = libzero.Engine(sgd(), libzero.Comm.single())
+    with pytest.raises(libzero.InvalidArgumentError, match="6 elements"):
+        e.add_param("w", (2, 2), init=np.zeros(6, np.float32))
+    with pytest.raises(TypeError, match="int32"):
+        e.add_param("w", (2,), init=np.zeros(2, np.int32))
+    e.close()
+
+
+def test_gathered_releases_when_the_block_raises():
+    e, w = one_param_engine(stage=3)
+    with pytest.raises(RuntimeError):
+        with e.gathered(0):
+            raise RuntimeError("the user's forward failed")
+    assert not e.unit_info(0)["gathered"]
+    e.close()
+
+
+def test_statistics_are_dicts():
+    e, _ = one_param_engine(stage=2)
+    m = e.memory_stats()
+    assert m["total_bytes"] == sum(v for k, v in m.items() if k != "total_bytes")
+    c = e.comm_stats()
+    assert set(c) >= {"sequence", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "control"}
+    assert isinstance(e.recent_collectives(), list)
+    e.set_num_threads(1)
+    assert e.info["optimizer_threads"] == 1
+    e.close()
+
+
+def test_set_lr_applies_to_the_next_step():
+    e, w = one_param_engine()
+    e.set_lr(0.25)
+    with e.gathered(0):
+        e.grad(w)[...] += 1.0
+        e.grad_ready(w)
+    e.backward_end()
+    assert e.step().lr == 0.25
+    with e.gathered(0):
+        assert e.param(w)[0, 0] == -0.25
+    e.close()
+
+
+# ---- views ---------------------------------------------------------------------------------------------------------
+def test_a_view_of_a_released_stage3_unit_raises_instead_of_reading_other_weights():
+    e = libzero.Engine(sgd(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0}),
+                       libzero.Comm.single())
+    a = e.add_param("a", 5, unit=0, init=np.ones(5, np.float32))
+    b = e.add_param("b", 5, unit=1, init=np.full(5, 2.0, np.float32))
+    e.finalize()
+    e.gather(0)
+    va = e.param(a)
+    half = va[1:3]  # slices are views with the same lease
+    assert va.valid and float(va.sum()) == 5.0
+    e.release(0)
+    e.gather(1)  # may reuse unit 0's buffer for unit 1
+    for use in (lambda: va[0], lambda: va + 1, lambda: np.sum(va), lambda: repr(va), lambda: half[0],
+                lambda: va.copy(), lambda: va.tobytes(), lambda: va.__dlpack__(), lambda: va.fill(0)):
+        with pytest.raises(libzero.StaleViewError, match="released"):
+            use()
+    assert not va.valid
+    np.testing.assert_array_equal(e.param(b), np.full(5, 2.0, np.float32))
+    e.release(1)
+    e.gather(0)  # gathered again: a new generation, the old view stays stale
+    with pytest.raises(libzero.StaleViewError, match="call engine.param"):
+        va[0]
+    assert e.param(a)[0] == 1.0
+    e.release(0)
+    e.close()
+
+
+def test_a_gradient_view_ends_at_grad_ready():
+    e, w = one_param_engine(stage=2)
+    with e.gathered(0):
+        g = e.grad(w)
+        g[0, 0] += 1.0
+        e.grad_ready(w)
+        with pytest.raises(libzero.StaleViewError, match="grad_ready"):
+            g += 1.0
+    e.backward_end()
+    e.close()
+
+
+def test_views_behave_as_arrays_and_return_plain_arrays():
+    e, w = one_param_engine()
+    with e.gathered(0):
+        v = e.param(w)
+        assert isinstance(v, np.ndarray) and isinstance(v, libzero.View)
+        assert v.dtype == np.float32 and v.shape == (4, 3) and v.flags["C_CONTIGUOUS"]
+        total = v + 1
+        assert type(total) is np.ndarray
+        assert type(np.matmul(v, np.ones(3, np.float32))) is np.ndarray
+        assert isinstance(v[1], libzero.View) and v[1, 2] == 5.0
+        plain = v.numpy()
+        assert type(plain) is np.ndarray and np.shares_memory(plain, v)
+    e.close()
+
+
+def test_dlpack_exports_engine_memory_without_a_copy():
+    e, w = one_param_engine()
+    with e.gathered(0):
+        g = e.grad(w)
+        consumer = np.from_dlpack(g)
+        consumer[2, 1] = 3.5  # the consumer writes into the engine's buffer
+        assert g[2, 1] == 3.5
+        assert g.__dlpack_device__() == (1, 0)
+        e.grad_ready(w)
+    e.backward_end()
+    e.close()
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.c_void_p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+def test_bf16_views_carry_their_type_through_dlpack():
+    e = libzero.Engine({**sgd(1), "bf16": {"enabled": True}}, libzero.Comm.single())
+    w = e.add_param("w", (2, 3), init=np.array([[1, 2, 3], [4, 5, -0.5]], np.float32))
+    e.finalize()
+    with e.gathered(0):
+        v = e.param(w)
+        if libzero.HAVE_ML_DTYPES:
+            assert v.dtype.name == "bfloat16"
+            assert v.astype(np.float32)[1, 2] == -0.5
+        else:
+            assert v.dtype == np.uint16
+        assert v.view(np.uint16)[0, 0] == 0x3F80  # 1.0 in bf16
+        capsule = v.__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        t = _DLManagedTensor.from_address(get(capsule, b"dltensor"))
+        assert (t.code, t.bits, t.lanes, t.ndim) == (4, 16, 1, 2)  # kDLBfloat, whatever numpy shows
+        assert (t.shape[0], t.shape[1]) == (2, 3) and t.data == v.__array_interface__["data"][0]
+        del capsule  # unconsumed: the capsule frees its tensor
+    e.close()
+
+
+def test_without_ml_dtypes_bf16_is_shown_as_its_bits():
+    code = (
+        "import sys; sys.modules['ml_dtypes'] = None\n"
+        "import numpy as np, libzero\n"
+        "assert not libzero.HAVE_ML_DTYPES\n"
+        "e = libzero.Engine({'train_batch_size': 1, 'bf16': {'enabled': True}, "
+        "'optimizer': {'type': 'SGD', 'params': {'lr': 1}}}, libzero.Comm.single())\n"
+        "w = e.add_param('w', 2, init=np.array([0x3F80, 0x4000], np.uint16))\n"
+        "e.finalize(); e.gather(0)\n"
+        "v = e.param(w); assert v.dtype == np.uint16 and v.tolist() == [0x3F80, 0x4000], v\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_views_keep_the_engine_alive_and_outlive_close_safely():
+    e, w = one_param_engine()
+    e.gather(0)
+    v = e.param(w)
+    plain = v.numpy()
+    del e
+    gc.collect()
+    assert v[1, 1] == 4.0  # the engine lives as long as its views
+    v._lease.engine.close()
+    with pytest.raises(libzero.StaleViewError, match="close"):
+        v[0, 0]
+    assert plain[1, 1] == 4.0  # the memory stays until the last array over it goes
+    del v, plain
+    gc.collect()
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------------------
+def test_a_checkpoint_restores_weights_and_optimizer_state(tmp_path):
+    cfg = training.config(stage=2, gas=1, world=1)
+
+    def run(steps, save_at=None, load=False):
+        with libzero.Engine(cfg, libzero.Comm.single()) as e:
+            ids = training.register(e)
+            if load:
+                e.load_checkpoint(tmp_path)
+            for s in range(steps):
+                training.micro_step(e, ids, lambda n, sh: training.gradient(n, sh, s, 0))
+                e.step()
+                if save_at == s:
+                    e.save_checkpoint(tmp_path, f"step{s}")
+            return training.weights(e)
+
+    straight = run(3)
+    run(1, save_at=0)
+    assert (tmp_path / "latest").exists()
+    # Resume: two more steps from the checkpoint, gradients of steps 1 and 2.
+    with libzero.Engine(cfg, libzero.Comm.single()) as e:
+        ids = training.register(e)
+        e.load_checkpoint(tmp_path)
+        for s in (1, 2):
+            training.micro_step(e, ids, lambda n, sh: training.gradient(n, sh, s, 0))
+            e.step()
+        assert training.weights(e) == straight
+    with pytest.raises(libzero.InvalidArgumentError):
+        with libzero.Engine(cfg, libzero.Comm.single()) as e:
+            training.register(e)
+            e.save_checkpoint(tmp_path, "step0")  # an existing tag is never overwritten
+
+
+def test_a_corrupt_checkpoint_raises_checkpoint_corrupt(tmp_path):
+    cfg = training.config(stage=1, gas=1, world=1)
+    with libzero.Engine(cfg, libzero.Comm.single()) as e:
+        training.register(e)
+        e.save_checkpoint(tmp_path, "t")
+    shard = next((tmp_path / "t").glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with libzero.Engine(cfg, libzero.Comm.single()) as e:
+        training.register(e)
+        with pytest.raises(libzero.CheckpointCorruptError, match="checksum|corrupt"):
+            e.load_checkpoint(tmp_path, "t")
+
+
+# ---- the same bits as the engine's own single-process run ----------------------------------------------------------
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_every_stage_gives_the_same_weights(stage, dtype):
+    def run(stage_):
+        with libzero.Engine(training.config(stage_, gas=2, world=1, dtype=dtype, clip=1.0),
+                            libzero.Comm.single()) as e:
+            training.train(e, steps=3, gas=2, world=1, rank=0)
+            return training.weights(e)
+
+    assert run(stage) == run(0)
+
+
+# ---- custom communicators ------------------------------------------------------------------------------------------
+class _Failing:
+    rank, size = 0, 1
+
+    def run(self, c):
+        raise ConnectionError(f"the transport lost its peer during {c['kind']}")
+
+
+def test_a_transport_error_becomes_a_comm_error_with_its_text():
+    with pytest.raises(libzero.CommError, match="lost its peer"):
+        e = libzero.Engine(sgd(), libzero.Comm.custom(_Failing()))
+        e.add_param("w", 3)
+        e.finalize()
+
+
+def test_exceptions_mirror_the_status_codes():
+    from libzero import errors
+
+    for status in range(1, 14):
+        err = errors._from_status(status, "m")
+        assert err.status == status and err.message == "m" and isinstance(err, libzero.ZeroError)
+    assert issubclass(libzero.TimeoutError, TimeoutError)
+    assert issubclass(libzero.RemoteError, libzero.CommError)
+    assert issubclass(libzero.FileSystemError, OSError)
+    assert issubclass(libzero.OutOfMemoryError, MemoryError)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What a newcomer does (README.md, "Python"): `pip install ./bindings/python` into a fresh venv (pip fetches numpy,
+# scikit-build-core and pybind11 from PyPI and builds libzero into the wheel), then the quick start exactly as the
+# README prints it, in one process and under mpirun with 2 ranks, from outside the source tree.
+# Usage: wheel_test.sh <source dir> <mpirun> <scratch dir>
+set -euo pipefail
+src=$1 mpirun=$2 work=$3
+rm -rf "$work"
+mkdir -p "$work"
+
+# The README's quick start is examples/python/quickstart.py, character for character.
+/usr/bin/python3 - "$src" <<'PY'
+import pathlib, re, sys
+src = pathlib.Path(sys.argv[1])
+blocks = re.findall(r"```python\n(.*?)```", (src / "README.md").read_text(), re.S)
+quick = [b for b in blocks if "libzero.Engine(" in b]
+expected = (src / "examples/python/quickstart.py").read_text()
+if not quick or quick[0] != expected:
+    sys.exit("README.md's Python quick start differs from examples/python/quickstart.py")
+PY
+
+/usr/bin/python3 -m venv "$work/venv"
+"$work/venv/bin/pip" install --quiet --disable-pip-version-check "$src/bindings/python"
+cp "$src/examples/python/quickstart.py" "$work/"
+cd "$work"  # the installed package is what gets imported, not the source tree's
+check() {  # every rank converged
+  local out=$1 ranks=$2
+  echo "$out"
+  [[ $(grep -c "max |w - w_true| = " <<<"$out") == "$ranks" ]] || { echo "expected $ranks ranks' lines"; exit 1; }
+  awk -F'= ' '/max \|w - w_true\|/ { if ($2 + 0 > 1e-3) bad = 1 } END { exit bad }' <<<"$out" \
+    || { echo "the quick start did not converge"; exit 1; }
+}
+check "$("$work/venv/bin/python" quickstart.py)" 1
+check "$("$mpirun" -np 2 "$work/venv/bin/python" quickstart.py)" 2
