@@ -11,16 +11,17 @@ jobs=$(nproc)
 
 bash scripts/install-deps.sh
 
-# PyTorch for libzero.torch's tests, in a venv of its own outside the source tree, kept between runs. PyPI's wheel
-# with its CUDA libraries is about 5 GB: on a fresh machine it downloads in the background while libzero builds.
+# PyTorch (and Hugging Face transformers, for a GPT-2 built from a config) for libzero.torch's tests, in a venv of
+# its own outside the source tree, kept between runs. PyPI's torch wheel with its CUDA libraries is about 5 GB: on a
+# fresh machine it downloads in the background while libzero builds.
 torchenv=${ZERO_TORCHENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/torchenv}
 torch_log=$(mktemp)
 torch_pid=
-if ! "$torchenv/bin/python3" -c "import torch, numpy, pytest" 2>/dev/null; then
+if ! "$torchenv/bin/python3" -c "import torch, numpy, pytest, transformers" 2>/dev/null; then
   echo "== installing torch from PyPI into $torchenv (in the background)"
   (rm -rf "$torchenv" && mkdir -p "$(dirname "$torchenv")" &&
    /usr/bin/python3 -m venv --system-site-packages "$torchenv" &&
-   "$torchenv/bin/pip" install --quiet --disable-pip-version-check torch numpy) >"$torch_log" 2>&1 &
+   "$torchenv/bin/pip" install --quiet --disable-pip-version-check torch numpy transformers) >"$torch_log" 2>&1 &
   torch_pid=$!
 fi
 wait_for_torch() {

@@ -6,30 +6,32 @@
         engine.backward(loss)       # gradients go into libzero's buffers as autograd produces them
         engine.step()               # the optimizer step at the accumulation boundary
 
-What happens to the model's parameters (those with ``requires_grad``; frozen ones stay plain torch tensors):
+What happens to the model (docs/python.md has the whole story):
 
-- stages 0-2: every ``param.data`` is a tensor over libzero's own parameter memory (DLPack, no copy), in the
-  config's compute dtype (bf16/fp16 configs turn the model's trained params into bf16/fp16, as DeepSpeed does);
-  ``zero_step`` writes the new values there.
-- stage 3: a param's full values exist only while its unit is gathered. Each unit is gathered before its first
-  module's forward and copied into a torch tensor the model computes with; a unit that is a block of a
-  ``ModuleList`` is released after its forward (the tensor's storage freed, as FSDP does) and gathered again
-  when backward reaches it, then released once its gradients are in; other units stay gathered from the
-  model's forward to the end of its backward.
-- gradients: a post-accumulate-grad hook adds each param's gradient into ``engine.grad(i)`` (the fp32
-  accumulation buffer by default), drops ``param.grad`` and declares it ready, so stages 2-3 reduce buckets while
-  backward goes on.
+- params with ``requires_grad`` are registered with the engine (rank 0's values); frozen params and floating-point
+  buffers get rank 0's values too and, with a bf16/fp16 config, that dtype (DeepSpeed casts the module likewise);
+- stages 0-2: every trained ``param.data`` is a tensor over libzero's own parameter memory (DLPack, no copy);
+  ``zero_step`` writes the new values there;
+- stage 3: a unit is gathered before the first module owning its params runs, its values copied into tensors the
+  model computes with; a unit whose params are exactly one module's (a ``ModuleList`` block) is released after
+  that module's forward, and autograd keeps, instead of those tensors, where to find them again: backward
+  gathers the unit anew when it needs it (a saved-tensor hook), and releases it when its last gradient is in.
+  Released params show an empty placeholder (shape [0]), as DeepSpeed's do;
+- gradients: a post-accumulate-grad hook adds each param's gradient into ``engine.grad(i)``, drops
+  ``param.grad`` and declares it ready, so stages 2-3 reduce buckets while backward goes on.
 
-Units (stage 3's gather granularity): by default each element of every ``torch.nn.ModuleList`` is a unit and the
-other params form one unit each side of them (before the first block, after the last), numbered in registration
-order; ``units=fn(name, param) -> key`` groups params by any key instead.
+Units (stage 3's gather granularity): by default each element of the outermost ``torch.nn.ModuleList``s is a unit
+and the other params form one unit each side of them (before the first block, after the last), numbered in
+registration order; ``units=fn(name, param) -> key`` groups params by any key instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import warnings
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -42,26 +44,40 @@ _TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 
 
 # ---- a client optimizer's hyper-parameters as a config's optimizer block -------------------------------------------
+_UNSUPPORTED_OPTIONS = {
+    # option: (the value libzero runs, what to call it)
+    "amsgrad": (False, "amsgrad"),
+    "maximize": (False, "maximize"),
+    "momentum": (0, "momentum"),
+    "nesterov": (False, "nesterov"),
+    "dampening": (0, "dampening"),
+    "lr_decay": (0, "Adagrad's lr_decay"),
+    "initial_accumulator_value": (0, "Adagrad's initial_accumulator_value"),
+}
+
+
 def optimizer_block(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The DeepSpeed ``optimizer`` block equivalent to a torch optimizer's first param group (as DeepSpeed takes a
-    client optimizer): AdamW, Adam, Adagrad and SGD."""
-    g = optimizer.param_groups[0]
+    """The DeepSpeed ``optimizer`` block equivalent to a torch optimizer (as DeepSpeed takes a client optimizer):
+    AdamW, Adam, Adagrad and SGD without momentum. Options libzero does not run, in any param group, are refused."""
     kind = type(optimizer).__name__
+    if kind not in ("AdamW", "Adam", "Adagrad", "SGD"):
+        raise NotImplementedError(f"libzero runs AdamW, Adam, Adagrad, SGD (and Lion from a config); not {kind}")
+    for gi, group in enumerate(optimizer.param_groups):
+        for key, (supported, what) in _UNSUPPORTED_OPTIONS.items():
+            if key in group and group[key] not in (supported, None):
+                raise NotImplementedError(
+                    f"{kind} param group {gi} sets {what} = {group[key]!r}; libzero runs {kind} without it"
+                )
+    g = optimizer.param_groups[0]
     if kind in ("AdamW", "Adam"):
-        if g.get("amsgrad"):
-            raise NotImplementedError(f"{kind}(amsgrad=True) is not supported by libzero")
         params = {"lr": g["lr"], "betas": list(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"]}
-        if kind == "Adam" and g["weight_decay"] != 0:
+        if kind == "Adam" and any(group["weight_decay"] != 0 for group in optimizer.param_groups):
             # torch's Adam adds the decay to the gradient (L2), as DeepSpeed's "Adam" with adam_w_mode false.
             params["adam_w_mode"] = False
         return {"type": kind, "params": params}
     if kind == "Adagrad":
         return {"type": "Adagrad", "params": {"lr": g["lr"], "eps": g["eps"], "weight_decay": g["weight_decay"]}}
-    if kind == "SGD":
-        if g.get("momentum", 0) != 0 or g.get("nesterov"):
-            raise NotImplementedError("SGD with momentum is not supported by libzero yet: use momentum=0")
-        return {"type": "SGD", "params": {"lr": g["lr"], "weight_decay": g["weight_decay"]}}
-    raise NotImplementedError(f"libzero runs AdamW, Adam, Adagrad, SGD (and Lion from a config); not {kind}")
+    return {"type": "SGD", "params": {"lr": g["lr"], "weight_decay": g["weight_decay"]}}
 
 
 def _group_overrides(group: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -77,10 +93,11 @@ def _group_overrides(group: dict[str, Any], base: dict[str, Any]) -> dict[str, A
 
 # ---- units ---------------------------------------------------------------------------------------------------------
 def default_units(model: torch.nn.Module) -> Callable[[str, torch.nn.Parameter], Hashable]:
-    """Each ModuleList element is a unit; the params before the first block and after the last form one each."""
+    """Each element of a ModuleList is a unit (the outermost list: a list inside a block stays in that block); the
+    params before the first block and after the last form one unit each."""
     blocks: list[str] = []
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList):
+        if isinstance(module, torch.nn.ModuleList) and not any(name.startswith(b + ".") for b in blocks):
             blocks.extend(f"{name}.{child}" if name else child for child, _ in module.named_children())
 
     def unit_of(name: str, _param: torch.nn.Parameter) -> Hashable:
@@ -90,6 +107,18 @@ def default_units(model: torch.nn.Module) -> Callable[[str, torch.nn.Parameter],
         return ("rest", None)
 
     return unit_of
+
+
+class _Saved:
+    """What autograd keeps at stage 3 instead of a tensor over a gathered param: where to find it again."""
+
+    __slots__ = ("param", "size", "stride", "offset")
+
+    def __init__(self, param: int, t: torch.Tensor) -> None:
+        self.param = param
+        self.size = t.size()
+        self.stride = t.stride()
+        self.offset = t.storage_offset()
 
 
 class TorchEngine:
@@ -107,6 +136,7 @@ class TorchEngine:
         cfg = json.loads(config_text(config))
         groups = optimizer.param_groups if optimizer is not None else []
         if optimizer is not None:
+            block = optimizer_block(optimizer)
             if "optimizer" in cfg:
                 # DeepSpeed lets the client optimizer win too; say so instead of dropping the block silently.
                 warnings.warn(
@@ -114,7 +144,7 @@ class TorchEngine:
                     f"{type(optimizer).__name__} hyper-parameters are used (as DeepSpeed does), the block is ignored",
                     stacklevel=3,
                 )
-            cfg["optimizer"] = optimizer_block(optimizer)
+            cfg["optimizer"] = block
         elif "optimizer" not in cfg:
             raise ValueError("the config has no 'optimizer' block: give one, or pass a torch optimizer")
         self.module = model
@@ -124,14 +154,18 @@ class TorchEngine:
         self._gas = int(info["gradient_accumulation_steps"])
         self._dtype = _TORCH_DTYPE[info["param_dtype"]]
         self._fp16 = info["param_dtype"] == "fp16"
-        self._micro = 0
+        self._ended = 0  # micro-steps ended (backward) since the last optimizer step
+        self._step_calls = 0  # step() calls, for is_gradient_accumulation_boundary (DeepSpeed's micro_steps)
+        self._global_steps = 0
+        self._in_backward = False
+        self._handles: list[Any] = []
 
         # Params in registration order; units numbered by first appearance.
         unit_of = units if units is not None else default_units(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         keys: dict[Hashable, int] = {}
         raw_units = []
-        for i, (name, p) in enumerate(named):
+        for name, p in named:
             key = unit_of(name, p)
             if key == ("rest", None):
                 # The params outside every block: one unit before the first block, one after the last.
@@ -145,8 +179,9 @@ class TorchEngine:
                 group_of[id(p)] = gid
         self._params: list[torch.nn.Parameter] = []
         self._unit: list[int] = []
-        self._is_block = {keys[k]: isinstance(k, tuple) and k[0] == "block" for k in keys}
         for (name, p), u in zip(named, raw_units):
+            # fp32 initial values: bf16/fp16 training keeps them exact as its master weights (DeepSpeed casts the
+            # module first and starts its master weights from the rounded values).
             init = p.detach().to(torch.float32).cpu().contiguous().numpy()
             self.engine.add_param(name, tuple(p.shape), unit=u, group=group_of.get(id(p), 0), init=init)
             self._params.append(p)
@@ -154,55 +189,80 @@ class TorchEngine:
         self.engine.finalize()
         self._units = sorted(set(self._unit))
         self._members = {u: [i for i, pu in enumerate(self._unit) if pu == u] for u in self._units}
-        self._gathered: set[int] = set()
-        self._grads_in: dict[int, int] = {u: 0 for u in self._units}
+
+        # What the engine does not train: cast as DeepSpeed casts the module, and rank 0's values everywhere.
+        trained = {id(p) for p in self._params}
+        untrained = [p for p in model.parameters() if id(p) not in trained]
+        buffers = [b for b in model.buffers() if b.is_floating_point()]
+        if self._dtype != torch.float32:
+            for t in untrained + buffers:
+                t.data = t.data.to(self._dtype)
+        self._broadcast_from_rank0(untrained + buffers)
 
         for i, p in enumerate(self._params):
-            p.register_post_accumulate_grad_hook(self._grad_hook(i))
+            self._handles.append(p.register_post_accumulate_grad_hook(self._grad_hook(i)))
+            if self.stage == 3:
+                self._handles.append(p.register_hook(self._before_accumulate(i)))
         if self.stage < 3:
             self._bind_full()
         else:
-            self._full = [torch.empty(tuple(p.shape), dtype=self._dtype) for p in self._params]
-            for i, p in enumerate(self._params):
-                self._full[i].untyped_storage().resize_(0)
-                p.data = self._full[i]
-            self._hook_stage3()
+            self._setup_stage3()
 
     # ---- the training loop ---------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """The model's forward."""
-        return self.module(*args, **kwargs)
+        """The model's forward. If it raises, what it gathered is released (the micro-step can start over)."""
+        try:
+            return self.module(*args, **kwargs)
+        except BaseException:
+            if self.stage == 3:
+                self._release_all()
+            raise
 
     forward = __call__
 
+    def train(self, mode: bool = True) -> "TorchEngine":
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "TorchEngine":
+        self.module.eval()
+        return self
+
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of ``loss`` (times the fp16 loss scale), then the end of the micro-step."""
+        """Backward of ``loss`` (times the fp16 loss scale), then the end of the micro-step. ``param.grad`` stays
+        None: each gradient went into libzero's buffers (the step's ``grad_norm`` reports their norm)."""
         if self._fp16:
             loss = loss * self.engine.loss_scale
-        loss.backward()
-        if self.stage == 3:
-            for u in sorted(self._gathered):
-                self._release(u)
+        self._in_backward = True
+        try:
+            loss.backward()
+        finally:
+            self._in_backward = False
+            if self.stage == 3:
+                self._release_all()
         self.engine.backward_end()
-        self._micro += 1
+        self._ended += 1
 
     def step(self) -> StepResult | None:
         """The optimizer step when ``gradient_accumulation_steps`` micro-steps have ended since the last one (call
         it after every backward, as with DeepSpeed); None otherwise."""
-        if self._micro < self._gas:
+        self._step_calls += 1
+        if self._ended < self._gas:
             return None
-        self._micro = 0
-        if self.stage < 3:
-            for u in self._units:
-                self.engine.release(u)
-            try:
-                return self.engine.step()
-            finally:
-                self._bind_full()
-        return self.engine.step()
+        self._ended = 0
+        with self._released():
+            result = self.engine.step()
+        if not result.skipped:
+            self._global_steps = result.step
+        return result
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        return self._micro >= self._gas
+        """As DeepSpeed's: True during the micro-step whose step() will run the optimizer."""
+        return (self._step_calls + 1) % self._gas == 0
+
+    @property
+    def global_steps(self) -> int:
+        return self._global_steps
 
     @property
     def loss_scale(self) -> float:
@@ -211,45 +271,90 @@ class TorchEngine:
     def set_lr(self, lr: float, group: int = -1) -> None:
         self.engine.set_lr(lr, group)
 
-    def save_checkpoint(self, directory: str, tag: str) -> None:
-        if self.stage < 3:
-            for u in self._units:
-                self.engine.release(u)
-        try:
+    def save_checkpoint(self, directory: str, tag: str | None = None) -> str:
+        """Writes ``directory/tag`` (``global_step<N>`` by default, as DeepSpeed names it). Collective. Returns the
+        tag."""
+        tag = tag if tag is not None else f"global_step{self._global_steps}"
+        with self._released():
             self.engine.save_checkpoint(directory, tag)
-        finally:
-            if self.stage < 3:
-                self._bind_full()
+        return tag
 
-    def load_checkpoint(self, directory: str, tag: str | None = None) -> None:
-        if self.stage < 3:
-            for u in self._units:
-                self.engine.release(u)
-        try:
+    def load_checkpoint(self, directory: str, tag: str | None = None) -> str:
+        """Loads ``directory/tag`` (the latest when None), saved at any rank count and stage. Collective. Returns
+        the path loaded."""
+        with self._released():
             self.engine.load_checkpoint(directory, tag)
-        finally:
-            if self.stage < 3:
-                self._bind_full()
+        if tag is None:
+            with open(os.path.join(directory, "latest"), encoding="utf-8") as f:
+                tag = f.read().strip()
+        path = os.path.join(directory, tag)
+        try:
+            with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+                self._global_steps = int(json.load(f).get("step", self._global_steps))
+        except (OSError, ValueError):
+            pass
+        return path
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every trained param's full values (copies, in the compute dtype), by name. Collective at stage 3."""
         out = {}
+        names = self.engine.param_names
         for u in self._units:
-            gathered_here = u not in self._gathered and self.stage == 3
-            if gathered_here:
-                self.engine.gather(u)
-            for i in self._members[u]:
-                name = self.engine.param_names[i]
-                if self.stage == 3:
-                    out[name] = torch.from_dlpack(self.engine.param(i)).clone()
-                else:
-                    out[name] = self._params[i].detach().clone()
-            if gathered_here:
-                self.engine.release(u)
+            if self.stage == 3 and u not in self._gathered:
+                with self.engine.gathered(u):
+                    for i in self._members[u]:
+                        out[names[i]] = torch.from_dlpack(self.engine.param(i)).clone()
+            else:
+                for i in self._members[u]:
+                    out[names[i]] = self._params[i].detach().clone()
         return out
 
     def close(self) -> None:
+        """Gives the model back: removes libzero's hooks, makes every trained param a plain torch tensor holding its
+        current values (collective at stage 3, which gathers them), then destroys the engine."""
+        if self.engine.closed:
+            return
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self.stage == 3:
+            self._release_all()
+            values = self.full_parameters()
+            for name, p in zip(self.engine.param_names, self._params):
+                p.data = values[name]
+            self._full = []
+        else:
+            for p in self._params:
+                p.data = p.data.clone()
         self.engine.close()
+
+    # ---- what the engine does not train -----------------------------------------------------------------------------
+    def _broadcast_from_rank0(self, tensors: list[torch.Tensor]) -> None:
+        """Rank 0's values of frozen params and floating-point buffers on every rank, as DeepSpeed broadcasts the
+        module at initialisation: through a throwaway stage-3 engine on the same communicator (rank 0's initial
+        values are what every engine starts from; stage 3 keeps a shard and one unit at a time). fp32, bf16 and
+        fp16 tensors travel as fp32, exactly; other dtypes are left as they are."""
+        if self.engine.world_size == 1:
+            return
+        movable = [t for t in tensors if t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel() > 0]
+        if not movable:
+            return
+        cfg = {
+            "train_batch_size": self.engine.world_size,
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_clipping": 0,
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+            "optimizer": {"type": "SGD", "params": {"lr": 0}},
+            "libzero": {"timeout_s": self.engine.info["timeout_s"]},
+        }
+        with Engine(cfg, self.engine._comm) as carrier:
+            for k, t in enumerate(movable):
+                init = t.detach().to(torch.float32).reshape(-1).contiguous().numpy()
+                carrier.add_param(f"untrained.{k}", (t.numel(),), unit=k, init=init)
+            carrier.finalize()
+            for k, t in enumerate(movable):
+                with carrier.gathered(k):
+                    t.data.copy_(torch.from_dlpack(carrier.param(k)).reshape(t.shape))
 
     # ---- stages 0-2: params in engine memory --------------------------------------------------------------------
     def _bind_full(self) -> None:
@@ -259,6 +364,20 @@ class TorchEngine:
             view = torch.from_dlpack(self.engine.param(i))
             if p.data.data_ptr() != view.data_ptr() or p.dtype != view.dtype:
                 p.data = view
+
+    @contextlib.contextmanager
+    def _released(self) -> Iterator[None]:
+        """Every unit released around a call that needs it (zero_step, checkpoints); stages 0-2 rebind after."""
+        if self.stage < 3:
+            for u in self._units:
+                self.engine.release(u)
+        else:
+            self._release_all()
+        try:
+            yield
+        finally:
+            if self.stage < 3:
+                self._bind_full()
 
     # ---- gradients -------------------------------------------------------------------------------------------------
     def _grad_hook(self, i: int) -> Callable[[torch.Tensor], None]:
@@ -272,13 +391,66 @@ class TorchEngine:
             self.engine.grad_ready(i)
             if self.stage == 3:
                 u = self._unit[i]
+                if u not in self._gathered:
+                    p.data = self._empty[i]  # back from _before_accumulate's shape-only stand-in
                 self._grads_in[u] += 1
-                if self._is_block[u] and self._grads_in[u] == len(self._members[u]) and u in self._gathered:
+                if u in self._block_module and self._grads_in[u] == len(self._members[u]):
                     self._release(u)
 
         return hook
 
-    # ---- stage 3: gather, copy, free ---------------------------------------------------------------------------------
+    def _before_accumulate(self, i: int) -> Callable[[torch.Tensor], None]:
+        """Stage 3: autograd accumulates a gradient into a param of the param's own shape. A released param shows
+        the empty placeholder; for the accumulation it shows the full shape over no memory (autograd reads only
+        the shape), so that a gradient reaching a released unit costs no all-gather."""
+
+        def hook(_grad: torch.Tensor) -> None:
+            if self._params[i].data.numel() == 0 and self._full[i].numel() != 0:
+                self._params[i].data = self._full[i]
+
+        return hook
+
+    # ---- stage 3 -------------------------------------------------------------------------------------------------------
+    # A gathered unit's values are copied into tensors the model computes with (self._full); released, the params
+    # show empty placeholders (shape [0], as DeepSpeed's), so that code touching them between uses fails clearly.
+    # Autograd never keeps those tensors: a saved-tensor hook, active during the model's forward, replaces every
+    # tensor over a gathered param by where to find it (_Saved), and unpacking it in backward gathers the unit again
+    # if it was released. So a block can be released right after its forward, however backward later reaches it.
+    def _setup_stage3(self) -> None:
+        self._full = [torch.empty(tuple(p.shape), dtype=self._dtype) for p in self._params]
+        self._empty = [torch.empty(0, dtype=self._dtype) for _ in self._params]
+        for i, p in enumerate(self._params):
+            self._full[i].untyped_storage().resize_(0)
+            p.data = self._empty[i]
+        self._gathered: set[int] = set()
+        self._by_storage: dict[int, int] = {}  # data_ptr of a gathered param's storage -> param index
+        self._grads_in: dict[int, int] = {u: 0 for u in self._units}
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._forward_depth = 0
+        self._nograd_before: list[set[int] | None] = []
+
+        # A unit's block: the deepest module whose params are exactly the unit's. It is released after its
+        # forward; the other units stay gathered until the micro-step ends.
+        param_unit = {id(p): self._unit[i] for i, p in enumerate(self._params)}
+        self._block_module: dict[int, torch.nn.Module] = {}
+        for module in self.module.modules():
+            mine = [param_unit[id(p)] for p in module.parameters() if id(p) in param_unit]
+            if mine and len(set(mine)) == 1 and len(mine) == len(self._members[mine[0]]):
+                self._block_module[mine[0]] = module  # modules() goes outside in: the deepest such module wins
+        owners: dict[int, list[torch.nn.Module]] = {}
+        for module in self.module.modules():
+            for u in sorted({param_unit[id(p)] for p in module.parameters(recurse=False) if id(p) in param_unit}):
+                owners.setdefault(u, []).append(module)
+        for u, modules in owners.items():
+            for m in modules:
+                self._handles.append(m.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u)))
+        for u, block in self._block_module.items():
+            self._handles.append(block.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u)))
+            self._handles.append(block.register_forward_hook(self._after_block_forward(u), always_call=True))
+        # First in, last out: around every gather the model's own hooks (a root owning params) do.
+        self._handles.append(self.module.register_forward_pre_hook(self._before_forward, prepend=True))
+        self._handles.append(self.module.register_forward_hook(self._after_forward, always_call=True))
+
     def _gather(self, u: int) -> None:
         if u in self._gathered:
             return
@@ -288,74 +460,60 @@ class TorchEngine:
             full = self._full[i]
             full.untyped_storage().resize_(full.numel() * full.element_size())
             full.copy_(torch.from_dlpack(self.engine.param(i)))
+            self._by_storage[full.untyped_storage().data_ptr()] = i
+            self._params[i].data = full
 
     def _release(self, u: int) -> None:
         if u not in self._gathered:
             return
-        for i in self._members[u]:
-            self._full[i].untyped_storage().resize_(0)
         self._gathered.discard(u)
+        for i in self._members[u]:
+            self._by_storage.pop(self._full[i].untyped_storage().data_ptr(), None)
+            self._params[i].data = self._empty[i]
+            self._full[i].untyped_storage().resize_(0)
         self.engine.release(u)
 
-    def _hook_stage3(self) -> None:
-        owners: dict[int, list[torch.nn.Module]] = {}
-        param_unit = {id(p): self._unit[i] for i, p in enumerate(self._params)}
-        for module in self.module.modules():
-            us = sorted({param_unit[id(p)] for p in module.parameters(recurse=False) if id(p) in param_unit})
-            for u in us:
-                owners.setdefault(u, []).append(module)
-        block_modules: dict[int, torch.nn.Module] = {}
-        for name, module in self.module.named_modules():
-            if isinstance(module, torch.nn.ModuleList):
-                for child in module.children():
-                    us = {param_unit[id(p)] for p in child.parameters() if id(p) in param_unit}
-                    if len(us) == 1:
-                        (u,) = us
-                        if self._is_block[u]:
-                            block_modules[u] = child
+    def _release_all(self) -> None:
+        for u in sorted(self._gathered):
+            self._release(u)
 
-        # Units other than blocks: gathered when the first module owning them runs, kept to the end of backward.
-        for u, modules in owners.items():
-            for m in modules:
-                m.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u))
+    def _pack(self, t: torch.Tensor) -> Any:
+        try:
+            i = self._by_storage.get(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):  # tensors without a plain storage
+            return t
+        return t if i is None else _Saved(i, t)
 
-        for u, block in block_modules.items():
-            block.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u))
-            block.register_forward_hook(self._after_block_forward(u))
+    def _unpack(self, x: Any) -> torch.Tensor:
+        if not isinstance(x, _Saved):
+            return x
+        self._gather(self._unit[x.param])
+        return self._full[x.param].as_strided(x.size, x.stride, x.offset)
 
-        # The model's own forward: start of a micro-step (gradient counts) and, without autograd, releases at end.
-        def before(_m: torch.nn.Module, _a: Any) -> None:
-            for u in self._units:
-                self._grads_in[u] = 0
+    def _before_forward(self, _m: torch.nn.Module, _a: Any) -> None:
+        if self._forward_depth == 0:
+            if torch.is_grad_enabled() and not self._in_backward:
+                for u in self._units:
+                    self._grads_in[u] = 0
+            self._nograd_before.append(None if torch.is_grad_enabled() else set(self._gathered))
+            self._saved_hooks.__enter__()
+        self._forward_depth += 1
 
-        def after(_m: torch.nn.Module, _a: Any, _out: Any) -> None:
-            if not torch.is_grad_enabled():
-                for u in sorted(self._gathered):
+    def _after_forward(self, _m: torch.nn.Module, _a: Any, _out: Any) -> None:
+        self._forward_depth -= 1
+        if self._forward_depth == 0:
+            self._saved_hooks.__exit__(None, None, None)
+            before = self._nograd_before.pop()
+            if before is not None:  # no autograd: release what this forward gathered, nothing else
+                for u in sorted(self._gathered - before):
                     self._release(u)
 
-        self.module.register_forward_pre_hook(before)
-        self.module.register_forward_hook(after)
-
     def _after_block_forward(self, u: int) -> Callable[..., None]:
-        def hook(_m: torch.nn.Module, _args: Any, output: Any) -> None:
-            tensors = [t for t in _tensors(output) if t.requires_grad]
-            self._release(u)
-            if tensors:
-                # Before backward computes anything inside this block: gather it again.
-                torch.autograd.graph.register_multi_grad_hook(tensors, lambda _g: self._gather(u), mode="any")
+        def hook(_m: torch.nn.Module, _args: Any, _output: Any) -> None:
+            if not self._in_backward:  # an activation-checkpoint recompute keeps its block for its backward
+                self._release(u)
 
         return hook
-
-
-def _tensors(x: Any) -> Iterable[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _tensors(v)
-    elif isinstance(x, dict):
-        for v in x.values():
-            yield from _tensors(v)
 
 
 def initialize(
@@ -367,13 +525,30 @@ def initialize(
 ) -> TorchEngine:
     """Trains ``model`` with libzero as ``config`` says (a DeepSpeed config: dict, JSON text or path). Without an
     ``optimizer`` block the hyper-parameters come from ``optimizer`` (AdamW, Adam, Adagrad, SGD), as DeepSpeed takes a
-    client optimizer. ``comm`` by default: torch.distributed's default group when it is initialised (torchrun),
-    else MPI_COMM_WORLD under an MPI launcher, else one process."""
-    if comm is None:
-        import torch.distributed as dist
+    client optimizer. ``comm`` by default: torch.distributed's default group when it is initialised (torchrun; a
+    gloo group beside it when the default is NCCL), else MPI_COMM_WORLD under an MPI launcher, else one process."""
+    return TorchEngine(model, config, comm=comm if comm is not None else _default_comm(), optimizer=optimizer,
+                       units=units)
 
-        comm = ProcessGroupComm() if dist.is_available() and dist.is_initialized() else Comm.world()
-    return TorchEngine(model, config, comm=comm, optimizer=optimizer, units=units)
+
+def _default_comm() -> Comm:
+    """torch.distributed's default group when it is initialised (a gloo group beside it when the default one is not
+    gloo: NCCL cannot move host buffers), else Comm.world(); refuses a torchrun job that has not initialised
+    torch.distributed, which would otherwise train N unrelated models."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "gloo":
+            return ProcessGroupComm()
+        return ProcessGroupComm(dist.new_group(backend="gloo"))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
+        os.environ.get(v) for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+    ):
+        raise RuntimeError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} (torchrun?) but torch.distributed is not initialised: call "
+            "torch.distributed.init_process_group('gloo') first, or pass comm="
+        )
+    return Comm.world()
 
 
 # ---- torch.distributed as libzero's transport -------------------------------------------------------------------------

@@ -7,10 +7,14 @@ after the next ``gather``; a gradient buffer at stages 2-3 is a bucket the engin
 (indexing, ufuncs and operators, numpy functions, DLPack export, printing, copying) and raises
 :class:`~libzero.errors.StaleViewError` instead.
 
-What it cannot guard: a plain ``ndarray`` taken from a view (``np.asarray(view)``, ``view.numpy()``,
-``view.view(np.ndarray)``) is an ordinary array over the same memory. The memory itself stays allocated as long as
-any array over it exists (views keep the engine alive), so such an array never touches freed memory, but after
-its unit's release it may show another unit's values.
+What it cannot guard: whatever reaches the memory without asking the view. ``np.asarray(view)``,
+``view.numpy()``, ``view.view(np.ndarray)`` and consumers of the buffer protocol (``memoryview``,
+``np.frombuffer``, ``torch.as_tensor``, ``torch.tensor``) get an ordinary array or buffer over the same memory,
+with no further checks; use them only while the view is valid. Views keep the engine alive, so memory the engine
+holds for its whole life (stages 0-2 params, every shard) stays allocated while any array over it exists; but
+pooled memory changes hands while the engine lives: a stage-3 unit's gathered buffer serves another unit after
+``release``, and gradient buckets (stages 2-3) are reused or freed after the micro-step. A plain array kept past
+its view's validity may then read other values or freed memory.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from ._dtypes import CODES
+from ._dtypes import BF16, CODES
 from .errors import InvalidStateError, StaleViewError
 
 
@@ -125,12 +129,27 @@ class View(np.ndarray):
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
         if stream is not None and stream != -1:
             raise BufferError("libzero views live in host memory: no stream applies")
-        if copy:
-            raise BufferError("libzero views export their memory; copy the consumer's tensor instead")
+        if dl_device is not None and tuple(dl_device) != (1, 0):
+            raise BufferError(f"libzero views live in host memory (kDLCPU); dl_device {tuple(dl_device)} asked for")
         self._check()
-        code = self._lease.zero_dtype if self._lease is not None else CODES["fp32"]
+        plain = self.view(np.ndarray)
+        if any(s < 0 for s in plain.strides):
+            raise BufferError("a view with negative strides cannot be exported through DLPack; copy it first")
+        if copy:  # the consumer asked for its own copy (the protocol lets the producer make it)
+            plain = plain.copy()
         versioned = max_version is not None and tuple(max_version)[0] >= 1
-        return _native.to_dlpack(self.view(np.ndarray), code, versioned)
+        return _native.to_dlpack(plain, self._dlpack_code(plain.dtype), versioned)
+
+    def _dlpack_code(self, dtype: np.dtype) -> int:
+        """The element type to export: numpy's, except that uint16 bits of a bf16 buffer export as bf16."""
+        lease_code = self._lease.zero_dtype if self._lease is not None else None
+        if dtype == np.float32:
+            return CODES["fp32"]
+        if dtype == np.float16:
+            return CODES["fp16"]
+        if dtype == BF16 or (dtype == np.uint16 and lease_code == CODES["bf16"]):
+            return CODES["bf16"]
+        raise BufferError(f"libzero views export float32, float16 and bfloat16 through DLPack, not {dtype}")
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
@@ -196,6 +215,35 @@ class View(np.ndarray):
         return self.view(np.ndarray).item(*args)
 
 
+# ndarray methods that read or write the data in C without passing through __array_ufunc__ or
+# __array_function__: each checks the lease first. (Methods returning views of the same memory, such as reshape,
+# ravel, transpose and view, need no check: the result is a View with the same lease.)
+_DATA_METHODS = (
+    "all", "any", "argmax", "argmin", "argpartition", "argsort", "byteswap", "choose", "clip", "compress", "conj",
+    "conjugate", "cumprod", "cumsum", "diagonal", "dot", "dump", "dumps", "flatten", "getfield", "max", "mean", "min",
+    "nonzero", "partition", "prod", "put", "repeat", "resize", "round", "searchsorted", "setfield", "sort", "std",
+    "sum", "take", "tofile", "trace", "var", "__copy__", "__deepcopy__", "__int__", "__index__", "__complex__",
+    "__format__", "__contains__",
+)
+
+
+def _checked(name: str) -> Any:
+    method = getattr(np.ndarray, name)
+
+    def call(self: View, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return method(self.view(np.ndarray), *_unwrap(args), **_unwrap(kwargs))
+
+    call.__name__ = name
+    call.__doc__ = method.__doc__
+    return call
+
+
+for _name in _DATA_METHODS:
+    if hasattr(np.ndarray, _name):
+        setattr(View, _name, _checked(_name))
+
+
 def make_view(engine: Any, param: int, what: str) -> View:
     """A checked view of `param`'s values (`what` = "param") or gradient buffer ("grad")."""
     if not engine._infos:
@@ -208,8 +256,6 @@ def make_view(engine: Any, param: int, what: str) -> View:
     else:
         lease.grad_epoch = engine._grad_epoch(param)
         lease.zero_dtype = CODES[info["grad_dtype"]]
-    from ._dtypes import BF16
-
     array = lease.native.array(param, what == "grad", BF16, lease)
     if what == "param":
         # The generation after the array was made: zero_param_data succeeded, so the unit is gathered now.

@@ -102,6 +102,7 @@ py::dtype numpy_dtype(int32_t dtype, const py::object& bf16) {
 struct PythonBackend {
   py::object transport;
   py::object bf16;  // the numpy dtype bf16 buffers are shown as
+  int32_t size;     // as given to libzero at creation: the buffers are sized by it
   std::string last_error;
 };
 
@@ -235,7 +236,7 @@ class Comm {
     ops.error_message = python_error_message;
     ops.finalize = python_finalize;
     ops.destroy = python_destroy;
-    auto* backend = new PythonBackend{std::move(transport), std::move(bf16), {}};
+    auto* backend = new PythonBackend{std::move(transport), std::move(bf16), ops.size, {}};
     zero_comm_t* comm = nullptr;
     const zero_status_t status = zero_comm_create_custom(&comm, &ops, backend);
     if (status != ZERO_OK) {
@@ -286,9 +287,12 @@ class Engine {
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
-  // zero_engine_destroy completes all-gathers still in flight (up to 5 s); a custom communicator's callbacks take
-  // the GIL themselves, so it may stay held here.
-  ~Engine() { zero_engine_destroy(engine_); }
+  // Every use of the handle below happens with the GIL held, except the C call inside call(), which counts itself
+  // in in_flight_: close() from another thread (a watchdog's abort(); close()) then leaves the destruction to that
+  // call's thread, which does it when the call returns. zero_engine_destroy completes all-gathers still in flight
+  // (up to 5 s) with the GIL held, so that no abort() can run beside it (zero.h forbids that pair); a custom
+  // communicator's callbacks take the GIL again on this same thread.
+  ~Engine() { zero_engine_destroy(engine_ != nullptr ? engine_ : closing_); }
 
   zero_engine_t* get() const {
     if (engine_ == nullptr) throw StatusError{ZERO_ERR_INVALID_STATE, "the engine was closed"};
@@ -296,12 +300,17 @@ class Engine {
   }
   bool closed() const { return engine_ == nullptr; }
   void close() {
+    if (engine_ == nullptr) return;
+    if (in_flight_ > 0) {  // another thread is inside a call on it: that thread destroys it when the call returns
+      closing_ = engine_;
+      engine_ = nullptr;
+      return;
+    }
     zero_engine_t* e = engine_;
     engine_ = nullptr;
-    py::gil_scoped_release release;
     zero_engine_destroy(e);
   }
-  void abort() { zero_engine_abort(engine_); }
+  void abort() { zero_engine_abort(engine_ != nullptr ? engine_ : closing_); }
   void set_num_threads(int32_t threads) { check(zero_engine_set_num_threads(get(), threads), engine_); }
 
   int32_t add_param_group(const std::optional<std::string>& name, double lr, double weight_decay, double beta1,
@@ -512,14 +521,23 @@ class Engine {
   void call(F&& f) {
     zero_engine_t* e = get();
     zero_status_t status;
+    ++in_flight_;
     {
       py::gil_scoped_release release;
       status = f(e);
     }
-    check(status, e);
+    --in_flight_;
+    const std::string message = status != ZERO_OK ? zero_engine_last_error(e) : "";
+    if (closing_ == e && in_flight_ == 0) {  // closed by another thread meanwhile
+      closing_ = nullptr;
+      zero_engine_destroy(e);
+    }
+    if (status != ZERO_OK) throw StatusError{status, message};
   }
 
   zero_engine_t* engine_ = nullptr;
+  zero_engine_t* closing_ = nullptr;  // closed while a call was in flight; destroyed by the last such call
+  int in_flight_ = 0;                 // calls running without the GIL (changed only with the GIL held)
 };
 
 std::string config_check(const std::string& config, int32_t world_size) {
@@ -571,9 +589,9 @@ PYBIND11_MODULE(_native, m) {
     }
   });
 
-  m.def("version", []() {
+  m.def("version", []() {  // zero_get_version(): major * 10000 + minor * 100 + patch (ZERO_VERSION_NUMBER)
     const uint32_t v = zero_get_version();
-    return std::to_string(v >> 16) + "." + std::to_string((v >> 8) & 0xff) + "." + std::to_string(v & 0xff);
+    return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
   });
   m.def("status_string", [](int32_t status) { return std::string(zero_status_string(status)); });
   m.def("config_check", &config_check, py::arg("config"), py::arg("world_size"));

@@ -372,3 +372,45 @@ def test_exceptions_mirror_the_status_codes():
     assert issubclass(libzero.RemoteError, libzero.CommError)
     assert issubclass(libzero.FileSystemError, OSError)
     assert issubclass(libzero.OutOfMemoryError, MemoryError)
+
+
+def test_the_library_version_is_the_package_s():
+    assert libzero.library_version() == libzero.__version__
+
+
+def test_ndarray_methods_that_bypass_ufuncs_check_the_view_too():
+    import copy
+
+    e = libzero.Engine(sgd(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0}),
+                       libzero.Comm.single())
+    a = e.add_param("a", 4, unit=0, init=np.ones(4, np.float32))
+    e.add_param("b", 4, unit=1, init=np.full(4, 2.0, np.float32))
+    e.finalize()
+    e.gather(0)
+    v = e.param(a)
+    e.release(0)
+    e.gather(1)
+    for use in (lambda: v.dot(np.ones(4, np.float32)), lambda: v.put([0], 9.0), lambda: v.flatten(),
+                lambda: v.take([0]), lambda: v.argmax(), lambda: v.sort(), lambda: copy.copy(v),
+                lambda: copy.deepcopy(v), lambda: v.max(), lambda: v.cumsum()):
+        with pytest.raises(libzero.StaleViewError):
+            use()
+    np.testing.assert_array_equal(e.param(1), np.full(4, 2.0, np.float32))  # nothing written into unit 1
+    e.release(1)
+    e.close()
+
+
+def test_dlpack_export_refuses_what_it_cannot_describe_and_copies_on_request():
+    e, w = one_param_engine()
+    with e.gathered(0):
+        v = e.param(w)
+        with pytest.raises(BufferError, match="negative strides"):
+            v[:, ::-1].__dlpack__()
+        with pytest.raises(BufferError, match="kDLCPU"):
+            v.__dlpack__(dl_device=(2, 0))
+        with pytest.raises(BufferError, match="int32"):
+            v.view(np.int32).__dlpack__()
+        copied = np.from_dlpack(v, copy=True)
+        copied[0, 0] = 42.0
+        assert v[0, 0] == 0.0 and not np.shares_memory(copied, v)
+    e.close()

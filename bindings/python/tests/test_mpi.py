@@ -103,3 +103,30 @@ def test_the_gil_is_free_while_a_rank_waits_for_the_others():
             # With the GIL held through the wait, the counter could not move at all.
             assert ticks[0] > 100, ticks[0]
         e.release(0)
+
+
+def test_closing_an_engine_from_another_thread_while_a_call_waits():
+    """A watchdog's abort() + close() while the main thread waits in a collective: the waiting call returns an
+    error and the engine is destroyed when it does, not under it."""
+    cfg = training.config(2, 1, WORLD)
+    e = libzero.Engine(cfg, libzero.Comm.mpi())
+    ids = training.register(e)
+    MPI.COMM_WORLD.Barrier()
+    if RANK == 0:
+        def watchdog():
+            time.sleep(0.5)
+            e.abort()
+            e.close()
+
+        t = threading.Thread(target=watchdog)
+        t.start()
+        with pytest.raises((libzero.AbortedError, libzero.InvalidStateError)):
+            e.backward_end()  # the others are late: this rank waits here
+        t.join()
+        assert e.closed
+    else:
+        time.sleep(1.5)
+        with pytest.raises((libzero.RemoteError, libzero.AbortedError)):
+            e.backward_end()
+        e.close()
+    assert ids

@@ -5,6 +5,7 @@ one-process run bit for bit, and torch.optim.AdamW's within a stated tolerance."
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -258,4 +259,195 @@ def test_fp16_scales_the_loss_and_trains():
         first = loss.item() if first is None else first
         last = loss.item()
     assert last < first - 0.5
+    eng.close()
+
+
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def _gpt2_batch(step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return (torch.randint(0, 64, (4, 1), generator=g) + torch.arange(16) * 3) % 64
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_hugging_face_gpt2_trains_to_the_one_process_weights(stage):
+    """transformers' GPT2LMHeadModel built from a config (no download): tied input and output embeddings, its blocks
+    in transformer.h (a ModuleList), keyword arguments and a ModelOutput."""
+    model = _gpt2()
+    eng = lzt.initialize(model, config(stage, "fp32", WORLD), comm())
+    assert eng.engine.num_units == 4  # the embeddings, 2 blocks, the final norm
+    first = None
+    for s in range(STEPS):
+        ids = _gpt2_batch(s, RANK)
+        out = eng(input_ids=ids, labels=ids)
+        eng.backward(out.loss)
+        eng.step()
+        first = out.loss.item() if first is None else first
+    assert out.loss.item() < first
+    got = bits(eng.full_parameters())
+    eng.close()
+
+    ref = lzt.initialize(_gpt2(), config(0, "fp32", 1, gas=WORLD), libzero.Comm.single())
+    for s in range(STEPS):
+        for r in range(WORLD):
+            ids = _gpt2_batch(s, r)
+            ref.backward(ref(input_ids=ids, labels=ids).loss)
+            ref.step()
+    assert got == bits(ref.full_parameters())
+    ref.close()
+
+
+# ---- models that trip simple stage-3 schemes ----------------------------------------------------------------------
+class _Out:
+    """A block's output that is not a tensor, tuple or dict."""
+
+    def __init__(self, h: torch.Tensor) -> None:
+        self.h = h
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        if mode == "moe":  # a ModuleList inside a block
+            self.experts = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> Any:
+        h = x + self.b(torch.tanh(self.a(x)))
+        if self.mode == "moe":
+            h = h + sum(e(h) for e in self.experts)
+        if self.mode == "aux":  # an auxiliary loss kept on the module, added outside (MoE load balancing)
+            self.aux = (self.a.weight**2).sum() * 1e-3
+        return _Out(h) if self.mode == "object" else h
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+        self.inp = torch.nn.Linear(4, 8)
+        self.blocks = torch.nn.ModuleList(_Block(mode) for _ in range(3))
+        self.out = torch.nn.Linear(8, 1)
+        if mode == "tied":
+            self.blocks[2].a.weight = self.blocks[0].a.weight
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h, aux = self.inp(x), 0.0
+        for b in self.blocks:
+            if self.mode == "checkpoint":
+                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False)
+            else:
+                h = b(h)
+            h = h.h if self.mode == "object" else h
+            aux = aux + (b.aux if self.mode == "aux" else 0.0)
+        return torch.nn.functional.mse_loss(self.out(h), y) + aux
+
+
+def _train_model(mode: str, stage: int, steps: int = 3, between=None) -> dict[str, bytes]:
+    torch.manual_seed(0)
+    cfg = {"train_batch_size": 4, "gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    eng = lzt.initialize(_Model(mode), cfg, libzero.Comm.single())
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(4, 4, generator=g), torch.randn(4, 1, generator=g)
+        loss = eng(x, y)
+        if between is not None:
+            between(eng, x, y)
+        eng.backward(loss)
+        eng.step()
+    out = bits(eng.full_parameters())
+    eng.close()
+    return out
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+@pytest.mark.parametrize("mode", ["plain", "object", "aux", "moe", "tied", "checkpoint"])
+def test_stage3_follows_gradients_wherever_they_flow(mode):
+    """Block outputs that are objects, losses kept on modules, lists inside blocks, weights tied across blocks and
+    activation checkpointing: stage 3 re-gathers whatever backward needs (a saved-tensor hook), so every one gives
+    stage 0's bits."""
+    assert _train_model(mode, 3) == _train_model(mode, 0)
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_a_no_grad_forward_between_forward_and_backward_leaves_the_training_forward_alone():
+    def evaluate(eng, x, y):  # an EMA/teacher/metric pass in the middle of a micro-step
+        with torch.no_grad():
+            eng(x, y)
+
+    assert _train_model("plain", 3, between=evaluate) == _train_model("plain", 0)
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_stage3_params_between_steps_are_empty_placeholders_not_freed_memory():
+    torch.manual_seed(0)
+    model = _Model("plain")
+    eng = lzt.initialize(model, {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                                 "zero_optimization": {"stage": 3}}, libzero.Comm.single())
+    w = model.blocks[0].a.weight
+    assert w.shape == (0,) and float(w.sum()) == 0.0  # readable, clearly not the weights
+    full = eng.full_parameters()["blocks.0.a.weight"]
+    assert full.shape == (8, 8)
+    eng.close()  # gives the model back: plain tensors with the current values
+    assert torch.equal(model.blocks[0].a.weight.detach(), full)
+    loss = model(torch.randn(2, 4), torch.randn(2, 1))
+    loss.backward()  # no libzero hook left
+    assert model.blocks[0].a.weight.grad is not None
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_a_bf16_config_casts_frozen_params_and_buffers_as_deepspeed_does():
+    class LoRA(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.base = torch.nn.Linear(8, 8)
+            self.base.requires_grad_(False)
+            self.a, self.b = torch.nn.Linear(8, 2, bias=False), torch.nn.Linear(2, 8, bias=False)
+            self.register_buffer("scale", torch.tensor(0.5))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (self.base(x) + self.scale * self.b(self.a(x))).float().pow(2).mean()
+
+    model = LoRA()
+    eng = lzt.initialize(model, {"train_batch_size": 2, "bf16": {"enabled": True},
+                                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}, libzero.Comm.single())
+    assert {t.dtype for t in list(model.parameters()) + list(model.buffers())} == {torch.bfloat16}
+    eng.backward(eng(torch.randn(2, 8, dtype=torch.bfloat16)))
+    assert eng.step() is not None
+    eng.close()
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_client_optimizer_options_libzero_does_not_run_are_refused_in_every_group():
+    model = make_model()
+    params = list(model.parameters())
+    for opt in (torch.optim.AdamW(params, maximize=True),
+                torch.optim.SGD([{"params": params[:2]}, {"params": params[2:], "momentum": 0.9}], lr=0.1),
+                torch.optim.Adam([{"params": params[:2]}, {"params": params[2:]}], amsgrad=True)):
+        with pytest.raises(NotImplementedError, match="param group"):
+            lzt.optimizer_block(opt)
+    adam = torch.optim.Adam([{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.1}])
+    assert lzt.optimizer_block(adam)["params"]["adam_w_mode"] is False  # torch's Adam: L2 decay in the gradient
+
+
+@pytest.mark.skipif(WORLD == 1, reason="several ranks")
+def test_frozen_params_and_buffers_take_rank_0_s_values_as_in_deepspeed():
+    torch.manual_seed(RANK)  # every rank builds a different model
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+    model[0].requires_grad_(False)
+    with torch.no_grad():
+        model[1].running_mean.fill_(float(RANK))
+    eng = lzt.initialize(model, config(1, "fp32", WORLD), comm())
+    torch.manual_seed(0)
+    rank0 = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+    assert torch.equal(model[0].weight, rank0[0].weight) and torch.equal(model[2].weight.detach(), rank0[2].weight)
+    assert torch.equal(model[1].running_mean, torch.zeros(4))
     eng.close()

@@ -1,0 +1,108 @@
+"""libzero against DeepSpeed, PyTorch's ZeroRedundancyOptimizer + DDP and FSDP2 on the same torch model and the same
+ds_config.json, 2 ranks on CPU, in one run (bench/README.md, "Python side by side").
+
+    python bench/python/side_by_side.py [--repeats 2] [--steps 12] [--only libzero,deepspeed]
+
+Each run is its own job (libzero under mpirun over its MPI backend, the others under torchrun over gloo); runs
+alternate framework order between repeats (paired), and every figure is the median over repeats of a per-run
+median. Tokens/s counts every rank's tokens per step over the slowest rank's median step time; peak RSS is the
+largest rank's; the optimizer step is the time of engine.step() (or clip + optimizer.step + zero_grad)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNS = [
+    ("libzero", 1), ("libzero", 2), ("libzero", 3),
+    ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3),
+    ("zero_redundancy", 1), ("fsdp2", 3),
+]
+NAMES = {"libzero": "libzero", "deepspeed": "DeepSpeed 0.19", "zero_redundancy": "torch ZeroRedundancyOptimizer + DDP",
+         "fsdp2": "torch FSDP2 (fully_shard)"}
+
+
+def launch(framework: str, stage: int, args: argparse.Namespace, out: str) -> dict | None:
+    worker = [sys.executable, os.path.join(HERE, "train.py"), "--framework", framework, "--stage", str(stage),
+              "--config", args.config, "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out]
+    env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1")
+    if framework == "libzero":
+        cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)] + worker[:1] + worker[1:]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks)] + worker[1:]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+        print(f"  {framework} stage {stage}: failed ({proc.returncode}): " + " | ".join(tail), flush=True)
+        return None
+    ranks = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(args.ranks)]
+    step = max(r["median_step_s"] for r in ranks)
+    return {
+        "tokens_per_s": sum(r["tokens_per_step"] for r in ranks) / step,
+        "peak_rss_mib": max(r["peak_rss_bytes"] for r in ranks) / 2**20,
+        "train_mib": max(r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ranks) / 2**20,
+        "opt_ms": 1e3 * max(statistics.median(r["opt_times"]) for r in ranks),
+        "step_ms": 1e3 * step,
+        "loss": statistics.mean(r["losses"][-1] for r in ranks),
+        "first_loss": statistics.mean(r["losses"][0] for r in ranks),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=os.path.join(HERE, "ds_config.json"))
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    runs = [r for r in RUNS if not args.only or r[0] in args.only.split(",")]
+    results: dict[tuple[str, int], list[dict]] = {r: [] for r in runs}
+    for rep in range(args.repeats):
+        order = runs if rep % 2 == 0 else list(reversed(runs))
+        for framework, stage in order:
+            with tempfile.TemporaryDirectory() as out:
+                r = launch(framework, stage, args, out)
+            if r is not None:
+                results[(framework, stage)].append(r)
+                print(f"  repeat {rep}: {framework} stage {stage}: {r['tokens_per_s']:.0f} tokens/s, "
+                      f"{r['peak_rss_mib']:.0f} MiB ({r['train_mib']:.0f} above imports), step {r['opt_ms']:.1f} ms, loss {r['loss']:.4f}", flush=True)
+
+    def med(key: str, rs: list[dict]) -> float:
+        return statistics.median(r[key] for r in rs)
+
+    print()
+    print("| framework | ZeRO stage | tokens/s | peak RSS per rank (MiB) | of which above imports (MiB) | "
+          f"optimizer step (ms) | loss after {args.warmup + args.steps} steps |")
+    print("|---|---|---|---|---|---|---|")
+    for (framework, stage), rs in results.items():
+        if not rs:
+            print(f"| {NAMES[framework]} | {stage} | failed | | | | |")
+            continue
+        print(f"| {NAMES[framework]} | {stage} | {med('tokens_per_s', rs):.0f} | {med('peak_rss_mib', rs):.0f} | "
+              f"{med('train_mib', rs):.0f} | "
+              f"{med('opt_ms', rs):.1f} | {med('loss', rs):.4f} |")
+    base = {s: results.get(("libzero", s)) for s in (1, 2, 3)}
+    print()
+    for (framework, stage), rs in results.items():
+        if framework == "libzero" or not rs or not base.get(stage):
+            continue
+        b = base[stage]
+        print(f"libzero stage {stage} vs {NAMES[framework]}: tokens/s x{med('tokens_per_s', b) / med('tokens_per_s', rs):.2f}, "
+              f"peak RSS x{med('peak_rss_mib', b) / med('peak_rss_mib', rs):.2f} "
+              f"(above imports x{med('train_mib', b) / med('train_mib', rs):.2f}), "
+              f"optimizer step x{med('opt_ms', rs) / med('opt_ms', b):.2f} faster, "
+              f"loss difference {abs(med('loss', b) - med('loss', rs)):.2e}")
+
+
+if __name__ == "__main__":
+    main()
