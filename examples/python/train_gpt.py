@@ -2,7 +2,7 @@
 with the sum's digits reversed ("07+48=550" is 7 + 48 = 55), byte-level, loss on the answers only. Each rank
 trains on its own problems; held-out problems are answered greedily at the end.
 
-    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/python/train_gpt.py [--stage 3] [--steps 600]
+    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/python/train_gpt.py [--stage 3] [--steps 1500]
 
 Runs in one process without mpirun too, and under torchrun (after which it uses torch.distributed's gloo group).
 """
@@ -91,13 +91,13 @@ def answer(model: torch.nn.Module, lines: list[str]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stage", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=5e-3)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if os.environ.get("TORCHELASTIC_RUN_ID"):
@@ -105,6 +105,7 @@ def main() -> None:
 
     torch.manual_seed(0)  # every rank builds the same model; rank 0's values are the ones registered
     model = GPT(args.layers, args.width, args.heads, args.context)
+    params = sum(p.numel() for p in model.parameters())  # counted now: at stage 3 they become placeholders
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     config = {
         "train_batch_size": args.micro_batch * world,
@@ -118,7 +119,6 @@ def main() -> None:
     engine = libzero.torch.initialize(model, config)
     rank = engine.engine.rank
     say = print if rank == 0 else (lambda *a, **k: None)
-    params = sum(p.numel() for p in model.parameters())
     say(f"{params / 1e6:.2f} M params, ZeRO stage {args.stage}, {engine.engine.world_size} ranks")
     data = torch.Generator().manual_seed(1 + rank)
     start = time.perf_counter()
