@@ -74,9 +74,17 @@ class Comm:
     @staticmethod
     def world() -> "Comm":
         """MPI_COMM_WORLD when the process was started by an MPI launcher (mpirun, mpiexec, srun), else one
-        process."""
+        process. A job of several processes started by another launcher (torchrun sets WORLD_SIZE) is refused
+        rather than turned into unrelated one-process trainings: give it a communicator over its own process group
+        (libzero.torch.ProcessGroupComm, Comm.custom)."""
         if any(os.environ.get(v) for v in _MPI_LAUNCHER_VARIABLES):
             return Comm.mpi()
+        if int(os.environ.get("WORLD_SIZE", "1") or "1") > 1:
+            raise RuntimeError(
+                f"WORLD_SIZE={os.environ['WORLD_SIZE']} but no MPI launcher started this process (torchrun?): pass "
+                "a communicator over your process group, e.g. libzero.torch.ProcessGroupComm() after "
+                "torch.distributed.init_process_group('gloo')"
+            )
         return Comm.single()
 
     @property

@@ -39,6 +39,7 @@ import torch
 
 from .comm import Comm
 from .engine import ConfigLike, Engine, StepResult, config_text
+from .errors import ZeroError
 
 _TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -112,10 +113,11 @@ def default_units(model: torch.nn.Module) -> Callable[[str, torch.nn.Parameter],
 class _Saved:
     """What autograd keeps at stage 3 instead of a tensor over a gathered param: where to find it again."""
 
-    __slots__ = ("param", "size", "stride", "offset")
+    __slots__ = ("param", "dtype", "size", "stride", "offset")
 
     def __init__(self, param: int, t: torch.Tensor) -> None:
         self.param = param
+        self.dtype = t.dtype  # a view may reinterpret the param's bytes (view_as_complex, .view(int32))
         self.size = t.size()
         self.stride = t.stride()
         self.offset = t.storage_offset()
@@ -149,6 +151,13 @@ class TorchEngine:
             raise ValueError("the config has no 'optimizer' block: give one, or pass a torch optimizer")
         self.module = model
         self.engine = Engine(cfg, comm)
+        try:
+            self._setup(model, units, groups)
+        except BaseException:
+            self.engine.close()
+            raise
+
+    def _setup(self, model: torch.nn.Module, units: Any, groups: list[dict[str, Any]]) -> None:
         info = self.engine.info
         self.stage = int(info["stage"])
         self._gas = int(info["gradient_accumulation_steps"])
@@ -158,11 +167,12 @@ class TorchEngine:
         self._step_calls = 0  # step() calls, for is_gradient_accumulation_boundary (DeepSpeed's micro_steps)
         self._global_steps = 0
         self._in_backward = False
+        self._ready: set[int] = set()  # params whose gradient this micro-step is in
         self._handles: list[Any] = []
 
         # Params in registration order; units numbered by first appearance.
         unit_of = units if units is not None else default_units(model)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.numel() > 0]
         keys: dict[Hashable, int] = {}
         raw_units = []
         for name, p in named:
@@ -179,10 +189,11 @@ class TorchEngine:
                 group_of[id(p)] = gid
         self._params: list[torch.nn.Parameter] = []
         self._unit: list[int] = []
+        rank0 = self.engine.rank == 0  # initial values are read on rank 0 only: no copies elsewhere
         for (name, p), u in zip(named, raw_units):
             # fp32 initial values: bf16/fp16 training keeps them exact as its master weights (DeepSpeed casts the
             # module first and starts its master weights from the rounded values).
-            init = p.detach().to(torch.float32).cpu().contiguous().numpy()
+            init = p.detach().to(torch.float32).cpu().contiguous().numpy() if rank0 else None
             self.engine.add_param(name, tuple(p.shape), unit=u, group=group_of.get(id(p), 0), init=init)
             self._params.append(p)
             self._unit.append(u)
@@ -207,6 +218,12 @@ class TorchEngine:
             self._bind_full()
         else:
             self._setup_stage3()
+            if len(self._units) == 1 and sum(p.numel() for p in self._params) > 1 << 20:
+                warnings.warn(
+                    "stage 3 with one unit: the whole model is gathered at once, which saves no memory; put the "
+                    "blocks in a torch.nn.ModuleList or pass units=fn(name, param) -> key",
+                    stacklevel=4,
+                )
 
     # ---- the training loop ---------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -215,7 +232,13 @@ class TorchEngine:
             return self.module(*args, **kwargs)
         except BaseException:
             if self.stage == 3:
-                self._release_all()
+                if self._forward_depth > 0:  # torch skips always_call hooks for KeyboardInterrupt and the like
+                    self._forward_depth = 1
+                    self._after_forward(self.module, args, None)
+                try:
+                    self._release_all()
+                except ZeroError:
+                    pass  # the forward's own error is the one to see
             raise
 
     forward = __call__
@@ -228,18 +251,27 @@ class TorchEngine:
         self.module.eval()
         return self
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
         """Backward of ``loss`` (times the fp16 loss scale), then the end of the micro-step. ``param.grad`` stays
         None: each gradient went into libzero's buffers (the step's ``grad_norm`` reports their norm)."""
         if self._fp16:
             loss = loss * self.engine.loss_scale
         self._in_backward = True
+        failed = True
         try:
-            loss.backward()
+            loss.backward(retain_graph=retain_graph)
+            failed = False
         finally:
             self._in_backward = False
+            self._ready.clear()
             if self.stage == 3:
-                self._release_all()
+                for u in self._units:
+                    self._grads_in[u] = 0
+                try:
+                    self._release_all()
+                except ZeroError:
+                    if not failed:
+                        raise  # otherwise the backward's own error is the one to see
         self.engine.backward_end()
         self._ended += 1
 
@@ -311,22 +343,26 @@ class TorchEngine:
 
     def close(self) -> None:
         """Gives the model back: removes libzero's hooks, makes every trained param a plain torch tensor holding its
-        current values (collective at stage 3, which gathers them), then destroys the engine."""
-        if self.engine.closed:
-            return
+        current values (in the compute dtype; collective at stage 3, which gathers them), then destroys the engine.
+        If the engine has failed (a stage-3 gather raises), it is destroyed anyway and the error raised: the stage-3
+        params keep their empty placeholders, the values being lost with the engine."""
         for h in self._handles:
             h.remove()
         self._handles = []
-        if self.stage == 3:
-            self._release_all()
-            values = self.full_parameters()
-            for name, p in zip(self.engine.param_names, self._params):
-                p.data = values[name]
-            self._full = []
-        else:
-            for p in self._params:
-                p.data = p.data.clone()
-        self.engine.close()
+        if self.engine.closed:
+            return
+        try:
+            if self.stage == 3:
+                self._release_all()
+                values = self.full_parameters()
+                for name, p in zip(self.engine.param_names, self._params):
+                    p.data = values[name]
+                self._full = []
+            else:
+                for p in self._params:
+                    p.data = p.data.clone()
+        finally:
+            self.engine.close()
 
     # ---- what the engine does not train -----------------------------------------------------------------------------
     def _broadcast_from_rank0(self, tensors: list[torch.Tensor]) -> None:
@@ -349,7 +385,7 @@ class TorchEngine:
         }
         with Engine(cfg, self.engine._comm) as carrier:
             for k, t in enumerate(movable):
-                init = t.detach().to(torch.float32).reshape(-1).contiguous().numpy()
+                init = t.detach().to(torch.float32).reshape(-1).contiguous().numpy() if carrier.rank == 0 else None
                 carrier.add_param(f"untrained.{k}", (t.numel(),), unit=k, init=init)
             carrier.finalize()
             for k, t in enumerate(movable):
@@ -385,14 +421,19 @@ class TorchEngine:
             g = p.grad
             if g is None:
                 return
+            if i in self._ready:
+                raise RuntimeError(
+                    f"{self.engine.param_names[i]!r} received a second gradient in one backward (a param shared by "
+                    "modules under reentrant activation checkpointing?): libzero takes one per param and micro-step "
+                    "(use torch.utils.checkpoint with use_reentrant=False)"
+                )
+            self._ready.add(i)
             dst = torch.from_dlpack(self.engine.grad(i))
             dst.add_(g.reshape(dst.shape))
             p.grad = None
             self.engine.grad_ready(i)
             if self.stage == 3:
                 u = self._unit[i]
-                if u not in self._gathered:
-                    p.data = self._empty[i]  # back from _before_accumulate's shape-only stand-in
                 self._grads_in[u] += 1
                 if u in self._block_module and self._grads_in[u] == len(self._members[u]):
                     self._release(u)
@@ -400,13 +441,11 @@ class TorchEngine:
         return hook
 
     def _before_accumulate(self, i: int) -> Callable[[torch.Tensor], None]:
-        """Stage 3: autograd accumulates a gradient into a param of the param's own shape. A released param shows
-        the empty placeholder; for the accumulation it shows the full shape over no memory (autograd reads only
-        the shape), so that a gradient reaching a released unit costs no all-gather."""
+        """Stage 3: autograd accumulates a gradient into a param of the param's own shape, so a gradient that
+        reaches a released unit (a first layer whose input needs no gradient) gathers it back first."""
 
         def hook(_grad: torch.Tensor) -> None:
-            if self._params[i].data.numel() == 0 and self._full[i].numel() != 0:
-                self._params[i].data = self._full[i]
+            self._gather(self._unit[i])
 
         return hook
 
@@ -433,7 +472,10 @@ class TorchEngine:
         # forward; the other units stay gathered until the micro-step ends.
         param_unit = {id(p): self._unit[i] for i, p in enumerate(self._params)}
         self._block_module: dict[int, torch.nn.Module] = {}
+        containers = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.ParameterList, torch.nn.ParameterDict)
         for module in self.module.modules():
+            if isinstance(module, containers):  # never called: its forward hooks would never run
+                continue
             mine = [param_unit[id(p)] for p in module.parameters() if id(p) in param_unit]
             if mine and len(set(mine)) == 1 and len(mine) == len(self._members[mine[0]]):
                 self._block_module[mine[0]] = module  # modules() goes outside in: the deepest such module wins
@@ -441,11 +483,12 @@ class TorchEngine:
         for module in self.module.modules():
             for u in sorted({param_unit[id(p)] for p in module.parameters(recurse=False) if id(p) in param_unit}):
                 owners.setdefault(u, []).append(module)
+        # Prepended: the gather runs before the user's own pre-hooks (weight_norm, spectral_norm) read the params.
         for u, modules in owners.items():
             for m in modules:
-                self._handles.append(m.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u)))
+                self._handles.append(m.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u), prepend=True))
         for u, block in self._block_module.items():
-            self._handles.append(block.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u)))
+            self._handles.append(block.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u), prepend=True))
             self._handles.append(block.register_forward_hook(self._after_block_forward(u), always_call=True))
         # First in, last out: around every gather the model's own hooks (a root owning params) do.
         self._handles.append(self.module.register_forward_pre_hook(self._before_forward, prepend=True))
@@ -468,9 +511,19 @@ class TorchEngine:
             return
         self._gathered.discard(u)
         for i in self._members[u]:
-            self._by_storage.pop(self._full[i].untyped_storage().data_ptr(), None)
+            full = self._full[i]
+            self._by_storage.pop(full.untyped_storage().data_ptr(), None)
             self._params[i].data = self._empty[i]
-            self._full[i].untyped_storage().resize_(0)
+            storage = full.untyped_storage()
+            # References beyond this tensor's and `storage` itself: something still uses the values (autograd
+            # tensors saved outside libzero's hook — under a checkpoint region's or a user's own saved-tensor
+            # hooks, a submodule called directly —, a view the model handed out). Leave them that memory (it
+            # holds exactly the values they saw) and use a new one from the next gather on.
+            if torch._C._storage_Use_Count(storage._cdata) > 2:
+                self._full[i] = torch.empty(tuple(full.shape), dtype=full.dtype)
+                self._full[i].untyped_storage().resize_(0)
+            else:
+                storage.resize_(0)
         self.engine.release(u)
 
     def _release_all(self) -> None:
@@ -488,13 +541,16 @@ class TorchEngine:
         if not isinstance(x, _Saved):
             return x
         self._gather(self._unit[x.param])
-        return self._full[x.param].as_strided(x.size, x.stride, x.offset)
+        if self._unit[x.param] in self._block_module:
+            # Backward has reached this block: the other blocks it gathered back are done with (a later need
+            # gathers again), so at most one block is held at a time.
+            for u in [u for u in self._gathered if u in self._block_module and u != self._unit[x.param]]:
+                self._release(u)
+        out = torch.empty(0, dtype=x.dtype)
+        return out.set_(self._full[x.param].untyped_storage(), x.offset, x.size, x.stride)
 
     def _before_forward(self, _m: torch.nn.Module, _a: Any) -> None:
         if self._forward_depth == 0:
-            if torch.is_grad_enabled() and not self._in_backward:
-                for u in self._units:
-                    self._grads_in[u] = 0
             self._nograd_before.append(None if torch.is_grad_enabled() else set(self._gathered))
             self._saved_hooks.__enter__()
         self._forward_depth += 1

@@ -414,3 +414,13 @@ def test_dlpack_export_refuses_what_it_cannot_describe_and_copies_on_request():
         copied[0, 0] = 42.0
         assert v[0, 0] == 0.0 and not np.shares_memory(copied, v)
     e.close()
+
+
+def test_a_torchrun_style_job_without_mpi_is_refused_not_split_into_single_processes(monkeypatch):
+    for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=2"):
+        libzero.Comm.world()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert libzero.Comm.world().size == 1

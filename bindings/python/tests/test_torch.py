@@ -325,6 +325,8 @@ class _Block(torch.nn.Module):
             h = h + sum(e(h) for e in self.experts)
         if self.mode == "aux":  # an auxiliary loss kept on the module, added outside (MoE load balancing)
             self.aux = (self.a.weight**2).sum() * 1e-3
+        if self.mode == "complex":  # a view that reinterprets the param's bytes
+            h = h + torch.view_as_complex(self.a.weight.reshape(-1, 2)).abs().mean()
         return _Out(h) if self.mode == "object" else h
 
 
@@ -337,12 +339,21 @@ class _Model(torch.nn.Module):
         self.out = torch.nn.Linear(8, 1)
         if mode == "tied":
             self.blocks[2].a.weight = self.blocks[0].a.weight
+        if mode == "weight_norm":  # a forward pre-hook of the user's that reads the params
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.out = torch.nn.utils.weight_norm(self.out)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h, aux = self.inp(x), 0.0
         for b in self.blocks:
-            if self.mode == "checkpoint":
-                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=False)
+            if self.mode in ("checkpoint", "reentrant"):
+                h = torch.utils.checkpoint.checkpoint(b, h, use_reentrant=self.mode == "reentrant")
+            elif self.mode == "user_hooks":  # the user's own saved-tensor hooks (these ones change nothing)
+                with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                    h = b(h)
             else:
                 h = b(h)
             h = h.h if self.mode == "object" else h
@@ -369,12 +380,102 @@ def _train_model(mode: str, stage: int, steps: int = 3, between=None) -> dict[st
 
 
 @pytest.mark.skipif(WORLD != 1, reason="one process")
-@pytest.mark.parametrize("mode", ["plain", "object", "aux", "moe", "tied", "checkpoint"])
+@pytest.mark.parametrize(
+    "mode", ["plain", "object", "aux", "moe", "tied", "checkpoint", "reentrant", "user_hooks", "complex", "weight_norm"]
+)
 def test_stage3_follows_gradients_wherever_they_flow(mode):
-    """Block outputs that are objects, losses kept on modules, lists inside blocks, weights tied across blocks and
-    activation checkpointing: stage 3 re-gathers whatever backward needs (a saved-tensor hook), so every one gives
-    stage 0's bits."""
+    """Block outputs that are objects, losses kept on modules, lists inside blocks, weights tied across blocks,
+    activation checkpointing (both kinds), the user's own saved-tensor hooks, views that reinterpret a param's bytes
+    and pre-hooks that read params: stage 3 re-gathers whatever backward needs, or leaves the memory to what still
+    holds it, and every one gives stage 0's bits."""
     assert _train_model(mode, 3) == _train_model(mode, 0)
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_stage3_releases_blocks_during_backward_even_with_unused_params():
+    """At most a block or two gathered at a time in backward, although a param of every block gets no gradient."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.used, self.unused = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.used(x))
+
+    class Partly(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x.sum()
+
+    eng = lzt.initialize(Partly(), {"train_batch_size": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                                    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}},
+                         libzero.Comm.single())
+    peak = [0]
+    gather = eng._gather
+
+    def counting(u):
+        gather(u)
+        peak[0] = max(peak[0], sum(1 for v in eng._gathered if v in eng._block_module))
+
+    eng._gather = counting
+    for _ in range(2):
+        eng.backward(eng(torch.randn(2, 16)))
+        eng.step()
+    assert peak[0] <= 2, peak[0]
+    eng.close()
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_torch_autograd_grad_and_user_hooks_at_stage3_see_real_params():
+    torch.manual_seed(0)
+    model = _Model("plain")
+    eng = lzt.initialize(model, {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                                 "zero_optimization": {"stage": 3}}, libzero.Comm.single())
+    seen = []
+    model.inp.weight.register_hook(lambda g: seen.append(float(model.inp.weight.sum())))
+    loss = eng(torch.randn(4, 4), torch.randn(4, 1))
+    (g,) = torch.autograd.grad(loss, [model.inp.weight])
+    assert g.shape == (8, 4) and seen and all(v == v for v in seen)  # read without a crash, finite
+    eng.close()
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_a_second_gradient_for_a_param_in_one_backward_is_a_clear_error():
+    class Shared(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for _ in range(2):  # the same block twice, each under reentrant checkpointing: two accumulations
+                x = torch.utils.checkpoint.checkpoint(self.blocks[0], x, use_reentrant=True)
+            return x.sum()
+
+    eng = lzt.initialize(Shared(), {"train_batch_size": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}},
+                         libzero.Comm.single())
+    with pytest.raises(RuntimeError, match="second gradient.*use_reentrant=False"):
+        eng.backward(eng(torch.randn(2, 4, requires_grad=True)))
+    eng.engine.close()
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+def test_close_after_the_engine_failed_still_destroys_it_and_removes_the_hooks():
+    torch.manual_seed(0)
+    model = _Model("plain")
+    eng = lzt.initialize(model, {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                                 "zero_optimization": {"stage": 3}}, libzero.Comm.single())
+    eng.engine.abort()
+    with pytest.raises(libzero.AbortedError):
+        eng.close()
+    assert eng.engine.closed
+    hooks = [m._forward_pre_hooks for m in model.modules()] + [m._forward_hooks for m in model.modules()]
+    assert not any(hooks)  # the model is the user's again (its trained params empty: the values died with it)
 
 
 @pytest.mark.skipif(WORLD != 1, reason="one process")
@@ -450,4 +551,44 @@ def test_frozen_params_and_buffers_take_rank_0_s_values_as_in_deepspeed():
     rank0 = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
     assert torch.equal(model[0].weight, rank0[0].weight) and torch.equal(model[2].weight.detach(), rank0[2].weight)
     assert torch.equal(model[1].running_mean, torch.zeros(4))
+    eng.close()
+
+
+# DeepSpeed's documented ZeRO-2 (fp16) and ZeRO-3 (bf16) configs, which leave the optimizer to the client.
+_DS_DOC_CONFIGS = {
+    "zero2-fp16": {
+        "train_micro_batch_size_per_gpu": 4,
+        "fp16": {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+                 "hysteresis": 2, "min_loss_scale": 1},
+        "zero_optimization": {"stage": 2, "allgather_partitions": True, "allgather_bucket_size": 2e8,
+                              "overlap_comm": True, "reduce_scatter": True, "reduce_bucket_size": 2e8,
+                              "contiguous_gradients": True},
+    },
+    "zero3-bf16": {
+        "train_micro_batch_size_per_gpu": 4,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "sub_group_size": 1e9,
+                              "reduce_bucket_size": 1e6, "stage3_prefetch_bucket_size": 1e6,
+                              "stage3_param_persistence_threshold": 1e4, "stage3_max_live_parameters": 1e9,
+                              "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": True},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 2000,
+        "wall_clock_breakdown": False,
+    },
+}
+
+
+@pytest.mark.skipif(WORLD != 1, reason="one process")
+@pytest.mark.parametrize("name", sorted(_DS_DOC_CONFIGS))
+def test_deepspeed_s_documented_configs_train_with_a_client_optimizer(name):
+    model = make_model()
+    eng = lzt.initialize(model, _DS_DOC_CONFIGS[name], libzero.Comm.single(),
+                         optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3))
+    losses = []
+    for s in range(10):
+        loss = eng(*batch(s, 0))
+        eng.backward(loss)
+        result = eng.step()
+        losses.append(loss.item())
+    assert not result.skipped and losses[-1] < losses[0] - 0.3, losses
     eng.close()
