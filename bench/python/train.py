@@ -48,13 +48,6 @@ def main() -> None:
         engine = libzero.torch.initialize(make_model(), cfg)
         rank, world = engine.engine.rank, engine.engine.world_size
 
-        def train_step(x, y):
-            loss = engine(x, y)
-            engine.backward(loss)
-            t = time.perf_counter()
-            engine.step()
-            return loss, time.perf_counter() - t
-
     elif args.framework == "deepspeed":
         import deepspeed
 
@@ -63,6 +56,8 @@ def main() -> None:
         model = make_model()
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+    if args.framework in ("libzero", "deepspeed"):  # the same three calls: libzero.torch follows DeepSpeed's loop
 
         def train_step(x, y):
             loss = engine(x, y)

@@ -22,23 +22,8 @@ from . import _native
 from ._dtypes import HAVE_ML_DTYPES
 from .comm import Comm, Transport
 from .engine import Engine, StepResult, config_check
-from .errors import (
-    AbortedError,
-    CheckpointCorruptError,
-    CommError,
-    ConfigError,
-    FileSystemError,
-    InternalError,
-    InvalidArgumentError,
-    InvalidStateError,
-    MismatchError,
-    OutOfMemoryError,
-    RemoteError,
-    StaleViewError,
-    TimeoutError,
-    UnsupportedError,
-    ZeroError,
-)
+from . import errors
+from .errors import *  # noqa: F401,F403 - the exception classes, listed in errors.__all__
 from .views import View
 
 __version__ = "0.3.0"
@@ -75,19 +60,5 @@ __all__ = [
     "library_version",
     "log_to_python",
     "HAVE_ML_DTYPES",
-    "ZeroError",
-    "InvalidArgumentError",
-    "InvalidStateError",
-    "StaleViewError",
-    "ConfigError",
-    "UnsupportedError",
-    "MismatchError",
-    "CommError",
-    "OutOfMemoryError",
-    "InternalError",
-    "CheckpointCorruptError",
-    "FileSystemError",
-    "RemoteError",
-    "TimeoutError",
-    "AbortedError",
+    *errors.__all__,
 ]

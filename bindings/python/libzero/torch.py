@@ -40,6 +40,7 @@ import torch
 from .comm import Comm
 from .engine import ConfigLike, Engine, StepResult, config_text
 from .errors import ZeroError
+from .reduce import rank_order_reduce, rank_order_sum
 
 _TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -639,41 +640,14 @@ class _ProcessGroupTransport:
             blocks = torch.empty_like(raw)
             dist.all_to_all_single(blocks, raw.clone(), group=group)
             parts = blocks.numpy().view(buf.dtype).reshape(self.size, count)
-            buf[self.rank * count : (self.rank + 1) * count] = _rank_order_sum(parts, c["dtype"])
+            buf[self.rank * count : (self.rank + 1) * count] = rank_order_sum(parts, c["dtype"])
         elif kind == "all_reduce":
             everyone = torch.empty(self.size * raw.numel(), dtype=torch.uint8)
             dist.all_gather_into_tensor(everyone, raw.clone(), group=group)
             parts = everyone.numpy().view(buf.dtype).reshape(self.size, count)
-            reduce = {"sum": np.add, "min": np.minimum, "max": np.maximum}[c["op"]]
-            acc = parts[0].copy()
-            for r in range(1, self.size):
-                acc = reduce(acc, parts[r])
-            buf[:] = acc
+            buf[:] = rank_order_reduce(parts, c["op"])
         else:
             raise ValueError(f"unknown collective {kind}")
-
-
-def _rank_order_sum(parts: np.ndarray, dtype: str) -> np.ndarray:
-    """Rank order 0..N-1; bf16 and fp16 summed in fp32 and rounded once to nearest even, as libzero's backends do."""
-    if dtype == "bf16":
-        bits = parts.view(np.uint16)
-        acc = (bits[0].astype(np.uint32) << 16).view(np.float32).copy()
-        for r in range(1, len(parts)):
-            acc += (bits[r].astype(np.uint32) << 16).view(np.float32)
-        u = acc.view(np.uint32)
-        out = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-        nan = np.isnan(acc)
-        out[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-        return out.view(parts.dtype)
-    if dtype == "fp16":
-        acc = parts[0].astype(np.float32)
-        for r in range(1, len(parts)):
-            acc += parts[r].astype(np.float32)
-        return acc.astype(np.float16)
-    acc = parts[0].copy()
-    for r in range(1, len(parts)):
-        acc += parts[r]
-    return acc
 
 
 def ProcessGroupComm(group: Any = None) -> Comm:  # noqa: N802 - a constructor in the API's spelling

@@ -1,6 +1,6 @@
 """A custom communicator over mpi4py, written against libzero.Transport: what a framework with its own process
-group provides. Sums add contributions in rank order (deterministic), as libzero's MPI backend does, so training
-through it gives the same bits."""
+group provides. It moves bytes with MPI and reduces with libzero.reduce (rank order, as libzero's MPI backend), so
+training through it gives the same bits."""
 
 from __future__ import annotations
 
@@ -9,18 +9,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-
-def _bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _f32_to_bf16(values: np.ndarray) -> np.ndarray:
-    """Round to nearest even (NaN kept quiet), as libzero's conversions do."""
-    u = values.view(np.uint32)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(values)
-    rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
-    return rounded
+from libzero.reduce import rank_order_reduce, rank_order_sum
 
 
 class MPI4PyTransport:
@@ -45,32 +34,11 @@ class MPI4PyTransport:
             self.comm.Alltoall([raw, MPI.BYTE], [blocks, MPI.BYTE])
             mine = slice(self.rank * count, (self.rank + 1) * count)
             parts = blocks.view(buf.dtype).reshape(self.size, count)
-            buf[mine] = self._sum(parts, c["dtype"])
+            buf[mine] = rank_order_sum(parts, c["dtype"])
         elif kind == "all_reduce":
             everyone = np.empty(self.size * raw.size, np.uint8)
             self.comm.Allgather([raw, MPI.BYTE], [everyone, MPI.BYTE])
             parts = everyone.view(buf.dtype).reshape(self.size, count)
-            reduce = {"sum": np.add, "min": np.minimum, "max": np.maximum}[c["op"]]
-            acc = parts[0].copy()
-            for r in range(1, self.size):
-                acc = reduce(acc, parts[r])
-            buf[:] = acc
+            buf[:] = rank_order_reduce(parts, c["op"])
         else:
             raise ValueError(f"unknown collective {kind}")
-
-    def _sum(self, parts: np.ndarray, dtype: str) -> np.ndarray:
-        """Rank order 0..N-1; 16-bit values summed in fp32 and rounded once."""
-        if dtype == "bf16":
-            wide = [_bf16_to_f32(p.view(np.uint16)) for p in parts]
-        elif dtype == "fp16":
-            wide = [p.astype(np.float32) for p in parts]
-        else:
-            wide = list(parts)
-        acc = wide[0].copy()
-        for w in wide[1:]:
-            acc += w
-        if dtype == "bf16":
-            return _f32_to_bf16(acc).view(parts.dtype)
-        if dtype == "fp16":
-            return acc.astype(np.float16)
-        return acc
