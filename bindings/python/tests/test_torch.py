@@ -361,6 +361,12 @@ class _Model(torch.nn.Module):
         return torch.nn.functional.mse_loss(self.out(h), y) + aux
 
 
+def _sgd_stage3(model: torch.nn.Module) -> lzt.TorchEngine:
+    """A one-process stage-3 engine with plain SGD, for tests about stage 3's handling of the model."""
+    return lzt.initialize(model, {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                                  "zero_optimization": {"stage": 3}}, libzero.Comm.single())
+
+
 def _train_model(mode: str, stage: int, steps: int = 3, between=None) -> dict[str, bytes]:
     torch.manual_seed(0)
     cfg = {"train_batch_size": 4, "gradient_clipping": 0.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
@@ -435,8 +441,7 @@ def test_stage3_releases_blocks_during_backward_even_with_unused_params():
 def test_torch_autograd_grad_and_user_hooks_at_stage3_see_real_params():
     torch.manual_seed(0)
     model = _Model("plain")
-    eng = lzt.initialize(model, {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-                                 "zero_optimization": {"stage": 3}}, libzero.Comm.single())
+    eng = _sgd_stage3(model)
     seen = []
     model.inp.weight.register_hook(lambda g: seen.append(float(model.inp.weight.sum())))
     loss = eng(torch.randn(4, 4), torch.randn(4, 1))
@@ -468,8 +473,7 @@ def test_a_second_gradient_for_a_param_in_one_backward_is_a_clear_error():
 def test_close_after_the_engine_failed_still_destroys_it_and_removes_the_hooks():
     torch.manual_seed(0)
     model = _Model("plain")
-    eng = lzt.initialize(model, {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-                                 "zero_optimization": {"stage": 3}}, libzero.Comm.single())
+    eng = _sgd_stage3(model)
     eng.engine.abort()
     with pytest.raises(libzero.AbortedError):
         eng.close()
@@ -491,8 +495,7 @@ def test_a_no_grad_forward_between_forward_and_backward_leaves_the_training_forw
 def test_stage3_params_between_steps_are_empty_placeholders_not_freed_memory():
     torch.manual_seed(0)
     model = _Model("plain")
-    eng = lzt.initialize(model, {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-                                 "zero_optimization": {"stage": 3}}, libzero.Comm.single())
+    eng = _sgd_stage3(model)
     w = model.blocks[0].a.weight
     assert w.shape == (0,) and float(w.sum()) == 0.0  # readable, clearly not the weights
     full = eng.full_parameters()["blocks.0.a.weight"]
