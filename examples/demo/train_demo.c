@@ -1,11 +1,16 @@
 /*
- * A small data-parallel training run through the public C API only: a two-layer MLP (tanh) regresses a fixed
- * random teacher network on synthetic data. Every rank draws its own samples; libzero shards the parameters,
+ * A small data-parallel training run through the public C API only: a two-layer MLP (softsign) regresses a fixed
+ * teacher function on synthetic data. Every rank draws its own samples; libzero shards the parameters,
  * gradients and Adam state according to the ZeRO stage and keeps the replicas identical.
  *
  *   mpirun -np 4 ./train_demo [--stage 0-3] [--steps N] [--hidden H]
  *
- * It prints the loss as it falls and, at the end, each rank's memory by category next to the ZeRO formula.
+ * It prints the loss as it falls and, at the end, each rank's memory by category next to the ZeRO formula and a
+ * checksum of the final weights.
+ *
+ * The model uses only +, -, *, / and |x| in fp32 (softsign, not tanh), evaluated in a fixed order: the Java and Go
+ * versions (examples/java/TrainDemo.java, examples/go/train_demo) then compute the same bits, so the three languages'
+ * final weights are compared exactly (tests/bindings/three_languages.sh).
  */
 #include <math.h>
 #include <mpi.h>
@@ -34,6 +39,9 @@ static double uniform(uint64_t* state) {
   return (double)((*state * 2685821657736338717ull) >> 11) / 9007199254740992.0 * 2.0 - 1.0;
 }
 
+/* softsign(a) = a / (1 + |a|); its derivative, from the output h, is (1 - |h|)^2. */
+static float softsign(float a) { return a / (1.0f + fabsf(a)); }
+
 typedef struct {
   int hidden;
   float *w1, *b1, *w2, *b2; /* parameter views, valid while the unit is gathered */
@@ -45,16 +53,38 @@ static float forward(const Mlp* m, const float* x, float* h) {
   for (int j = 0; j < m->hidden; ++j) {
     float a = m->b1[j];
     for (int i = 0; i < kInputs; ++i) a += m->w1[j * kInputs + i] * x[i];
-    h[j] = tanhf(a);
+    h[j] = softsign(a);
     y += m->w2[j] * h[j];
   }
   return y;
 }
 
+/* A fixed function with exact coefficients (multiples of 1/8). */
 static float teacher(const float* x) {
   float y = 0.0f;
-  for (int i = 0; i < kInputs; ++i) y += sinf((float)(i + 1) * 0.37f) * x[i];
-  return tanhf(y) + 0.5f * x[0] * x[1];
+  for (int i = 0; i < kInputs; ++i) y += (float)((i * 7) % 13 - 6) / 8.0f * x[i];
+  return softsign(y) + 0.5f * x[0] * x[1];
+}
+
+/* FNV-1a over the bytes of every param in id order, each unit gathered: the same number at every stage and rank
+ * count when the weights are the same bits. */
+static uint64_t weights_checksum(zero_engine_t* engine, const int32_t* ids, int count) {
+  uint64_t hash = 14695981039346656037ull;
+  CHECK(zero_gather(engine, 0));
+  CHECK(zero_gather(engine, 1));
+  for (int p = 0; p < count; ++p) {
+    zero_param_info_t info = ZERO_PARAM_INFO_INIT;
+    CHECK(zero_param_info(&info, engine, ids[p]));
+    const unsigned char* bytes = NULL;
+    CHECK(zero_param_data((void**)&bytes, engine, ids[p]));
+    for (uint64_t b = 0; b < info.param_bytes; ++b) {
+      hash ^= bytes[b];
+      hash *= 1099511628211ull;
+    }
+  }
+  CHECK(zero_release(engine, 1));
+  CHECK(zero_release(engine, 0));
+  return hash;
 }
 
 /* Trains at `stage` for `steps` steps; fills `mem` with this rank's memory statistics at the end. */
@@ -149,7 +179,8 @@ static void run_training(int stage, int steps, int hidden, int verbose, zero_mem
       float dy = (out[s] - target[s]) / kBatch;
       for (int j = 0; j < hidden; ++j) {
         float hj = h[(size_t)s * hidden + j];
-        dh[j] = dy * m.w2[j] * (1.0f - hj * hj);
+        float slope = 1.0f - fabsf(hj);
+        dh[j] = dy * m.w2[j] * (slope * slope);
         gb1[j] += dh[j];
         for (int i = 0; i < kInputs; ++i) gw1[j * kInputs + i] += dh[j] * x[s * kInputs + i];
       }
@@ -170,6 +201,8 @@ static void run_training(int stage, int steps, int hidden, int verbose, zero_mem
              1e3 * (MPI_Wtime() - t0) / step);
   }
 
+  uint64_t checksum = weights_checksum(engine, ids, 4);
+  if (verbose && rank == 0) printf("final weights checksum %016llx\n", (unsigned long long)checksum);
   *mem = (zero_memory_stats_t)ZERO_MEMORY_STATS_INIT;
   CHECK(zero_memory_stats(mem, engine));
   free(x);

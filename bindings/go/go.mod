@@ -1,0 +1,3 @@
+module libzero
+
+go 1.19

@@ -1,0 +1,314 @@
+package zero_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"libzero"
+)
+
+func sgd(t *testing.T, stage, accumulation int) string {
+	t.Helper()
+	config, err := zero.ConfigFromMap(map[string]any{
+		"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": accumulation, "gradient_clipping": 0.0,
+		"optimizer":         map[string]any{"type": "SGD", "params": map[string]any{"lr": 0.25}},
+		"zero_optimization": map[string]any{"stage": stage, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 8},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return config
+}
+
+func ramp(n int, start float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = start + float32(i)
+	}
+	return v
+}
+
+func check(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// views turns (*View, error) into the view's fp32 data, failing the test on an error: views{t}.of(engine.Grad(p)).
+type views struct{ t *testing.T }
+
+func (c views) of(v *zero.View, err error) []float32 {
+	c.t.Helper()
+	check(c.t, err)
+	data, err := v.Float32()
+	check(c.t, err)
+	return data
+}
+
+// mpiWorld is the communicator of the MPI tests: they run when ZERO_GO_MPI=1 (under mpirun, tests/CMakeLists.txt).
+func mpiWorld(t *testing.T) *zero.Comm {
+	if os.Getenv("ZERO_GO_MPI") != "1" {
+		t.Skip("MPI tests run under mpirun with ZERO_GO_MPI=1")
+	}
+	if world == nil {
+		c, err := zero.NewMPIComm()
+		check(t, err)
+		world = c
+	}
+	return world
+}
+
+var world *zero.Comm
+
+// TestMain shuts the MPI communicator down after the tests: Go exits without C's atexit handlers, so MPI must be
+// finalised explicitly (Comm.Shutdown), or mpirun reports the ranks as having exited improperly.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if world != nil {
+		if err := world.Shutdown(); err != nil {
+			fmt.Fprintln(os.Stderr, "shutdown:", err)
+			code = 1
+		}
+		world.Close()
+	}
+	os.Exit(code)
+}
+
+func grad(rank, micro, param, index int) float32 { return float32((rank+1)*(index+1) + micro - param) }
+
+// TestEveryStageGivesTheExactUpdate: ranks add small-integer gradients, so every sum is exact and the averaged SGD
+// update is computed here exactly; at every stage and accumulation count the weights equal it bit for bit. Odd
+// sizes, units interleaved with registration order, a param unused on rank 0. One process runs it too (N = 1).
+func TestEveryStageGivesTheExactUpdate(t *testing.T) {
+	var comm *zero.Comm
+	if os.Getenv("ZERO_GO_MPI") == "1" {
+		comm = mpiWorld(t)
+	} else {
+		c, err := zero.NewSingleComm()
+		check(t, err)
+		defer c.Close()
+		comm = c
+	}
+	rank, size := comm.Rank(), comm.Size()
+	sizes := []int{7, 1, 13, 4}
+	units := []int{1, 0, 1, 2}
+	for stage := 0; stage <= 3; stage++ {
+		for accumulation := 1; accumulation <= 2; accumulation++ {
+			name := fmt.Sprintf("stage %d accumulation %d", stage, accumulation)
+			engine, err := zero.NewEngine(sgd(t, stage, accumulation), comm)
+			check(t, err)
+			ids := make([]int, len(sizes))
+			for p := range sizes {
+				ids[p], err = engine.AddParam(zero.Param{Name: fmt.Sprintf("p%d", p), Shape: []int64{int64(sizes[p])},
+					Unit: units[p], Init: ramp(sizes[p], float32(p))})
+				check(t, err)
+			}
+			check(t, engine.Finalize())
+			for micro := 0; micro < accumulation; micro++ {
+				check(t, engine.Gather(0, 1, 2))
+				for p := len(sizes) - 1; p >= 0; p-- {
+					if p == 1 && rank == 0 {
+						continue
+					}
+					g := views{t}.of(engine.Grad(ids[p]))
+					for i := range g {
+						g[i] += grad(rank, micro, p, i)
+					}
+					check(t, engine.GradReady(ids[p]))
+				}
+				check(t, engine.Release(2, 1, 0))
+				check(t, engine.BackwardEnd())
+			}
+			info, err := engine.Step()
+			check(t, err)
+			if info.Step != 1 || info.Skipped {
+				t.Fatalf("%s: step info %+v", name, info)
+			}
+			check(t, engine.Gather(0, 1, 2))
+			for p := range sizes {
+				got := views{t}.of(engine.Param(ids[p]))
+				for i := range got {
+					var sum float32
+					for r := 0; r < size; r++ {
+						for m := 0; m < accumulation; m++ {
+							if !(p == 1 && r == 0) {
+								sum += grad(r, m, p, i)
+							}
+						}
+					}
+					want := float32(p+i) - float32(0.25*(sum/float32(size*accumulation)))
+					if got[i] != want {
+						t.Fatalf("%s: param %d element %d = %v, want %v", name, p, i, got[i], want)
+					}
+				}
+			}
+			check(t, engine.Release(0, 1, 2))
+			check(t, engine.Close())
+		}
+	}
+}
+
+func TestViewsOfReleasedUnitsAreStale(t *testing.T) {
+	comm, err := zero.NewSingleComm()
+	check(t, err)
+	defer comm.Close()
+	engine, err := zero.NewEngine(sgd(t, 3, 1), comm)
+	check(t, err)
+	defer engine.Close()
+	p, err := engine.AddParam(zero.Param{Name: "p", Shape: []int64{4}, Init: ramp(4, 1)})
+	check(t, err)
+	check(t, engine.Finalize())
+	if _, err := engine.Param(p); !errors.Is(err, zero.ErrInvalidState) || !strings.Contains(err.Error(), "not gathered") {
+		t.Fatalf("param of a released unit: %v", err)
+	}
+	check(t, engine.Gather(0))
+	v, err := engine.Param(p)
+	check(t, err)
+	if data, _ := v.Float32(); data[1] != 2 {
+		t.Fatalf("param[1] = %v", data[1])
+	}
+	g, err := engine.Grad(p)
+	check(t, err)
+	check(t, engine.GradReady(p))
+	if _, err := g.Float32(); !errors.Is(err, zero.ErrStaleView) {
+		t.Fatalf("gradient view after GradReady: %v", err)
+	}
+	check(t, engine.Release(0))
+	if _, err := v.Float32(); !errors.Is(err, zero.ErrStaleView) || !strings.Contains(err.Error(), "released") {
+		t.Fatalf("view of a released unit: %v", err)
+	}
+	check(t, engine.Gather(0))
+	if v.Valid() {
+		t.Fatal("a view from an earlier gather must stay stale")
+	}
+	check(t, engine.Release(0))
+}
+
+func TestErrorsCarryStatusAndMessage(t *testing.T) {
+	comm, err := zero.NewSingleComm()
+	check(t, err)
+	defer comm.Close()
+	_, err = zero.NewEngine(`{"zero_optimization": {"stage": 2, "no_such_key": 1}}`, comm)
+	var zerr *zero.Error
+	if !errors.As(err, &zerr) || zerr.Status != 3 || zerr.Code != "ZERO_ERR_CONFIG" ||
+		!strings.Contains(zerr.Message, "no_such_key") || !errors.Is(err, zero.ErrConfig) {
+		t.Fatalf("bad config: %#v", err)
+	}
+	engine, err := zero.NewEngine(sgd(t, 1, 1), comm)
+	check(t, err)
+	if _, err := engine.Step(); !errors.Is(err, zero.ErrInvalidState) {
+		t.Fatalf("step before finalize: %v", err)
+	}
+	if _, err := engine.AddParam(zero.Param{Name: "", Shape: []int64{3}}); !errors.Is(err, zero.ErrInvalidArgument) {
+		t.Fatalf("empty name: %v", err)
+	}
+	if _, err := engine.AddParam(zero.Param{Name: "nine", Shape: []int64{1, 1, 1, 1, 1, 1, 1, 1, 1}}); !errors.Is(err, zero.ErrInvalidArgument) {
+		t.Fatalf("nine dimensions: %v", err)
+	}
+	if _, err := engine.AddParam(zero.Param{Name: "y", Shape: []int64{3}, Init: make([]float32, 2)}); err == nil {
+		t.Fatal("three elements with two initial values must fail")
+	}
+	check(t, engine.Close())
+	check(t, engine.Close())
+	if err := engine.Gather(0); !errors.Is(err, zero.ErrClosed) {
+		t.Fatalf("call on a closed engine: %v", err)
+	}
+	report, err := zero.CheckConfig(sgd(t, 3, 1), 4)
+	check(t, err)
+	if !strings.Contains(report, "zero stage") {
+		t.Fatalf("report: %s", report)
+	}
+}
+
+func TestAbortAndCheckpoint(t *testing.T) {
+	comm, err := zero.NewSingleComm()
+	check(t, err)
+	defer comm.Close()
+	dir := t.TempDir()
+	engine, err := zero.NewEngine(sgd(t, 3, 1), comm)
+	check(t, err)
+	p, err := engine.AddParam(zero.Param{Name: "p", Shape: []int64{5}, Init: ramp(5, 1)})
+	check(t, err)
+	check(t, engine.Finalize())
+	check(t, engine.Gather(0))
+	g := views{t}.of(engine.Grad(p))
+	copy(g, ramp(5, 1))
+	check(t, engine.Release(0))
+	check(t, engine.BackwardEnd())
+	_, err = engine.Step()
+	check(t, err)
+	check(t, engine.SaveCheckpoint(dir, "global_step1"))
+	check(t, engine.Gather(0))
+	trained := append([]float32(nil), views{t}.of(engine.Param(p))...)
+	check(t, engine.Release(0))
+	engine.Abort()
+	if err := engine.Gather(0); !errors.Is(err, zero.ErrAborted) {
+		t.Fatalf("gather after abort: %v", err)
+	}
+	check(t, engine.Close())
+
+	// Abort took the communicator down with the engine (as ncclCommAbort does): a new one for the restore.
+	comm2, err := zero.NewSingleComm()
+	check(t, err)
+	defer comm2.Close()
+	if _, err := zero.NewEngine(sgd(t, 1, 1), comm); !errors.Is(err, zero.ErrAborted) {
+		t.Fatalf("engine on an aborted communicator: %v", err)
+	}
+	engine, err = zero.NewEngine(sgd(t, 1, 1), comm2)
+	check(t, err)
+	defer engine.Close()
+	p, err = engine.AddParam(zero.Param{Name: "p", Shape: []int64{5}})
+	check(t, err)
+	check(t, engine.Finalize())
+	check(t, engine.LoadCheckpoint(dir, "")) // "" = the latest
+	check(t, engine.Gather(0))
+	restored := views{t}.of(engine.Param(p))
+	for i, v := range restored {
+		if v != trained[i] {
+			t.Fatalf("restored %v, saved %v", v, trained[i])
+		}
+	}
+	check(t, engine.Release(0))
+	if err := engine.LoadCheckpoint(dir, "no_such_tag"); err == nil {
+		t.Fatal("loading a missing tag must fail")
+	}
+}
+
+// TestOneRankFailingReachesEveryRank: the last rank gathers a unit that does not exist; every other rank's gather
+// fails with ErrRemote naming it.
+func TestOneRankFailingReachesEveryRank(t *testing.T) {
+	comm := mpiWorld(t)
+	engine, err := zero.NewEngine(sgd(t, 3, 1), comm)
+	check(t, err)
+	defer engine.Close()
+	_, err = engine.AddParam(zero.Param{Name: "p", Shape: []int64{5}, Unit: 0})
+	check(t, err)
+	_, err = engine.AddParam(zero.Param{Name: "q", Shape: []int64{3}, Unit: 1})
+	check(t, err)
+	check(t, engine.Finalize())
+	check(t, engine.Gather(0))
+	bad := comm.Size() - 1
+	if comm.Rank() == bad {
+		if err := engine.Gather(7); !errors.Is(err, zero.ErrInvalidArgument) {
+			t.Fatalf("gather of unit 7: %v", err)
+		}
+	} else if err := engine.Gather(1); !errors.Is(err, zero.ErrRemote) || !strings.Contains(err.Error(), fmt.Sprintf("rank %d", bad)) {
+		t.Fatalf("rank %d: %v", comm.Rank(), err)
+	}
+}
+
+func TestRegistrationMismatchIsAnErrorEverywhere(t *testing.T) {
+	comm := mpiWorld(t)
+	engine, err := zero.NewEngine(sgd(t, 2, 1), comm)
+	check(t, err)
+	defer engine.Close()
+	_, err = engine.AddParam(zero.Param{Name: "w", Shape: []int64{int64(4 + comm.Rank()%2)}})
+	check(t, err)
+	if err := engine.Finalize(); !errors.Is(err, zero.ErrMismatch) {
+		t.Fatalf("finalize with different shapes: %v", err)
+	}
+}

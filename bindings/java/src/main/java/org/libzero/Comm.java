@@ -1,0 +1,76 @@
+package org.libzero;
+
+import org.libzero.internal.ZeroNative;
+
+/**
+ * A communicator: the ranks that train together. {@link #mpi()} for MPI (libzero initialises MPI itself, with
+ * MPI_THREAD_SERIALIZED, when the program has not), {@link #single()} for one process. Engines keep their
+ * communicator alive, so closing it before them is safe.
+ */
+public final class Comm implements AutoCloseable {
+  private long handle;
+
+  private Comm(long handle) {
+    this.handle = handle;
+  }
+
+  /** The whole MPI job (MPI_COMM_WORLD). Collective. */
+  public static Comm mpi() {
+    return mpi(-1L);
+  }
+
+  /**
+   * An MPI communicator given by its Fortran handle (MPI_Comm_c2f: what Java MPI bindings expose), or -1 for
+   * MPI_COMM_WORLD. libzero duplicates it. Collective.
+   */
+  public static Comm mpi(long fortranHandle) {
+    long[] out = new long[1];
+    ZeroNative.zero_comm_create_mpi(out, fortranHandle);
+    return new Comm(out[0]);
+  }
+
+  /** One process, no MPI. */
+  public static Comm single() {
+    long[] out = new long[1];
+    ZeroNative.zero_comm_create_single(out);
+    return new Comm(out[0]);
+  }
+
+  /** This process's rank. */
+  public synchronized int rank() {
+    int[] out = new int[1];
+    ZeroNative.zero_comm_rank(out, handle());
+    return out[0];
+  }
+
+  /** The number of ranks. */
+  public synchronized int size() {
+    int[] out = new int[1];
+    ZeroNative.zero_comm_size(out, handle());
+    return out[0];
+  }
+
+  /**
+   * Collective teardown (zero_comm_finalize): agrees with every rank that the communicator is done, frees its
+   * collective resources and finalises MPI if libzero initialised it. Afterwards only {@link #close()} is valid.
+   */
+  public synchronized void shutdown() {
+    ZeroNative.zero_comm_finalize(handle());
+  }
+
+  /** Releases this reference (local; engines on the communicator keep it alive). Idempotent. */
+  @Override
+  public synchronized void close() {
+    if (handle != 0) {
+      ZeroNative.zero_comm_destroy(handle);
+      handle = 0;
+    }
+  }
+
+  synchronized long handle() {
+    if (handle == 0) {
+      throw new IllegalStateException("this Comm is closed");
+    }
+    return handle;
+  }
+}
