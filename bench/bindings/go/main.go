@@ -55,6 +55,9 @@ func main() {
 		if err := engine.BackwardEnd(); err != nil {
 			log.Fatal(err)
 		}
+		if _, err := engine.Step(); err != nil {
+			log.Fatal(err)
+		}
 	}
 	sort.Float64s(samples)
 	fmt.Printf("go %.1f ns/call (median of %d rounds of %d gather + grad_ready + release)\n", samples[len(samples)/2], rounds, params)
