@@ -80,6 +80,8 @@ in_root "$build" "cd /src/libzero && dpkg-buildpackage -us -uc -b -j$(nproc)" >"
   exit 1
 }
 grep -E "tests passed|Test +#" "$work/build.log" | grep -E "tests passed" || true
+in_root "$build" "cd /src/libzero && javac --release 17 -d /src/quickstart-classes \
+  -cp obj-*/bindings/java/libzero.jar examples/java/QuickStart.java"
 mkdir -p "$work/out"
 cp "$build/src"/*.deb "$build/src"/*.changes "$build/src"/*.buildinfo "$work/out/"
 ls "$work/out"/*.deb
@@ -94,13 +96,19 @@ mkdir -p "$inst/debs" "$inst/consumer" "$inst/configs"
 cp "$work/out"/*.deb "$inst/debs/"
 cp "$root/tests/consumer"/* "$inst/consumer/"
 cp "$root/examples/configs/zero2_fp32.json" "$inst/configs/"
+# The Java quick start, compiled in the build chroot against the jar just built (this one gets a JRE only):
+# libzero-java must run it with the system's libzero, in one process and over MPI.
+mkdir -p "$inst/consumer/java"
+cp "$build/src/quickstart-classes"/*.class "$inst/consumer/java/"
 in_root "$inst" "apt-get update -qq && apt-get install -y -qq --no-install-recommends /debs/*.deb \
-  cmake gcc g++ make pkg-config mpi-default-bin >/dev/null" >"$work/install.log" 2>&1 || {
+  cmake gcc g++ make pkg-config mpi-default-bin default-jre-headless >/dev/null" >"$work/install.log" 2>&1 || {
   tail -30 "$work/install.log"
   exit 1
 }
 in_root "$inst" "bash /consumer/build_and_run.sh /usr /tmp/consumer && \
   mpirun --allow-run-as-root --oversubscribe -np 2 /tmp/consumer/cmake/consumer --mpi && \
-  zero-config check /configs/zero2_fp32.json --world-size 4 >/dev/null && zero-ckpt --help >/dev/null"
+  zero-config check /configs/zero2_fp32.json --world-size 4 >/dev/null && zero-ckpt --help >/dev/null && \
+  java -cp /usr/share/java/libzero.jar:/consumer/java QuickStart && \
+  mpirun --allow-run-as-root --oversubscribe -np 2 java -cp /usr/share/java/libzero.jar:/consumer/java QuickStart"
 echo "debian packages ok: built in a clean $suite chroot with their Build-Depends (tests run), lintian clean of" \
-  "errors, installed with apt in another, consumed with find_package, pkg-config and over MPI"
+  "errors, installed with apt in another, consumed with find_package, pkg-config and over MPI, and from Java"

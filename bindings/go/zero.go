@@ -14,24 +14,50 @@
 //	info, err := engine.Step()
 //
 // Every call returns an error of type *Error (its Status is the C status code; errors.Is(err, zero.ErrRemote)
-// tests for one). An engine is used by one goroutine at a time (calls are serialized); Abort may be called from
+// tests for one). One goroutine at a time drives a communicator and every engine on it, making collective calls in
+// the same order on every rank (calls on one engine are serialized); Abort and RecentCollectives may be called from
 // any goroutine. Close engines and communicators when done: libzero's memory is not Go's, and no finalizer frees
 // it.
+//
+// Leaving: Go exits without running C's atexit handlers, which is where libzero tells the other ranks that this one
+// is leaving and finalises MPI. End an MPI program with Comm.Shutdown (collective), and leave on an error with
+// zero.Exit(code) rather than os.Exit or log.Fatal: the other ranks then fail at once, naming this rank, instead
+// of waiting out the collective timeout.
 package zero
 
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"unsafe"
 
 	"libzero/internal/capi"
 )
 
-// Error is a failed libzero call: Status is the C status code, Code its name, Message libzero's explanation.
-type Error = capi.Error
+// Error is a failed libzero call: Status is the C status code (zero_status_t), Code its name ("ZERO_ERR_REMOTE"),
+// Message libzero's explanation of what went wrong and how to fix it.
+type Error struct {
+	Status  int32
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Is makes errors.Is(err, zero.ErrRemote) true for every error of that status: a target without a message
+// matches by status.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Status == e.Status && (t.Message == "" || t.Message == e.Message)
+}
+
+func invalid(format string, args ...any) error {
+	return &Error{Status: 1, Code: "ZERO_ERR_INVALID_ARGUMENT", Message: fmt.Sprintf(format, args...)}
+}
 
 // Targets for errors.Is, one per status code.
 var (
@@ -61,7 +87,34 @@ var ErrClosed = fmt.Errorf("libzero: closed")
 func call(f func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	return f()
+	err := f()
+	if ce, ok := err.(*capi.Error); ok {
+		return &Error{Status: ce.Status, Code: ce.Code, Message: ce.Message}
+	}
+	return err
+}
+
+// Exit ends the process through C's exit(), so that libzero's exit handlers run: they tell the other ranks this one
+// is leaving (their collectives fail at once with ErrRemote naming it) and finalise MPI. Use it instead of
+// os.Exit and log.Fatal in an MPI program; deferred functions do not run.
+func Exit(code int) {
+	capi.Zero_swig_exit(int(int32(code)))
+}
+
+// id32 checks that an id or count given as a Go int fits C's int32_t (the C API's type for ids).
+func id32(v int, what string) (int, error) {
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, invalid("%s %d does not fit a 32-bit id", what, v)
+	}
+	return v, nil
+}
+
+// cString checks that a Go string can be passed as a C string (no NUL byte, which would cut it short).
+func cString(s, what string) error {
+	if strings.IndexByte(s, 0) >= 0 {
+		return invalid("%s contains a NUL byte: %q", what, s)
+	}
+	return nil
 }
 
 // DType is an element type of params and gradients.
@@ -96,8 +149,11 @@ func (d DType) Size() int {
 // ---- Communicators ------------------------------------------------------------------------------------------------
 
 // Comm is the set of ranks that train together. Engines keep their communicator alive, so closing it first is safe.
+// Calls on a communicator and on every engine using it are serialized (libzero initialises MPI with
+// MPI_THREAD_SERIALIZED); collective calls must still come in the same order on every rank, so drive all engines of
+// one communicator from one goroutine.
 type Comm struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // held by every call on the communicator and on its engines
 	handle uintptr
 	rank   int
 	size   int
@@ -159,7 +215,8 @@ func (c *Comm) Shutdown() error {
 	return call(func() error { return capi.Zero_comm_finalize(c.handle) })
 }
 
-// Close releases this reference (local). Closing twice is harmless.
+// Close releases this reference (local). Closing twice is harmless. An MPI communicator closed without Shutdown keeps
+// its duplicated MPI communicator (tens of KB) until MPI is finalised: Shutdown frees it.
 func (c *Comm) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -192,6 +249,12 @@ func ConfigFromFile(path string) (string, error) {
 
 // CheckConfig reports what libzero will do with config for worldSize ranks (the text `zero-config check` prints).
 func CheckConfig(config string, worldSize int) (string, error) {
+	if err := cString(config, "the config"); err != nil {
+		return "", err
+	}
+	if _, err := id32(worldSize, "world size"); err != nil {
+		return "", err
+	}
 	var report string
 	err := call(func() error { return capi.Zero_config_check(&report, config, worldSize) })
 	return report, err
@@ -199,25 +262,28 @@ func CheckConfig(config string, worldSize int) (string, error) {
 
 // ---- Registration -------------------------------------------------------------------------------------------------
 
-// GroupOption sets one hyper-parameter of a param group; what no option sets inherits the config's
-// optimizer.params.
-type GroupOption func(capi.Zero_param_group_desc_t)
+// GroupOption sets one hyper-parameter of a param group (LR, WeightDecay, Betas, Eps); what no option sets inherits
+// the config's optimizer.params. Values are checked by libzero (a negative learning rate is an error).
+type GroupOption func(*groupSettings)
+
+type groupSettings struct {
+	set    [5]bool
+	values [5]float64
+}
+
+func (g *groupSettings) put(i int, v float64) { g.set[i], g.values[i] = true, v }
 
 // LR sets the group's learning rate.
-func LR(v float64) GroupOption { return func(d capi.Zero_param_group_desc_t) { d.SetLr(v) } }
+func LR(v float64) GroupOption { return func(g *groupSettings) { g.put(0, v) } }
 
 // WeightDecay sets the group's weight decay.
-func WeightDecay(v float64) GroupOption {
-	return func(d capi.Zero_param_group_desc_t) { d.SetWeight_decay(v) }
-}
+func WeightDecay(v float64) GroupOption { return func(g *groupSettings) { g.put(1, v) } }
 
 // Betas sets the group's Adam betas.
-func Betas(b1, b2 float64) GroupOption {
-	return func(d capi.Zero_param_group_desc_t) { d.SetBeta1(b1); d.SetBeta2(b2) }
-}
+func Betas(b1, b2 float64) GroupOption { return func(g *groupSettings) { g.put(2, b1); g.put(3, b2) } }
 
 // Eps sets the group's Adam epsilon.
-func Eps(v float64) GroupOption { return func(d capi.Zero_param_group_desc_t) { d.SetEps(v) } }
+func Eps(v float64) GroupOption { return func(g *groupSettings) { g.put(4, v) } }
 
 // Param is a parameter to register. Unit is its gather unit (units are numbered 0..U-1 in forward order), Group 0 or
 // an id from AddParamGroup. Init holds its fp32 initial values (row-major) or is nil for zeros; only rank 0's are
@@ -234,10 +300,10 @@ type Param struct {
 
 // Engine is one rank's ZeRO engine.
 type Engine struct {
-	mu      sync.Mutex
-	handle  uintptr    // under mu
-	abortMu sync.Mutex // Abort and the destroy in Close, which must never run concurrently
-	abortH  uintptr    // under abortMu: the handle Abort may use (a blocked call holds mu)
+	mu      *sync.Mutex // the communicator's: one call at a time on a communicator (MPI_THREAD_SERIALIZED)
+	handle  uintptr     // under mu
+	abortMu sync.Mutex  // Abort and the destroy in Close, which must never run concurrently
+	abortH  uintptr     // under abortMu: the handle Abort may use (a blocked call holds mu)
 	comm    *Comm
 	rank    int
 	names   []string
@@ -251,6 +317,12 @@ type Engine struct {
 // NewEngine creates an engine from a DeepSpeed JSON config on comm (local). Unknown keys and wrong types are
 // errors naming the key.
 func NewEngine(config string, comm *Comm) (*Engine, error) {
+	if comm == nil {
+		return nil, invalid("NewEngine: comm is nil")
+	}
+	if err := cString(config, "the config"); err != nil {
+		return nil, err
+	}
 	comm.mu.Lock()
 	ch := comm.handle
 	comm.mu.Unlock()
@@ -261,7 +333,7 @@ func NewEngine(config string, comm *Comm) (*Engine, error) {
 	if err := call(func() error { return capi.Zero_engine_create(&h, config, ch) }); err != nil {
 		return nil, err
 	}
-	return &Engine{handle: h, abortH: h, comm: comm, rank: comm.rank}, nil
+	return &Engine{mu: &comm.mu, handle: h, abortH: h, comm: comm, rank: comm.rank}, nil
 }
 
 // lock takes the engine for one call and returns its handle, or ErrClosed.
@@ -281,13 +353,26 @@ func (e *Engine) AddParamGroup(name string, options ...GroupOption) (int, error)
 		return 0, err
 	}
 	defer e.mu.Unlock()
+	if err := cString(name, "the group name"); err != nil {
+		return 0, err
+	}
+	var g groupSettings
+	for _, option := range options {
+		option(&g)
+	}
 	desc := capi.NewZero_param_group_desc_t()
 	defer capi.DeleteZero_param_group_desc_t(desc)
 	if name != "" {
 		desc.Set_name(name)
 	}
-	for _, option := range options {
-		option(desc)
+	setters := []func(float64){desc.SetLr, desc.SetWeight_decay, desc.SetBeta1, desc.SetBeta2, desc.SetEps}
+	for i, set := range setters {
+		if g.set[i] {
+			if g.values[i] == -1 { // ZERO_INHERIT in C: refuse rather than silently inherit
+				return 0, invalid("param group %q: -1 is not a valid value (leave the option out to inherit)", name)
+			}
+			set(g.values[i])
+		}
 	}
 	var id int32
 	err = call(func() error { return capi.Zero_engine_add_param_group(&id, h, desc) })
@@ -296,6 +381,28 @@ func (e *Engine) AddParamGroup(name string, options ...GroupOption) (int, error)
 
 // AddParam registers a param and returns its id (0, 1, ... in call order). Before Finalize. Local.
 func (e *Engine) AddParam(p Param) (int, error) {
+	if err := cString(p.Name, "the param name"); err != nil {
+		return 0, err
+	}
+	if _, err := id32(p.Unit, "unit"); err != nil {
+		return 0, err
+	}
+	if _, err := id32(p.Group, "group"); err != nil {
+		return 0, err
+	}
+	// The number of initial values is checked on every rank (only rank 0's are copied): a rank that passed the
+	// wrong number fails here, not in Finalize on the others.
+	numel := int64(1)
+	for _, d := range p.Shape {
+		if d <= 0 || numel > math.MaxInt64/d {
+			numel = -1 // libzero explains a bad shape
+			break
+		}
+		numel *= d
+	}
+	if p.Init != nil && numel >= 0 && int64(len(p.Init)) != numel {
+		return 0, invalid("param %q has %d elements but %d initial values", p.Name, numel, len(p.Init))
+	}
 	h, err := e.lock()
 	if err != nil {
 		return 0, err
@@ -308,14 +415,7 @@ func (e *Engine) AddParam(p Param) (int, error) {
 	desc.SetUnit(p.Unit)
 	desc.SetGroup(p.Group)
 	var init int64
-	if p.Init != nil && e.rank == 0 { // only rank 0's values are read (finalize broadcasts them)
-		numel := int64(1)
-		for _, d := range p.Shape {
-			numel *= d
-		}
-		if int64(len(p.Init)) != numel {
-			return 0, fmt.Errorf("libzero: param %q has %d elements but %d initial values", p.Name, numel, len(p.Init))
-		}
+	if p.Init != nil && numel >= 0 && e.rank == 0 { // only rank 0's values are read (finalize broadcasts them)
 		init = capi.Zero_swig_alloc(4 * numel)
 		if init == 0 {
 			return 0, fmt.Errorf("libzero: no memory for the initial values of %q", p.Name)
@@ -375,6 +475,9 @@ func (e *Engine) Gather(units ...int) error {
 	}
 	defer e.mu.Unlock()
 	for _, u := range units {
+		if _, err := id32(u, "unit"); err != nil {
+			return err
+		}
 		if err := call(func() error { return capi.Zero_gather(h, u) }); err != nil {
 			return err
 		}
@@ -392,6 +495,9 @@ func (e *Engine) Release(units ...int) error {
 	}
 	defer e.mu.Unlock()
 	for _, u := range units {
+		if _, err := id32(u, "unit"); err != nil {
+			return err
+		}
 		if err := call(func() error { return capi.Zero_release(h, u) }); err != nil {
 			return err
 		}
@@ -408,6 +514,9 @@ func (e *Engine) Prefetch(unit int) error {
 		return err
 	}
 	defer e.mu.Unlock()
+	if _, err := id32(unit, "unit"); err != nil {
+		return err
+	}
 	return call(func() error { return capi.Zero_prefetch(h, unit) })
 }
 
@@ -452,6 +561,9 @@ func (v *View) check(want string) error {
 		if v.gradient {
 			what = "its gradient was declared ready (or the micro-step ended)"
 		}
+		if v.engine.closed() {
+			what = "the engine is closed"
+		}
 		return fmt.Errorf("%w: the view of param %d (%s): %s", ErrStaleView, v.param, v.engine.name(v.param), what)
 	}
 	if (want == "fp32") != (v.dtype == FP32) {
@@ -476,6 +588,12 @@ func (v *View) Uint16() ([]uint16, error) {
 	return unsafe.Slice((*uint16)(v.data), v.length), nil
 }
 
+func (e *Engine) closed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.handle == 0
+}
+
 func (e *Engine) name(param int) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -491,6 +609,9 @@ func (e *Engine) view(gradient bool, param int) (*View, error) {
 		return nil, err
 	}
 	defer e.mu.Unlock()
+	if _, err := id32(param, "param"); err != nil {
+		return nil, err
+	}
 	var address uintptr
 	info := capi.NewZero_param_info_t()
 	defer capi.DeleteZero_param_info_t(info)
@@ -533,6 +654,9 @@ func (e *Engine) GradReady(param int) error {
 		return err
 	}
 	defer e.mu.Unlock()
+	if _, err := id32(param, "param"); err != nil {
+		return err
+	}
 	if err := call(func() error { return capi.Zero_grad_ready(h, param) }); err != nil {
 		return err
 	}
@@ -602,6 +726,9 @@ func (e *Engine) SetLR(group int, lr float64) error {
 		return err
 	}
 	defer e.mu.Unlock()
+	if _, err := id32(group, "group"); err != nil {
+		return err
+	}
 	return call(func() error { return capi.Zero_set_lr(h, group, lr) })
 }
 
@@ -612,6 +739,9 @@ func (e *Engine) SetNumThreads(threads int) error {
 		return err
 	}
 	defer e.mu.Unlock()
+	if _, err := id32(threads, "thread count"); err != nil {
+		return err
+	}
 	return call(func() error { return capi.Zero_engine_set_num_threads(h, threads) })
 }
 
@@ -622,6 +752,9 @@ func (e *Engine) SaveCheckpoint(dir, tag string) error {
 		return err
 	}
 	defer e.mu.Unlock()
+	if err := paths(dir, tag); err != nil {
+		return err
+	}
 	return call(func() error { return capi.Zero_save_checkpoint(h, dir, tag) })
 }
 
@@ -632,7 +765,17 @@ func (e *Engine) LoadCheckpoint(dir, tag string) error {
 		return err
 	}
 	defer e.mu.Unlock()
+	if err := paths(dir, tag); err != nil {
+		return err
+	}
 	return call(func() error { return capi.Zero_load_checkpoint(h, dir, tag) })
+}
+
+func paths(dir, tag string) error {
+	if err := cString(dir, "the checkpoint directory"); err != nil {
+		return err
+	}
+	return cString(tag, "the checkpoint tag")
 }
 
 // EngineInfo is the engine's shape.
@@ -690,14 +833,15 @@ func (e *Engine) MemoryStats() (MemoryStats, error) {
 }
 
 // RecentCollectives is the engine's last collectives as JSON (experimental API), for a framework's hang reports.
+// Unlike the other calls it does not wait for a call in progress: it is for reporting one that is stuck.
 func (e *Engine) RecentCollectives() (string, error) {
-	h, err := e.lock()
-	if err != nil {
-		return "", err
+	e.abortMu.Lock()
+	defer e.abortMu.Unlock()
+	if e.abortH == 0 {
+		return "", ErrClosed
 	}
-	defer e.mu.Unlock()
 	var text string
-	err = call(func() error { return capi.Zero_engine_recent_collectives(&text, h) })
+	err := call(func() error { return capi.Zero_engine_recent_collectives(&text, e.abortH) })
 	return text, err
 }
 
@@ -728,3 +872,68 @@ func (e *Engine) Close() error {
 	e.freeInits()
 	return nil
 }
+
+// ParamInfo describes a registered param.
+type ParamInfo struct {
+	Name                  string
+	Shape                 []int64
+	Unit, Group           int
+	Numel                 uint64
+	ParamDType, GradDType DType
+}
+
+// ParamInfo describes param id (any time after AddParam). Local.
+func (e *Engine) ParamInfo(param int) (ParamInfo, error) {
+	h, err := e.lock()
+	if err != nil {
+		return ParamInfo{}, err
+	}
+	defer e.mu.Unlock()
+	if _, err := id32(param, "param"); err != nil {
+		return ParamInfo{}, err
+	}
+	out := capi.NewZero_param_info_t()
+	defer capi.DeleteZero_param_info_t(out)
+	if err := call(func() error { return capi.Zero_param_info(out, h, param) }); err != nil {
+		return ParamInfo{}, err
+	}
+	shape := make([]int64, out.GetNdim())
+	for i := range shape {
+		shape[i] = out.Dim(i)
+	}
+	return ParamInfo{Name: out.Param_name(), Shape: shape, Unit: out.GetUnit(), Group: out.GetGroup(),
+		Numel: out.GetNumel(), ParamDType: DType(out.GetParam_dtype()), GradDType: DType(out.GetGrad_dtype())}, nil
+}
+
+// CommKindStats is one collective kind's traffic: calls, payload bytes as nccl-tests counts them, and the bytes one
+// rank sends in a bandwidth-optimal algorithm.
+type CommKindStats struct{ Calls, Bytes, WireBytes uint64 }
+
+// CommStats is the engine's collective traffic since Finalize.
+type CommStats struct {
+	Sequence                                                uint64
+	AllGather, ReduceScatter, AllReduce, Broadcast, Control CommKindStats
+}
+
+// CommStats reports the engine's collective traffic since Finalize.
+func (e *Engine) CommStats() (CommStats, error) {
+	h, err := e.lock()
+	if err != nil {
+		return CommStats{}, err
+	}
+	defer e.mu.Unlock()
+	out := capi.NewZero_comm_stats_t()
+	defer capi.DeleteZero_comm_stats_t(out)
+	if err := call(func() error { return capi.Zero_comm_stats(out, h) }); err != nil {
+		return CommStats{}, err
+	}
+	kind := func(k capi.Zero_comm_kind_stats_t) CommKindStats {
+		return CommKindStats{Calls: k.GetCalls(), Bytes: k.GetBytes(), WireBytes: k.GetWire_bytes()}
+	}
+	return CommStats{Sequence: out.GetSequence(), AllGather: kind(out.GetAll_gather()),
+		ReduceScatter: kind(out.GetReduce_scatter()), AllReduce: kind(out.GetAll_reduce()),
+		Broadcast: kind(out.GetBroadcast()), Control: kind(out.GetControl())}, nil
+}
+
+// Version is the libzero library's version as major*10000 + minor*100 + patch.
+func Version() int { return int(capi.Zero_get_version()) }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"libzero"
 )
@@ -310,5 +311,98 @@ func TestRegistrationMismatchIsAnErrorEverywhere(t *testing.T) {
 	check(t, err)
 	if err := engine.Finalize(); !errors.Is(err, zero.ErrMismatch) {
 		t.Fatalf("finalize with different shapes: %v", err)
+	}
+}
+
+func TestBadArgumentsAreErrorsNotPanics(t *testing.T) {
+	comm, err := zero.NewSingleComm()
+	check(t, err)
+	defer comm.Close()
+	if _, err := zero.NewEngine(sgd(t, 1, 1), nil); !errors.Is(err, zero.ErrInvalidArgument) {
+		t.Fatalf("nil comm: %v", err)
+	}
+	engine, err := zero.NewEngine(sgd(t, 3, 1), comm)
+	check(t, err)
+	defer engine.Close()
+	if _, err := engine.AddParam(zero.Param{Name: "a\x00b", Shape: []int64{2}}); !errors.Is(err, zero.ErrInvalidArgument) {
+		t.Fatalf("NUL in a name: %v", err)
+	}
+	if _, err := engine.AddParam(zero.Param{Name: "u", Shape: []int64{2}, Unit: 1 << 32}); !errors.Is(err, zero.ErrInvalidArgument) {
+		t.Fatalf("unit 1<<32: %v", err)
+	}
+	if _, err := engine.AddParamGroup("g", zero.LR(-1)); !errors.Is(err, zero.ErrInvalidArgument) {
+		t.Fatalf("LR(-1): %v", err)
+	}
+	p, err := engine.AddParam(zero.Param{Name: "p", Shape: []int64{2}})
+	check(t, err)
+	check(t, engine.Finalize())
+	for _, f := range []func() error{
+		func() error { return engine.Gather(1 << 32) },
+		func() error { return engine.Release(1 << 32) },
+		func() error { return engine.GradReady(1 << 32) },
+		func() error { _, err := engine.Grad(1 << 32); return err },
+		func() error { return engine.SetNumThreads(1 << 32) },
+		func() error { return engine.Gather(-1) },
+	} {
+		if err := f(); !errors.Is(err, zero.ErrInvalidArgument) {
+			t.Fatalf("out-of-range id: %v", err)
+		}
+	}
+	check(t, engine.Gather(0))
+	check(t, engine.GradReady(p))
+	if err := engine.GradReady(p); !errors.Is(err, zero.ErrInvalidState) {
+		t.Fatalf("second GradReady: %v", err)
+	}
+	info, err := engine.ParamInfo(p)
+	check(t, err)
+	if info.Name != "p" || len(info.Shape) != 1 || info.Shape[0] != 2 || info.ParamDType != zero.FP32 {
+		t.Fatalf("param info %+v", info)
+	}
+	if zero.Version() < 300 {
+		t.Fatalf("version %d", zero.Version())
+	}
+}
+
+// TestInitLengthIsCheckedOnEveryRank: every rank, not only rank 0 (whose values are used), refuses initial values
+// of the wrong length, so no rank goes on to wait in Finalize for one that failed.
+func TestInitLengthIsCheckedOnEveryRank(t *testing.T) {
+	comm := mpiWorld(t)
+	engine, err := zero.NewEngine(sgd(t, 2, 1), comm)
+	check(t, err)
+	defer engine.Close()
+	if _, err := engine.AddParam(zero.Param{Name: "w", Shape: []int64{4}, Init: make([]float32, 3)}); !errors.Is(err, zero.ErrInvalidArgument) {
+		t.Fatalf("rank %d: %v", comm.Rank(), err)
+	}
+}
+
+// TestRecentCollectivesDoesNotWaitForABlockedCall: a hang report is asked for while the engine's goroutine is
+// blocked in a collective (rank 1 arrives 2 s late); it must come back at once and show the collective waiting.
+func TestRecentCollectivesDoesNotWaitForABlockedCall(t *testing.T) {
+	comm := mpiWorld(t)
+	engine, err := zero.NewEngine(sgd(t, 3, 1), comm)
+	check(t, err)
+	defer engine.Close()
+	_, err = engine.AddParam(zero.Param{Name: "p", Shape: []int64{5}})
+	check(t, err)
+	check(t, engine.Finalize())
+	if comm.Rank() != 0 {
+		time.Sleep(2 * time.Second)
+		check(t, engine.Gather(0))
+		return
+	}
+	report := make(chan string, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		start := time.Now()
+		text, err := engine.RecentCollectives()
+		if err != nil || time.Since(start) > time.Second {
+			report <- fmt.Sprintf("error %v after %v", err, time.Since(start))
+			return
+		}
+		report <- text
+	}()
+	check(t, engine.Gather(0))
+	if text := <-report; !strings.Contains(text, "waiting") {
+		t.Fatalf("report while blocked: %s", text)
 	}
 }

@@ -144,12 +144,46 @@ ZERO_OUT_SCALAR(int32_t, out_param, jint, jintArray, "int[]", SetIntArrayRegion,
 ZERO_OUT_SCALAR(int32_t, out_group, jint, jintArray, "int[]", SetIntArrayRegion, "*int32")
 ZERO_OUT_SCALAR(double, out_scale, jdouble, jdoubleArray, "double[]", SetDoubleArrayRegion, "*float64")
 
+/* Strings. Java: JNI's own string functions speak "modified UTF-8" (characters outside the BMP become surrogate
+ * pairs, NUL two bytes), which is not the UTF-8 libzero checks for; so strings cross as byte arrays that Java encodes
+ * and decodes itself (org.libzero.internal.Strings), and a NUL inside a Java string is refused there. Go strings are
+ * UTF-8 bytes already (the Go layer refuses an embedded NUL). */
+#if defined(SWIGJAVA)
+%typemap(jni) const char* "jbyteArray"
+%typemap(jtype) const char* "byte[]"
+%typemap(jstype) const char* "String"
+%typemap(javain) const char* "org.libzero.internal.Strings.toC($javainput)"
+%typemap(in) const char* %{
+  $1 = NULL;
+  if ($input) {
+    jsize n = (*jenv)->GetArrayLength(jenv, $input); /* toC ends it with its NUL */
+    $1 = (char*)malloc((size_t)n + 1);
+    if (!$1) {
+      SWIG_JavaThrowException(jenv, SWIG_JavaOutOfMemoryError, "no memory for a string argument");
+      return $null;
+    }
+    (*jenv)->GetByteArrayRegion(jenv, $input, 0, n, (jbyte*)$1);
+    $1[n] = '\0';
+  }
+%}
+%typemap(freearg) const char* %{ free((char*)$1); %}
+%typemap(out) const char* %{
+  $result = NULL;
+  if ($1) {
+    jsize n = (jsize)strlen($1);
+    $result = (*jenv)->NewByteArray(jenv, n);
+    if ($result) (*jenv)->SetByteArrayRegion(jenv, $result, 0, n, (const jbyte*)$1);
+  }
+%}
+%typemap(javaout) const char* { return org.libzero.internal.Strings.fromC($jnicall); }
+#endif
+
 /* char** out_x: a string libzero allocated, copied into the language's string and freed with zero_string_destroy. */
 %define ZERO_OUT_STRING(NAME)
 #if defined(SWIGJAVA)
 %typemap(jni) char** NAME "jobjectArray"
-%typemap(jtype) char** NAME "String[]"
-%typemap(jstype) char** NAME "String[]"
+%typemap(jtype) char** NAME "byte[][]"
+%typemap(jstype) char** NAME "byte[][]"
 %typemap(javain) char** NAME "$javainput"
 %typemap(in) char** NAME (char* temp = NULL) %{
   if (!$input || (*jenv)->GetArrayLength(jenv, $input) < 1) {
@@ -160,10 +194,12 @@ ZERO_OUT_SCALAR(double, out_scale, jdouble, jdoubleArray, "double[]", SetDoubleA
 %}
 %typemap(argout) char** NAME %{
   if (temp$argnum) {
-    jstring text = (*jenv)->NewStringUTF(jenv, temp$argnum);
+    jsize n = (jsize)strlen(temp$argnum);
+    jbyteArray bytes = (*jenv)->NewByteArray(jenv, n);
+    if (bytes) (*jenv)->SetByteArrayRegion(jenv, bytes, 0, n, (const jbyte*)temp$argnum);
     zero_string_destroy(temp$argnum);
-    if (!text) return $null; /* OutOfMemoryError pending */
-    (*jenv)->SetObjectArrayElement(jenv, $input, 0, text);
+    if (!bytes) return $null; /* OutOfMemoryError pending */
+    (*jenv)->SetObjectArrayElement(jenv, $input, 0, bytes);
   }
 %}
 #elif defined(SWIGGO)
@@ -366,6 +402,9 @@ ZERO_OUTPUT_STRUCT(zero_param_info, zero_param_info_t)
 /* `bytes` of zeroed memory; 0 when none is left. Free with zero_swig_free. */
 int64_t zero_swig_alloc(int64_t bytes) { return (int64_t)(intptr_t)calloc(bytes > 0 ? (size_t)bytes : 1, 1); }
 void zero_swig_free(int64_t address) { free((void*)(intptr_t)address); }
+/* C's exit(): runs the atexit handlers where libzero tells the other ranks this one is leaving and finalises MPI.
+ * Go's os.Exit skips them (the Go layer's zero.Exit calls this). */
+void zero_swig_exit(int32_t code) { exit(code); }
 %}
 
 /* ---- Java: the JNI class loads the native libraries the jar carries --------------------------------------------- */

@@ -2,9 +2,10 @@
 # The same training run in C, Java and Go (examples/demo/train_demo.c, examples/java/TrainDemo.java,
 # examples/go/train_demo): at every ZeRO stage on 2 ranks, the three programs' final weights must be the same bits
 # (their FNV-1a checksums over every param's bytes are compared).
-#   three_languages.sh MPIRUN C_DEMO JAVA JAVA_CLASSPATH GO_DEMO
+#   three_languages.sh MPIRUN C_DEMO "JAVA [JVM OPTIONS...]" JAVA_CLASSPATH GO_DEMO
 set -euo pipefail
-mpirun=$1 c_demo=$2 java=$3 classpath=$4 go_demo=$5
+mpirun=$1 c_demo=$2 classpath=$4 go_demo=$5
+IFS=';' read -r -a java <<<"$3" # a CMake list: the java command and its options
 args=(--steps 30 --hidden 48)
 status=0
 for stage in 0 1 2 3; do
@@ -12,7 +13,7 @@ for stage in 0 1 2 3; do
   for lang in C Java Go; do
     case $lang in
       C) cmd=("$c_demo") ;;
-      Java) cmd=("$java" -cp "$classpath" TrainDemo) ;;
+      Java) cmd=("${java[@]}" -cp "$classpath" TrainDemo) ;;
       Go) cmd=("$go_demo") ;;
     esac
     out=$("$mpirun" -np 2 "${cmd[@]}" --stage "$stage" "${args[@]}" 2>&1) || {

@@ -2,9 +2,9 @@ package main
 
 import (
 	"fmt"
-	"log"
 	"math"
 	"math/rand"
+	"os"
 
 	"libzero"
 )
@@ -63,6 +63,7 @@ func data(v *zero.View, err error) []float32 {
 
 func check(err error) {
 	if err != nil {
-		log.Fatal(err)
+		fmt.Fprintln(os.Stderr, err)
+		zero.Exit(1) // not log.Fatal: C's exit tells the other ranks this one is leaving
 	}
 }

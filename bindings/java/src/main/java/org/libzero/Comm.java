@@ -58,7 +58,10 @@ public final class Comm implements AutoCloseable {
     ZeroNative.zero_comm_finalize(handle());
   }
 
-  /** Releases this reference (local; engines on the communicator keep it alive). Idempotent. */
+  /**
+   * Releases this reference (local; engines on the communicator keep it alive). Idempotent. An MPI communicator
+   * closed without {@link #shutdown()} keeps its duplicated MPI communicator (tens of KB) until MPI is finalised.
+   */
   @Override
   public synchronized void close() {
     if (handle != 0) {

@@ -30,6 +30,9 @@ public final class Config {
 
   /** The config in a JSON file. */
   public static Config fromPath(Path path) {
+    if (path == null) {
+      throw new IllegalArgumentException("config path is null");
+    }
     try {
       return new Config(Files.readString(path, StandardCharsets.UTF_8));
     } catch (IOException e) {
@@ -37,18 +40,24 @@ public final class Config {
     }
   }
 
-  /** The config as nested maps, e.g. {@code Map.of("zero_optimization", Map.of("stage", 3), ...)}. */
+  /**
+   * The config as nested maps, e.g. {@code Map.of("zero_optimization", Map.of("stage", 3), ...)}: maps with String
+   * keys, lists and arrays, strings, numbers, booleans and null.
+   */
   public static Config fromMap(Map<String, ?> config) {
+    if (config == null) {
+      throw new IllegalArgumentException("config map is null");
+    }
     StringBuilder out = new StringBuilder();
-    write(out, config, "");
+    write(out, config, "", 0);
     return new Config(out.toString());
   }
 
   /** What libzero will do with this config for {@code worldSize} ranks (the text {@code zero-config check} prints). */
   public String check(int worldSize) {
-    String[] report = new String[1];
+    byte[][] report = new byte[1][];
     org.libzero.internal.ZeroNative.zero_config_check(report, json, worldSize);
-    return report[0];
+    return org.libzero.internal.Strings.fromOut(report);
   }
 
   /** The JSON text. */
@@ -61,7 +70,19 @@ public final class Config {
     return json;
   }
 
-  private static void write(StringBuilder out, Object value, String path) {
+  private static void write(StringBuilder out, Object value, String path, int depth) {
+    if (depth > 64) {
+      throw new IllegalArgumentException("config value at " + path + " nests more than 64 levels (a map that"
+          + " contains itself?)");
+    }
+    if (value != null && value.getClass().isArray()) {
+      int n = java.lang.reflect.Array.getLength(value);
+      java.util.List<Object> items = new java.util.ArrayList<>(n);
+      for (int i = 0; i < n; ++i) {
+        items.add(java.lang.reflect.Array.get(value, i));
+      }
+      value = items;
+    }
     if (value == null) {
       out.append("null");
     } else if (value instanceof String) {
@@ -73,7 +94,8 @@ public final class Config {
       if (Double.isNaN(d) || Double.isInfinite(d)) {
         throw new IllegalArgumentException("config value at " + path + " is " + d + ", which JSON cannot hold");
       }
-      out.append(d);
+      // A float's shortest decimal (0.1f is 0.1, not 0.10000000149011612).
+      out.append(value instanceof Float ? Float.toString((Float) value) : Double.toString(d));
     } else if (value instanceof Number) {
       out.append(value);
     } else if (value instanceof Map) {
@@ -89,7 +111,7 @@ public final class Config {
         first = false;
         quote(out, (String) e.getKey());
         out.append(": ");
-        write(out, e.getValue(), path + "/" + e.getKey());
+        write(out, e.getValue(), path + "/" + e.getKey(), depth + 1);
       }
       out.append('}');
     } else if (value instanceof Collection) {
@@ -99,7 +121,7 @@ public final class Config {
         if (i > 0) {
           out.append(", ");
         }
-        write(out, item, path + "/" + i++);
+        write(out, item, path + "/" + i++, depth + 1);
       }
       out.append(']');
     } else {

@@ -17,6 +17,12 @@ public final class Param {
   DType initDType;
 
   private Param(String name, long[] shape) {
+    if (name == null) {
+      throw new IllegalArgumentException("param name is null");
+    }
+    if (shape == null) {
+      throw new IllegalArgumentException("param " + name + ": shape is null (no dimensions make a scalar)");
+    }
     this.name = name;
     this.shape = shape.clone();
   }
@@ -40,6 +46,9 @@ public final class Param {
 
   /** fp32 initial values (row-major, one per element); without it the param starts at zero. */
   public Param init(float[] values) {
+    if (values == null) {
+      throw new IllegalArgumentException("param " + name + ": initial values are null");
+    }
     initFloats = values.clone();
     initBits = null;
     initDType = DType.FP32;
@@ -48,6 +57,9 @@ public final class Param {
 
   /** 16-bit initial values given as their bits, in {@code dtype} (BF16 or FP16). */
   public Param initBits(short[] bits, DType dtype) {
+    if (bits == null || dtype == null) {
+      throw new IllegalArgumentException("param " + name + ": initBits needs the bits and their dtype");
+    }
     if (dtype == DType.FP32) {
       throw new IllegalArgumentException("initBits takes BF16 or FP16 bits; use init(float[]) for FP32");
     }
@@ -57,12 +69,29 @@ public final class Param {
     return this;
   }
 
+  /** The element count, or -1 when a dimension is not positive or the product overflows (libzero explains). */
   long numel() {
     long n = 1;
     for (long d : shape) {
+      if (d <= 0 || n > Long.MAX_VALUE / d) {
+        return -1;
+      }
       n *= d;
     }
     return n;
+  }
+
+  /** Checks the initial values' count against the shape (on every rank, so that all fail together). */
+  void checkInit() {
+    if (initDType == null) {
+      return;
+    }
+    long count = initFloats != null ? initFloats.length : initBits.length;
+    long n = numel();
+    if (n >= 0 && count != n) {
+      throw new IllegalArgumentException("param " + this + " has " + n + " elements but " + count
+          + " initial values");
+    }
   }
 
   @Override

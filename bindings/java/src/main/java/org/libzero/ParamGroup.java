@@ -21,24 +21,38 @@ public final class ParamGroup {
     return new ParamGroup(name);
   }
 
+  /** The group's learning rate. */
   public ParamGroup lr(double value) {
-    lr = value;
+    lr = given(value, "lr");
     return this;
   }
 
+  /** The group's weight decay. */
   public ParamGroup weightDecay(double value) {
-    weightDecay = value;
+    weightDecay = given(value, "weight decay");
     return this;
   }
 
+  /** The group's Adam betas. */
   public ParamGroup betas(double b1, double b2) {
-    beta1 = b1;
-    beta2 = b2;
+    beta1 = given(b1, "beta1");
+    beta2 = given(b2, "beta2");
     return this;
   }
 
+  /** The group's Adam epsilon. */
   public ParamGroup eps(double value) {
-    eps = value;
+    eps = given(value, "eps");
     return this;
+  }
+
+  /* -1 is C's "inherit" (ZERO_INHERIT): refused here, so that a value given is never silently ignored (libzero
+   * checks the rest: a negative learning rate is an error there). */
+  private double given(double value, String what) {
+    if (value == -1.0 || Double.isNaN(value)) {
+      throw new IllegalArgumentException("param group " + name + ": " + what + " " + value
+          + " is not a value (leave it unset to inherit the config's)");
+    }
+    return value;
   }
 }

@@ -7,10 +7,15 @@ import java.nio.ShortBuffer;
 /**
  * Engine memory seen from Java without a copy: a param's values ({@link Engine#param}, valid while its unit stays
  * gathered) or the buffer its gradient is added into ({@link Engine#grad}, valid until the gradient is declared
- * ready). Every accessor checks first that the view is still valid and throws {@link StaleViewException}
- * otherwise, so a released stage-3 unit's pooled buffer is never read or written through a view. The buffers that
- * {@link #floats()} and {@link #shorts()} return are direct views of the same memory: they cannot check, so use
- * them only while the view is valid (the same rule as zero_param_data in C).
+ * ready). Every accessor checks first, holding the communicator's lock, that the view is still valid, and throws
+ * {@link StaleViewException} otherwise: a released stage-3 unit's pooled buffer is never read or written through a
+ * view, and a {@link Engine#close()} on another thread cannot free the memory between the check and the access.
+ *
+ * <p>{@link #get}, {@link #set}, {@link #add}, {@link #addAll} and {@link #toArray} work in floats for every dtype:
+ * bf16 and fp16 elements are widened exactly and written back rounded to nearest even, as a framework computing in
+ * fp32 would store them. The buffers that {@link #floats()} and {@link #shorts()} return are direct views of the
+ * same memory without any check: use them only while the view is valid, from the thread that drives the engine
+ * (the rule of zero_param_data in C).
  */
 public final class View {
   private final Engine engine;
@@ -35,7 +40,9 @@ public final class View {
 
   /** True while the memory is still this view's to use. */
   public boolean isValid() {
-    return engine.viewValid(gradient, param, unit, epoch);
+    synchronized (engine.lock) {
+      return engine.viewValid(gradient, param, unit, epoch);
+    }
   }
 
   /** The element type: the param dtype for params, the gradient accumulation dtype for gradients. */
@@ -48,73 +55,98 @@ public final class View {
     return length;
   }
 
-  /** The fp32 elements as a direct FloatBuffer over engine memory (position 0, native order). */
+  /** The fp32 elements as a direct FloatBuffer over engine memory (position 0, native order). Unchecked later. */
   public FloatBuffer floats() {
-    check();
-    if (dtype != DType.FP32) {
-      throw new IllegalStateException(what() + " holds " + dtype + " elements; use shorts()");
+    synchronized (engine.lock) {
+      check();
+      if (dtype != DType.FP32) {
+        throw new IllegalStateException(what() + " holds " + dtype + " elements; use shorts() or toArray()");
+      }
+      return bytes.duplicate().order(bytes.order()).asFloatBuffer();
     }
-    return bytes.duplicate().order(bytes.order()).asFloatBuffer();
   }
 
-  /** The bf16 / fp16 elements' bits as a direct ShortBuffer over engine memory. */
+  /** The bf16 / fp16 elements' bits as a direct ShortBuffer over engine memory. Unchecked later. */
   public ShortBuffer shorts() {
-    check();
-    if (dtype == DType.FP32) {
-      throw new IllegalStateException(what() + " holds FP32 elements; use floats()");
+    synchronized (engine.lock) {
+      check();
+      if (dtype == DType.FP32) {
+        throw new IllegalStateException(what() + " holds FP32 elements; use floats()");
+      }
+      return bytes.duplicate().order(bytes.order()).asShortBuffer();
     }
-    return bytes.duplicate().order(bytes.order()).asShortBuffer();
   }
 
-  /** Element {@code i} as a float (FP32 and BF16 views). */
+  /** Element {@code i} as a float. */
   public float get(int i) {
-    check();
-    index(i);
+    synchronized (engine.lock) {
+      check();
+      index(i);
+      return read(i);
+    }
+  }
+
+  /** Sets element {@code i}. For a gradient, use {@link #add}: the buffer accumulates. */
+  public void set(int i, float value) {
+    synchronized (engine.lock) {
+      check();
+      index(i);
+      write(i, value);
+    }
+  }
+
+  /** Adds {@code value} to element {@code i} (in fp32, then stored in the view's dtype): how gradients accumulate. */
+  public void add(int i, float value) {
+    synchronized (engine.lock) {
+      check();
+      index(i);
+      write(i, read(i) + value);
+    }
+  }
+
+  /** Adds {@code values} element-wise ({@code values.length} must equal {@link #length()}). */
+  public void addAll(float[] values) {
+    synchronized (engine.lock) {
+      check();
+      if (values == null || values.length != length) {
+        throw new IllegalArgumentException(what() + " has " + length + " elements, not "
+            + (values == null ? "null" : values.length));
+      }
+      for (int i = 0; i < length; ++i) {
+        write(i, read(i) + values[i]);
+      }
+    }
+  }
+
+  /** Copies the elements, as floats, into a new array. */
+  public float[] toArray() {
+    synchronized (engine.lock) {
+      check();
+      float[] out = new float[length];
+      if (dtype == DType.FP32) {
+        bytes.duplicate().order(bytes.order()).asFloatBuffer().get(out);
+      } else {
+        for (int i = 0; i < length; ++i) {
+          out[i] = read(i);
+        }
+      }
+      return out;
+    }
+  }
+
+  private float read(int i) {
     switch (dtype) {
       case FP32: return bytes.getFloat(4 * i);
       case BF16: return Float.intBitsToFloat((bytes.getShort(2 * i) & 0xffff) << 16);
-      default: throw new IllegalStateException(what() + " holds FP16 elements; read them with shorts()");
+      default: return Half.toFloat(bytes.getShort(2 * i));
     }
   }
 
-  /** Sets element {@code i} (FP32 views). For a gradient, prefer {@link #add}: the buffer accumulates. */
-  public void set(int i, float value) {
-    check();
-    index(i);
-    requireFp32("set");
-    bytes.putFloat(4 * i, value);
-  }
-
-  /** Adds {@code value} to element {@code i} (FP32 views): how a gradient is accumulated. */
-  public void add(int i, float value) {
-    check();
-    index(i);
-    requireFp32("add");
-    bytes.putFloat(4 * i, bytes.getFloat(4 * i) + value);
-  }
-
-  /** Adds {@code values} element-wise (FP32 views; {@code values.length} must equal {@link #length()}). */
-  public void addAll(float[] values) {
-    check();
-    requireFp32("addAll");
-    if (values.length != length) {
-      throw new IllegalArgumentException(what() + " has " + length + " elements, not " + values.length);
-    }
-    for (int i = 0; i < length; ++i) {
-      bytes.putFloat(4 * i, bytes.getFloat(4 * i) + values[i]);
-    }
-  }
-
-  /** Copies the fp32 elements into a new array. */
-  public float[] toArray() {
-    float[] out = new float[length];
-    floats().get(out);
-    return out;
-  }
-
-  private void requireFp32(String op) {
-    if (dtype != DType.FP32) {
-      throw new IllegalStateException(what() + " holds " + dtype + " elements; " + op + " works on FP32 views");
+  private void write(int i, float value) {
+    switch (dtype) {
+      case FP32: bytes.putFloat(4 * i, value); break;
+      case BF16: bytes.putShort(2 * i, Half.toBf16(value)); break;
+      default: bytes.putShort(2 * i, Half.toFp16(value));
     }
   }
 
@@ -125,11 +157,11 @@ public final class View {
   }
 
   private void check() {
-    if (!isValid()) {
-      throw new StaleViewException(what() + " is no longer valid: "
-          + (gradient ? "its gradient was declared ready (or the micro-step ended)"
-                      : "its unit " + unit + " was released (gather it again and ask for a new view)")
-          + (engine.isClosed() ? " — the engine is closed" : ""));
+    if (!engine.viewValid(gradient, param, unit, epoch)) {
+      String why = engine.isClosed() ? "the engine is closed"
+          : gradient ? "its gradient was declared ready (or the micro-step ended)"
+                     : "its unit " + unit + " was released (gather it again and ask for a new view)";
+      throw new StaleViewException(what() + " is no longer valid: " + why);
     }
   }
 

@@ -186,6 +186,109 @@ public class EngineTest {
     }
   }
 
+  @Test
+  public void sixteenBitViewsWorkInFloats() {
+    for (String dtype : List.of("bf16", "fp16")) {
+      Config c = Config.fromMap(Map.of("train_micro_batch_size_per_gpu", 1, dtype, Map.of("enabled", true),
+          "gradient_clipping", 0.0, "data_types", Map.of("grad_accum_dtype", dtype),
+          "optimizer", Map.of("type", "SGD", "params", Map.of("lr", 1.0)), "zero_optimization", Map.of("stage", 2)));
+      try (Comm comm = Comm.single(); Engine engine = new Engine(c, comm)) {
+        int p = engine.addParam(Param.of("p", 3).init(new float[] {1.5f, -3.0f, 0.1f}));
+        engine.finalizeParams();
+        engine.gather(0);
+        float[] values = engine.param(p).toArray();
+        assertEquals(1.5f, values[0], 0.0f);
+        assertEquals(-3.0f, values[1], 0.0f);
+        float rounded = dtype.equals("bf16") ? 0.10009765625f : 0.0999755859375f; // 0.1 to nearest even
+        assertEquals(dtype, rounded, values[2], 0.0f);
+        View g = engine.grad(p);
+        assertEquals(DType.valueOf(dtype.toUpperCase()), g.dtype());
+        g.addAll(new float[] {0.5f, 0.25f, 0.0f});
+        g.add(0, 0.5f);
+        assertArrayEquals(new float[] {1.0f, 0.25f, 0.0f}, g.toArray(), 0.0f);
+        engine.release(0);
+      }
+    }
+    // Conversions at the edges: subnormals, the largest finite values, infinity and NaN.
+    assertEquals((short) 0x0001, Half.toFp16(0x1p-24f));
+    assertEquals(0x1p-24f, Half.toFloat((short) 0x0001), 0.0f);
+    assertEquals((short) 0x0000, Half.toFp16(0x1p-26f));
+    assertEquals((short) 0x7bff, Half.toFp16(65504.0f));
+    assertEquals((short) 0x7c00, Half.toFp16(65520.0f));
+    assertEquals((short) 0x3c00, Half.toFp16(1.0f + 0x1p-11f)); // a tie: to even
+    assertEquals((short) 0x3c02, Half.toFp16(1.0f + 3 * 0x1p-11f));
+    assertTrue(Float.isNaN(Half.toFloat(Half.toFp16(Float.NaN))));
+    assertTrue(Float.isNaN(Float.intBitsToFloat(Half.toBf16(Float.NaN) << 16)));
+    assertEquals((short) 0x3f80, Half.toBf16(1.0f + 0x1p-8f)); // a tie: to even
+    for (int bits = 0; bits < 0x10000; ++bits) { // every finite fp16 value survives the round trip
+      if ((bits & 0x7c00) != 0x7c00) {
+        assertEquals(Integer.toHexString(bits), (short) bits, Half.toFp16(Half.toFloat((short) bits)));
+      }
+    }
+  }
+
+  @Test
+  public void stringsAreUtf8AndNulIsRefused() {
+    try (Comm comm = Comm.single(); Engine engine = new Engine(sgd(1), comm)) {
+      int p = engine.addParam(Param.of("w\uD83D\uDE00", 3)); // outside the BMP
+      assertEquals("w\uD83D\uDE00", engine.paramInfo(p).name());
+      assertThrows(IllegalArgumentException.class, () -> engine.addParam(Param.of("a\0b", 3)));
+      ZeroException e = assertThrows(ZeroException.class, () -> engine.addParam(Param.of("w\uD83D\uDE00", 3)));
+      assertTrue(e.getMessage(), e.getMessage().contains("w\uD83D\uDE00"));
+    }
+  }
+
+  @Test
+  public void badArgumentsAreClearErrors() {
+    assertThrows(IllegalArgumentException.class, () -> ParamGroup.named("g").lr(-1.0));
+    assertThrows(IllegalArgumentException.class, () -> Param.of("x", (long[]) null));
+    assertThrows(IllegalArgumentException.class, () -> Config.fromMap(null));
+    assertEquals("{\"lr\": 0.1}", Config.fromMap(Map.of("lr", 0.1f)).json());
+    assertEquals("{\"a\": [1, 2]}", Config.fromMap(Map.of("a", new int[] {1, 2})).json());
+    java.util.Map<String, Object> loop = new java.util.HashMap<>();
+    loop.put("self", loop);
+    assertThrows(IllegalArgumentException.class, () -> Config.fromMap(loop));
+    try (Comm comm = Comm.single(); Engine engine = new Engine(sgd(1), comm)) {
+      assertThrows(IllegalArgumentException.class, () -> engine.addParam(Param.of("y", 3).init(new float[2])));
+      assertThrows(IllegalArgumentException.class, () -> engine.addParam(null));
+      assertThrows(IllegalArgumentException.class, () -> engine.saveCheckpoint(Path.of("/tmp"), null));
+    }
+    assertThrows(IllegalArgumentException.class, () -> new Engine(null, null));
+  }
+
+  /** A view read on one thread while another closes the engine: StaleViewException, never a crash. */
+  @Test
+  public void closingWhileAnotherThreadReadsAViewIsSafe() throws Exception {
+    for (int round = 0; round < 20; ++round) {
+      Comm comm = Comm.single();
+      Engine engine = new Engine(sgd(3), comm);
+      int p = engine.addParam(Param.of("p", 1 << 16));
+      engine.finalizeParams();
+      engine.gather(0);
+      View view = engine.param(p);
+      java.util.concurrent.atomic.AtomicReference<Throwable> failure = new java.util.concurrent.atomic.AtomicReference<>();
+      Thread reader = new Thread(() -> {
+        try {
+          for (int i = 0;; i = (i + 4099) % (1 << 16)) {
+            view.get(i);
+          }
+        } catch (StaleViewException expected) {
+          // the engine was closed
+        } catch (Throwable t) {
+          failure.set(t);
+        }
+      });
+      reader.start();
+      Thread.sleep(2);
+      engine.close();
+      comm.close();
+      reader.join();
+      if (failure.get() != null) {
+        throw new AssertionError(failure.get());
+      }
+    }
+  }
+
   static float[] ramp(int n, float start) {
     float[] v = new float[n];
     for (int i = 0; i < n; ++i) {

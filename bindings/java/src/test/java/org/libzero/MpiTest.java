@@ -118,6 +118,47 @@ public class MpiTest {
     }
   }
 
+  /** A hang report asked for while this rank is blocked in a collective comes back at once. */
+  @Test
+  public void recentCollectivesAnswersWhileACallIsBlocked() throws Exception {
+    try (Engine engine = new Engine(config(3, 1), comm)) {
+      engine.addParam(Param.of("p", 5));
+      engine.finalizeParams();
+      if (rank != 0) {
+        Thread.sleep(2000);
+        engine.gather(0);
+        engine.release(0);
+        return;
+      }
+      String[] report = new String[1];
+      long[] took = new long[1];
+      Thread reporter = new Thread(() -> {
+        try {
+          Thread.sleep(300);
+        } catch (InterruptedException e) {
+          return;
+        }
+        long start = System.nanoTime();
+        report[0] = engine.recentCollectives();
+        took[0] = System.nanoTime() - start;
+      });
+      reporter.start();
+      engine.gather(0);
+      reporter.join();
+      engine.release(0);
+      assertTrue("took " + took[0] + " ns", took[0] < 1_000_000_000L);
+      assertTrue(report[0], report[0].contains("waiting"));
+    }
+  }
+
+  /** Initial values of the wrong length fail on every rank, not only on rank 0 (whose values are used). */
+  @Test
+  public void initLengthIsCheckedOnEveryRank() {
+    try (Engine engine = new Engine(config(2, 1), comm)) {
+      assertThrows(IllegalArgumentException.class, () -> engine.addParam(Param.of("w", 4).init(new float[3])));
+    }
+  }
+
   /** Ranks that register different params are told so at finalize, on every rank. */
   @Test
   public void registrationMismatchIsAnErrorEverywhere() {
