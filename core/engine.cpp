@@ -99,7 +99,11 @@ void Engine::finalize() {
   });
   Layout layout;
   try {
-    layout = registration_.agree_across_ranks(comm_, config_, local.get());
+    // Every call's first exchange is the same fixed-size agreement, so that a rank in another collective call
+    // (zero_comm_finalize, say) meets one of the same size and both learn of the divergence; the registration
+    // digests, a message of another size, come only after every rank is known to be here.
+    guard_.agree(call, CallTag{CallKind::kFinalize, -1, 0, 0}, local.get());
+    layout = registration_.agree_across_ranks(comm_, config_, nullptr);
   } catch (const Error& e) {
     if (comm_.failed()) guard_.broken(e);  // the exchange itself failed: the collective sequences are apart
     throw;

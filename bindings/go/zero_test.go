@@ -406,3 +406,69 @@ func TestRecentCollectivesDoesNotWaitForABlockedCall(t *testing.T) {
 		t.Fatalf("report while blocked: %s", text)
 	}
 }
+
+func TestHalfConversions(t *testing.T) {
+	for bits := 0; bits < 0x10000; bits++ { // every finite fp16 value survives the round trip
+		if bits&0x7c00 != 0x7c00 && zero.Float32ToFP16(zero.FP16ToFloat32(uint16(bits))) != uint16(bits) {
+			t.Fatalf("fp16 %#04x", bits)
+		}
+	}
+	for _, c := range []struct {
+		in   float32
+		fp16 uint16
+		bf16 uint16
+	}{{1, 0x3c00, 0x3f80}, {0x1p-24, 0x0001, 0x3380}, {0x1p-26, 0x0000, 0x3280}, {65504, 0x7bff, 0x4780},
+		{65520, 0x7c00, 0x4780}, {1 + 0x1p-11, 0x3c00, 0x3f80}, {1 + 3*0x1p-11, 0x3c02, 0x3f80}, {1 + 0x1p-8, 0x3c04, 0x3f80},
+		{-2.5, 0xc100, 0xc020}} {
+		if got := zero.Float32ToFP16(c.in); got != c.fp16 {
+			t.Fatalf("fp16(%v) = %#04x, want %#04x", c.in, got, c.fp16)
+		}
+		if got := zero.Float32ToBF16(c.in); got != c.bf16 {
+			t.Fatalf("bf16(%v) = %#04x, want %#04x", c.in, got, c.bf16)
+		}
+	}
+}
+
+func TestSixteenBitViews(t *testing.T) {
+	comm, err := zero.NewSingleComm()
+	check(t, err)
+	defer comm.Close()
+	for _, dtype := range []string{"bf16", "fp16"} {
+		config, err := zero.ConfigFromMap(map[string]any{"train_micro_batch_size_per_gpu": 1, dtype: map[string]any{"enabled": true},
+			"gradient_clipping": 0.0, "data_types": map[string]any{"grad_accum_dtype": dtype},
+			"optimizer":         map[string]any{"type": "SGD", "params": map[string]any{"lr": 1.0}},
+			"zero_optimization": map[string]any{"stage": 2}})
+		check(t, err)
+		engine, err := zero.NewEngine(config, comm)
+		check(t, err)
+		p, err := engine.AddParam(zero.Param{Name: "p", Shape: []int64{3}, Init: []float32{1.5, -3, 0.1}})
+		check(t, err)
+		check(t, engine.Finalize())
+		check(t, engine.Gather(0))
+		pv, err := engine.Param(p)
+		check(t, err)
+		values, err := pv.ToFloat32s()
+		check(t, err)
+		want := float32(0.10009765625)
+		if dtype == "fp16" {
+			want = 0.0999755859375
+		}
+		if values[0] != 1.5 || values[1] != -3 || values[2] != want {
+			t.Fatalf("%s param %v", dtype, values)
+		}
+		if err := pv.AddFloat32s([]float32{1, 1, 1}); !errors.Is(err, zero.ErrInvalidArgument) {
+			t.Fatalf("adding to a param view: %v", err)
+		}
+		g, err := engine.Grad(p)
+		check(t, err)
+		check(t, g.AddFloat32s([]float32{0.5, 0.25, 0}))
+		check(t, g.AddFloat32s([]float32{0.5, 0, 0}))
+		got, err := g.ToFloat32s()
+		check(t, err)
+		if got[0] != 1 || got[1] != 0.25 || got[2] != 0 {
+			t.Fatalf("%s gradient %v", dtype, got)
+		}
+		check(t, engine.Release(0))
+		check(t, engine.Close())
+	}
+}

@@ -344,6 +344,24 @@ static int exit_early(zero_comm_t* comm, int silently) {
   return 0;
 }
 
+/* The last rank finalises the communicator while the others finalise an engine: two different first exchanges
+ * (the engine's used to be the registration digests, of another size than the agreement, which Open MPI answered by
+ * killing the job with MPI_ERR_TRUNCATE). Every rank must get ZERO_ERR_MISMATCH naming both calls. */
+static void comm_finalize_during_finalize(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 0);
+  const double t = now();
+  if (g_rank == g_last) {
+    zero_engine_destroy(engine);
+    const zero_status_t s = zero_comm_finalize(comm);
+    expect_status(NULL, s, ZERO_ERR_MISMATCH, "zero_engine_finalize", t, 8.0, "zero_comm_finalize");
+  } else {
+    const zero_status_t s = zero_engine_finalize(engine);
+    expect_status(engine, s, ZERO_ERR_MISMATCH, "zero_comm_finalize", t, 8.0, "zero_engine_finalize");
+    zero_engine_destroy(engine);
+  }
+}
+
 static void divergence(zero_comm_t* comm, const char* scenario) {
   int32_t ids[kNumParams];
   zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
@@ -542,6 +560,8 @@ int main(int argc, char** argv) {
   else if (strcmp(g_scenario, "skip-step") == 0 || strcmp(g_scenario, "different-unit") == 0 ||
            strcmp(g_scenario, "different-lr") == 0)
     divergence(comm, g_scenario);
+  else if (strcmp(g_scenario, "comm-finalize-during-finalize") == 0)
+    comm_finalize_during_finalize(comm);
   else if (strcmp(g_scenario, "exit-while-fetching") == 0)
     left = exit_while_fetching(comm, stage);
   else if (strcmp(g_scenario, "abort-with-prefetch-open") == 0)

@@ -445,7 +445,8 @@ ZERO_API zero_status_t zero_unit_info(zero_unit_info_t* out_info, const zero_eng
 /* The parameter's values in the compute dtype (zero_engine_info_t.param_dtype), contiguous, row-major, valid
  * between zero_gather and zero_release of its unit — at every stage, so that code written for one stage or model
  * size works at every other (ZERO_ERR_INVALID_STATE when the unit is not gathered). Values change only in
- * zero_step. Writes are not preserved. Local. */
+ * zero_step. Do not write through it: what a write does depends on the stage and dtype (it may be lost at the next
+ * zero_gather or zero_step, or reach this rank's master weights only and make the ranks diverge). Local. */
 ZERO_API zero_status_t zero_param_data(void** out_data, zero_engine_t* engine, int32_t param);
 
 /* Where the framework ADDS (+=) this rank's gradient of the param for the current micro-step, in the gradient

@@ -9,9 +9,21 @@ import org.libzero.internal.ZeroNative;
  */
 public final class Comm implements AutoCloseable {
   private long handle;
+  private final int rank;
+  private final int size;
 
   private Comm(long handle) {
     this.handle = handle;
+    int[] out = new int[1];
+    try {
+      ZeroNative.zero_comm_rank(out, handle);
+      rank = out[0];
+      ZeroNative.zero_comm_size(out, handle);
+      size = out[0];
+    } catch (RuntimeException e) {
+      ZeroNative.zero_comm_destroy(handle);
+      throw e;
+    }
   }
 
   /** The whole MPI job (MPI_COMM_WORLD). Collective. */
@@ -36,18 +48,14 @@ public final class Comm implements AutoCloseable {
     return new Comm(out[0]);
   }
 
-  /** This process's rank. */
-  public synchronized int rank() {
-    int[] out = new int[1];
-    ZeroNative.zero_comm_rank(out, handle());
-    return out[0];
+  /** This process's rank (fixed: any thread, any time, also while a collective is in progress). */
+  public int rank() {
+    return rank;
   }
 
   /** The number of ranks. */
-  public synchronized int size() {
-    int[] out = new int[1];
-    ZeroNative.zero_comm_size(out, handle());
-    return out[0];
+  public int size() {
+    return size;
   }
 
   /**

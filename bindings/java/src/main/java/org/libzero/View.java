@@ -13,7 +13,7 @@ import java.nio.ShortBuffer;
  *
  * <p>{@link #get}, {@link #set}, {@link #add}, {@link #addAll} and {@link #toArray} work in floats for every dtype:
  * bf16 and fp16 elements are widened exactly and written back rounded to nearest even, as a framework computing in
- * fp32 would store them. The buffers that {@link #floats()} and {@link #shorts()} return are direct views of the
+ * fp32 would store them. Param views are read-only (the optimizer changes weights); gradient views are written. The buffers that {@link #floats()} and {@link #shorts()} return are direct views of the
  * same memory without any check: use them only while the view is valid, from the thread that drives the engine
  * (the rule of zero_param_data in C).
  */
@@ -55,25 +55,30 @@ public final class View {
     return length;
   }
 
-  /** The fp32 elements as a direct FloatBuffer over engine memory (position 0, native order). Unchecked later. */
+  /**
+   * The fp32 elements as a direct FloatBuffer over engine memory (position 0, native order), read-only for a
+   * param view. Unchecked later.
+   */
   public FloatBuffer floats() {
     synchronized (engine.lock) {
       check();
       if (dtype != DType.FP32) {
         throw new IllegalStateException(what() + " holds " + dtype + " elements; use shorts() or toArray()");
       }
-      return bytes.duplicate().order(bytes.order()).asFloatBuffer();
+      FloatBuffer floats = bytes.duplicate().order(bytes.order()).asFloatBuffer();
+      return gradient ? floats : floats.asReadOnlyBuffer();
     }
   }
 
-  /** The bf16 / fp16 elements' bits as a direct ShortBuffer over engine memory. Unchecked later. */
+  /** The bf16 / fp16 elements' bits as a direct ShortBuffer (read-only for a param view). Unchecked later. */
   public ShortBuffer shorts() {
     synchronized (engine.lock) {
       check();
       if (dtype == DType.FP32) {
         throw new IllegalStateException(what() + " holds FP32 elements; use floats()");
       }
-      return bytes.duplicate().order(bytes.order()).asShortBuffer();
+      ShortBuffer shorts = bytes.duplicate().order(bytes.order()).asShortBuffer();
+      return gradient ? shorts : shorts.asReadOnlyBuffer();
     }
   }
 
@@ -86,28 +91,35 @@ public final class View {
     }
   }
 
-  /** Sets element {@code i}. For a gradient, use {@link #add}: the buffer accumulates. */
+  /** Sets element {@code i} of a gradient view (param views are read-only). Gradients accumulate: prefer {@link #add}. */
   public void set(int i, float value) {
     synchronized (engine.lock) {
       check();
+      writable("set");
       index(i);
       write(i, value);
     }
   }
 
-  /** Adds {@code value} to element {@code i} (in fp32, then stored in the view's dtype): how gradients accumulate. */
+  /**
+   * Adds {@code value} to element {@code i} of a gradient view: in fp32, then stored in the view's dtype. With a
+   * 16-bit gradient accumulation dtype every call rounds (as {@code grad += g} does in bf16 in PyTorch): sum a
+   * micro-step's contributions in a {@code float[]} and add them once with {@link #addAll}.
+   */
   public void add(int i, float value) {
     synchronized (engine.lock) {
       check();
+      writable("add");
       index(i);
       write(i, read(i) + value);
     }
   }
 
-  /** Adds {@code values} element-wise ({@code values.length} must equal {@link #length()}). */
+  /** Adds {@code values} element-wise to a gradient view ({@code values.length} must equal {@link #length()}). */
   public void addAll(float[] values) {
     synchronized (engine.lock) {
       check();
+      writable("addAll");
       if (values == null || values.length != length) {
         throw new IllegalArgumentException(what() + " has " + length + " elements, not "
             + (values == null ? "null" : values.length));
@@ -131,6 +143,15 @@ public final class View {
         }
       }
       return out;
+    }
+  }
+
+  /* Param views are read-only: what a write to a gathered param would do depends on the stage and dtype (kept in
+   * this rank's master weights only, or lost at the next gather or step), so the binding does not offer one. */
+  private void writable(String op) {
+    if (!gradient) {
+      throw new UnsupportedOperationException(what() + " is read-only: " + op + " works on gradient views; the"
+          + " optimizer (or loadCheckpoint) changes the weights");
     }
   }
 

@@ -121,7 +121,8 @@ public class EngineTest {
     engine.close();
     assertTrue(engine.isClosed());
     assertThrows(IllegalStateException.class, () -> engine.gather(0));
-    assertThrows(IllegalStateException.class, comm::rank);
+    assertThrows(IllegalStateException.class, comm::shutdown);
+    assertEquals(0, comm.rank()); // fixed at creation: readable any time
   }
 
   @Test
@@ -228,11 +229,27 @@ public class EngineTest {
   }
 
   @Test
+  public void paramViewsAreReadOnly() {
+    try (Comm comm = Comm.single(); Engine engine = new Engine(sgd(0), comm)) {
+      int p = engine.addParam(Param.of("p", 2));
+      engine.finalizeParams();
+      engine.gather(0);
+      View v = engine.param(p);
+      assertThrows(UnsupportedOperationException.class, () -> v.set(0, 1.0f));
+      assertThrows(UnsupportedOperationException.class, () -> v.addAll(new float[2]));
+      assertThrows(java.nio.ReadOnlyBufferException.class, () -> v.floats().put(0, 1.0f));
+      engine.grad(p).floats().put(0, 1.0f); // gradient views are written
+      engine.release(0);
+    }
+  }
+
+  @Test
   public void stringsAreUtf8AndNulIsRefused() {
     try (Comm comm = Comm.single(); Engine engine = new Engine(sgd(1), comm)) {
       int p = engine.addParam(Param.of("w\uD83D\uDE00", 3)); // outside the BMP
       assertEquals("w\uD83D\uDE00", engine.paramInfo(p).name());
       assertThrows(IllegalArgumentException.class, () -> engine.addParam(Param.of("a\0b", 3)));
+      assertThrows(IllegalArgumentException.class, () -> engine.addParam(Param.of("lone\uD83D", 3)));
       ZeroException e = assertThrows(ZeroException.class, () -> engine.addParam(Param.of("w\uD83D\uDE00", 3)));
       assertTrue(e.getMessage(), e.getMessage().contains("w\uD83D\uDE00"));
     }

@@ -1,5 +1,9 @@
 package org.libzero.internal;
 
+import java.nio.ByteBuffer;
+import java.nio.CharBuffer;
+import java.nio.charset.CharacterCodingException;
+import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 
 /**
@@ -19,7 +23,16 @@ public final class Strings {
       throw new IllegalArgumentException("a string passed to libzero contains a NUL character: "
           + s.replace("\0", "\\0"));
     }
-    return s.getBytes(StandardCharsets.UTF_8);
+    try { // getBytes would turn a lone surrogate into '?' silently
+      ByteBuffer bytes = StandardCharsets.UTF_8.newEncoder().onMalformedInput(CodingErrorAction.REPORT)
+          .onUnmappableCharacter(CodingErrorAction.REPORT).encode(CharBuffer.wrap(s));
+      byte[] out = new byte[bytes.remaining()];
+      bytes.get(out);
+      return out;
+    } catch (CharacterCodingException e) {
+      throw new IllegalArgumentException("a string passed to libzero is not valid Unicode (a lone surrogate?): "
+          + s, e);
+    }
   }
 
   /** A string from C's UTF-8 bytes (null stays null). */
