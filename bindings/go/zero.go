@@ -468,27 +468,13 @@ func (e *Engine) freeInits() {
 }
 
 // Gather makes units' full parameters available (stage 3: all-gathers them; collective there).
-func (e *Engine) Gather(units ...int) error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
-	for _, u := range units {
-		if _, err := id32(u, "unit"); err != nil {
-			return err
-		}
-		if err := call(func() error { return capi.Zero_gather(h, u) }); err != nil {
-			return err
-		}
-		e.unitEpoch[u]++
-		e.gathered[u] = true
-	}
-	return nil
-}
+func (e *Engine) Gather(units ...int) error { return e.setUnits(units, true, capi.Zero_gather) }
 
 // Release gives gathered units back; their views become stale. Local.
-func (e *Engine) Release(units ...int) error {
+func (e *Engine) Release(units ...int) error { return e.setUnits(units, false, capi.Zero_release) }
+
+// setUnits gathers or releases units in turn, recording each change for the views' validity.
+func (e *Engine) setUnits(units []int, gathered bool, op func(uintptr, int) error) error {
 	h, err := e.lock()
 	if err != nil {
 		return err
@@ -498,11 +484,11 @@ func (e *Engine) Release(units ...int) error {
 		if _, err := id32(u, "unit"); err != nil {
 			return err
 		}
-		if err := call(func() error { return capi.Zero_release(h, u) }); err != nil {
+		if err := call(func() error { return op(h, u) }); err != nil {
 			return err
 		}
 		e.unitEpoch[u]++
-		e.gathered[u] = false
+		e.gathered[u] = gathered
 	}
 	return nil
 }
