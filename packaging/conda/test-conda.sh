@@ -18,7 +18,7 @@ pins = recipe["requirements"]["run_exports"]
 assert any("pin_subpackage('libzero', upper_bound='x.x')" in p for p in pins), pins
 # Every library CMakeLists.txt requires is a host requirement (the examples, which need a BLAS, are not built).
 host = recipe["requirements"]["host"]
-for needed in ("openmpi", "nlohmann_json", "xxhash"):
+for needed in ("openmpi", "nlohmann_json", "xxhash", "liburing"):
     assert needed in host, (needed, host)
 assert recipe["build"]["skip"] == ["not linux"], recipe["build"]["skip"]
 print("recipe.yaml parses; run_exports pinned to the ABI generation's minor version:", pins[0])
