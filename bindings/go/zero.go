@@ -346,6 +346,16 @@ func (e *Engine) lock() (uintptr, error) {
 	return e.handle, nil
 }
 
+// with runs one C call (or a few) under the engine's lock, with its handle; ErrClosed after Close.
+func (e *Engine) with(f func(h uintptr) error) error {
+	h, err := e.lock()
+	if err != nil {
+		return err
+	}
+	defer e.mu.Unlock()
+	return f(h)
+}
+
 // AddParamGroup adds a param group and returns its id (1, 2, ... in call order). Before Finalize. Local.
 func (e *Engine) AddParamGroup(name string, options ...GroupOption) (int, error) {
 	h, err := e.lock()
@@ -495,15 +505,10 @@ func (e *Engine) setUnits(units []int, gathered bool, op func(uintptr, int) erro
 
 // Prefetch starts the all-gather of a stage-3 unit ahead of its Gather (experimental API). Collective.
 func (e *Engine) Prefetch(unit int) error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
 	if _, err := id32(unit, "unit"); err != nil {
 		return err
 	}
-	return call(func() error { return capi.Zero_prefetch(h, unit) })
+	return e.with(func(h uintptr) error { return call(func() error { return capi.Zero_prefetch(h, unit) }) })
 }
 
 // View is engine memory seen from Go without a copy: a param's values (valid while its unit stays gathered) or
@@ -635,19 +640,16 @@ func (e *Engine) Grad(param int) (*View, error) { return e.view(true, param) }
 // GradReady declares the param's gradient for this micro-step complete (stages 2-3: may start a reduction;
 // collective there).
 func (e *Engine) GradReady(param int) error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
 	if _, err := id32(param, "param"); err != nil {
 		return err
 	}
-	if err := call(func() error { return capi.Zero_grad_ready(h, param) }); err != nil {
-		return err
-	}
-	e.gradEpoch[param]++
-	return nil
+	return e.with(func(h uintptr) error {
+		if err := call(func() error { return capi.Zero_grad_ready(h, param) }); err != nil {
+			return err
+		}
+		e.gradEpoch[param]++
+		return nil
+	})
 }
 
 func (e *Engine) endGradients() {
@@ -658,13 +660,10 @@ func (e *Engine) endGradients() {
 
 // BackwardEnd ends the micro-step, reducing every bucket still pending. Collective.
 func (e *Engine) BackwardEnd() error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
-	defer e.endGradients()
-	return call(func() error { return capi.Zero_backward_end(h) })
+	return e.with(func(h uintptr) error {
+		defer e.endGradients()
+		return call(func() error { return capi.Zero_backward_end(h) })
+	})
 }
 
 // StepInfo is what Step did.
@@ -695,66 +694,47 @@ func (e *Engine) Step() (StepInfo, error) {
 
 // LossScale is the factor to multiply the loss by before backward (fp16's loss scale; 1 otherwise).
 func (e *Engine) LossScale() (float64, error) {
-	h, err := e.lock()
-	if err != nil {
-		return 0, err
-	}
-	defer e.mu.Unlock()
 	var scale float64
-	err = call(func() error { return capi.Zero_loss_scale(&scale, h) })
+	err := e.with(func(h uintptr) error { return call(func() error { return capi.Zero_loss_scale(&scale, h) }) })
 	return scale, err
 }
 
 // SetLR sets a group's learning rate (group -1: every group); every rank must set the same value.
 func (e *Engine) SetLR(group int, lr float64) error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
 	if _, err := id32(group, "group"); err != nil {
 		return err
 	}
-	return call(func() error { return capi.Zero_set_lr(h, group, lr) })
+	return e.with(func(h uintptr) error { return call(func() error { return capi.Zero_set_lr(h, group, lr) }) })
 }
 
 // SetNumThreads sets this rank's optimizer threads (0: automatic). Results do not depend on it.
 func (e *Engine) SetNumThreads(threads int) error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
 	if _, err := id32(threads, "thread count"); err != nil {
 		return err
 	}
-	return call(func() error { return capi.Zero_engine_set_num_threads(h, threads) })
+	return e.with(func(h uintptr) error {
+		return call(func() error { return capi.Zero_engine_set_num_threads(h, threads) })
+	})
 }
 
 // SaveCheckpoint saves a sharded checkpoint as dir/tag and points dir/latest at it. Collective.
 func (e *Engine) SaveCheckpoint(dir, tag string) error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
 	if err := paths(dir, tag); err != nil {
 		return err
 	}
-	return call(func() error { return capi.Zero_save_checkpoint(h, dir, tag) })
+	return e.with(func(h uintptr) error {
+		return call(func() error { return capi.Zero_save_checkpoint(h, dir, tag) })
+	})
 }
 
 // LoadCheckpoint loads dir/tag (tag "": the latest), whatever rank count saved it. Collective.
 func (e *Engine) LoadCheckpoint(dir, tag string) error {
-	h, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer e.mu.Unlock()
 	if err := paths(dir, tag); err != nil {
 		return err
 	}
-	return call(func() error { return capi.Zero_load_checkpoint(h, dir, tag) })
+	return e.with(func(h uintptr) error {
+		return call(func() error { return capi.Zero_load_checkpoint(h, dir, tag) })
+	})
 }
 
 func paths(dir, tag string) error {
