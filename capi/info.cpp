@@ -82,6 +82,11 @@ ZERO_API zero_status_t zero_memory_stats_init(zero_memory_stats_t* stats, size_t
   return init("zero_memory_stats_init", "zero_memory_stats_t", stats, struct_size, d);
 }
 
+ZERO_API zero_status_t zero_memory_placement_init(zero_memory_placement_t* placement, size_t struct_size) {
+  const zero_memory_placement_t d = ZERO_MEMORY_PLACEMENT_INIT;
+  return init("zero_memory_placement_init", "zero_memory_placement_t", placement, struct_size, d);
+}
+
 ZERO_API zero_status_t zero_comm_stats_init(zero_comm_stats_t* stats, size_t struct_size) {
   const zero_comm_stats_t d = ZERO_COMM_STATS_INIT;
   return init("zero_comm_stats_init", "zero_comm_stats_t", stats, struct_size, d);
@@ -181,6 +186,20 @@ ZERO_API zero_status_t zero_memory_stats(zero_memory_stats_t* out_stats, const z
     s.gathered_bytes = m.gathered_bytes;
     s.total_bytes = m.total();
     zero::write_output_struct(out_stats, s);
+  });
+}
+
+ZERO_API zero_status_t zero_memory_placement(zero_memory_placement_t* out_placement, const zero_engine_t* engine) {
+  const char* call = "zero_memory_placement";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::check_output_struct(out_placement, sizeof(zero_memory_placement_t), call, "zero_memory_placement_t",
+                              "zero_memory_placement_init");
+    const zero::MemoryStats m = engine_of(engine, call).memory_stats();
+    zero_memory_placement_t p = ZERO_MEMORY_PLACEMENT_INIT;
+    p.host_bytes = m.host_bytes;
+    p.nvme_bytes = m.nvme_bytes;
+    p.staging_bytes = m.staging_bytes;
+    zero::write_output_struct(out_placement, p);
   });
 }
 

@@ -136,6 +136,8 @@ constexpr int64_t kMaxInt = INT64_C(1) << 53;  // beyond this a JSON number may 
 
 // The honoured keys of zero_optimization (config_keys.cpp has already checked every key, resolved the stage3_
 // aliases, and refused what libzero does not implement).
+void parse_offload(const Section& z, int64_t sub_group_size, Config& cfg);
+
 void parse_zero_optimization(const Section& z, Config& cfg) {
   cfg.stage = static_cast<int>(z.get_int("stage", 0, 0, 3));
   cfg.reduce_bucket_size = z.get_int("reduce_bucket_size", cfg.reduce_bucket_size, 1, kMaxInt);
@@ -161,18 +163,70 @@ void parse_zero_optimization(const Section& z, Config& cfg) {
                         "ignore_unused_parameters", "memory_efficient_linear", "use_multi_rank_bucket_allreduce",
                         "cpu_offload_use_pin_memory", "use_all_reduce_for_fetch_params", "allgather_sequential"})
     z.get_bool(k, false);
-  for (const char* k : {"sub_group_size", "model_persistence_threshold", "module_granularity_threshold"})
-    z.get_int(k, 0, 0, kMaxInt);
-  // Offload: device "none" only, for now (the block's other keys are accepted with no effect).
-  for (const char* k : {"offload_param", "offload_optimizer"}) {
-    if (!z.has(k)) continue;
-    const Section off = z.child(k);
+  for (const char* k : {"model_persistence_threshold", "module_granularity_threshold"}) z.get_int(k, 0, 0, kMaxInt);
+  const int64_t sub_group_size = z.get_int("sub_group_size", 0, 0, kMaxInt);
+  parse_offload(z, sub_group_size, cfg);
+}
+
+// offload_optimizer: "cpu" is where the CPU engine keeps the state already; "nvme" puts the fp32 master and the
+// optimizer state in a file per rank. offload_param: "cpu" likewise; "nvme" is not implemented yet.
+void parse_offload(const Section& z, int64_t sub_group_size, Config& cfg) {
+  auto device_of = [&](const char* block) {
+    if (!z.has(block)) return OffloadConfig::Device::kNone;
+    const Section off = z.child(block);
     const std::string device = off.get_string("device", "none");
-    if (device != "none" && device != "cpu" && device != "nvme")
-      fail(ZERO_ERR_CONFIG, "config key 'zero_optimization." + std::string(k) + ".device' is \"" + device +
-                                "\"; valid values: \"none\", \"cpu\", \"nvme\"");
-    if (device != "none") z.unsupported(k, "offload to '" + device + "' is not implemented in this version");
+    if (device == "none") return OffloadConfig::Device::kNone;
+    if (device == "cpu") {
+      off.no_effect("device");  // the CPU engine's model states are in host memory already
+      return OffloadConfig::Device::kCpu;
+    }
+    if (device == "nvme") return OffloadConfig::Device::kNvme;
+    fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") + "' is \"" + device +
+                              "\"; valid values: \"none\", \"cpu\", \"nvme\"");
+  };
+  if (device_of("offload_param") == OffloadConfig::Device::kNvme)
+    z.child("offload_param")
+        .unsupported("device",
+                     "offload of the params to NVMe is not implemented in this version (offload_optimizer "
+                     "with device \"nvme\" is: it puts the fp32 master and the optimizer state there)");
+  OffloadConfig& o = cfg.offload;
+  o.optimizer = device_of("offload_optimizer");
+  if (z.has("offload_optimizer")) {
+    const Section off = z.child("offload_optimizer");
+    o.nvme_path = off.get_string("nvme_path", "");
+    o.buffer_count = static_cast<int>(off.get_int("buffer_count", o.buffer_count, 1, 1 << 20));
+    for (const char* k : {"pin_memory", "fast_init", "pipeline_read", "pipeline_write"}) off.get_bool(k, false);
+    if (o.nvme()) {
+      if (o.nvme_path.empty())
+        fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") + "' is \"nvme\" but '" +
+                                  off.qualified("nvme_path") +
+                                  "' is not set; give the directory (on a fast local disk) where each rank may write "
+                                  "its optimizer state file");
+      if (cfg.stage == 0)
+        fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") +
+                                  "' is \"nvme\" at zero_optimization.stage 0; offloading the optimizer state needs "
+                                  "ZeRO stage 1, 2 or 3 (as in DeepSpeed), where each rank keeps only its shard");
+      if (o.buffer_count < 3)
+        fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("buffer_count") + "' is " +
+                                  std::to_string(o.buffer_count) +
+                                  "; NVMe offload streams the state through at least 3 chunks of host memory (one "
+                                  "read ahead, one updated, one written behind)");
+    }
   }
+  o.chunk_elems = sub_group_size > 0 ? sub_group_size : OffloadConfig::kDefaultChunkElems;
+}
+
+void parse_aio(const Section& a, Config& cfg) {
+  OffloadConfig& o = cfg.offload;
+  o.aio_block_size = a.get_int("block_size", o.aio_block_size, 4096, int64_t{1} << 30);
+  if (o.aio_block_size % 4096 != 0)
+    fail(ZERO_ERR_CONFIG, "config key '" + a.qualified("block_size") + "' is " + std::to_string(o.aio_block_size) +
+                              "; direct I/O needs a multiple of 4096 bytes");
+  o.aio_queue_depth = static_cast<int>(a.get_int("queue_depth", o.aio_queue_depth, 1, 4096));
+  a.get_int("intra_op_parallelism", 1, 1, 4096);
+  for (const char* k : {"single_submit", "overlap_events"}) a.get_bool(k, false);
+  if (a.get_bool("use_gds", false))
+    a.unsupported("use_gds", "GPUDirect Storage needs the GPU engine; the CPU engine reads into host memory");
 }
 
 std::string lowercase(std::string s) {
@@ -502,6 +556,7 @@ Config parse_config(const std::string& json_text, int world_size) {
   if (top.has("zero_optimization")) parse_zero_optimization(top.child("zero_optimization"), cfg);
   parse_precision(top, cfg);
   if (top.has("scheduler")) parse_scheduler(top.child("scheduler"), cfg);
+  if (top.has("aio")) parse_aio(top.child("aio"), cfg);
   top.get_int("steps_per_print", 10, 0, kMaxInt);
 
   if (top.has("libzero")) {

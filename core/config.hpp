@@ -35,6 +35,21 @@ struct SchedulerConfig {
   double warmup_min_ratio = 0.0, cos_min_ratio = 0.0001;  // WarmupCosineLR
 };
 
+// zero_optimization.offload_optimizer and the aio block: where the fp32 master and the optimizer state live.
+// With device nvme they are in one file per rank under nvme_path and stream through a window of buffer_count
+// chunks of chunk_elems elements in host memory (docs/architecture.md, "NVMe offload").
+struct OffloadConfig {
+  enum class Device { kNone, kCpu, kNvme };
+  Device optimizer = Device::kNone;
+  std::string nvme_path;             // a directory; the file is created at finalize, removed with the engine
+  int buffer_count = 4;              // DeepSpeed's default; at least 3 (read ahead, update, write behind)
+  int64_t chunk_elems = 0;           // zero_optimization.sub_group_size when given, else kDefaultChunkElems
+  int64_t aio_block_size = 1 << 20;  // aio.block_size: bytes per request
+  int aio_queue_depth = 8;           // aio.queue_depth: requests in flight
+  static constexpr int64_t kDefaultChunkElems = int64_t{1} << 20;
+  bool nvme() const { return optimizer == Device::kNvme; }
+};
+
 struct Config {
   int stage = 0;
   int64_t reduce_bucket_size = 500000000;     // elements
@@ -71,7 +86,8 @@ struct Config {
   double timeout_s = 600.0;                   // libzero.timeout_s (ZERO_TIMEOUT_S overrides): every collective's
   int optimizer_threads = 0;                  // libzero.optimizer_threads; 0: automatic
   bool require_deterministic = false;  // libzero.deterministic: finalize fails on a backend without rank-order sums
-  std::string source_json;             // the config as given, stored in checkpoints
+  OffloadConfig offload;
+  std::string source_json;  // the config as given, stored in checkpoints
   // Keys present in the config that are valid but change nothing here (for the one warning on rank 0).
   std::vector<std::string> no_effect_keys;
   // What DeepSpeed would warn about too (a schedule whose total is shorter than its warmup): logged by rank 0.

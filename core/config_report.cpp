@@ -192,6 +192,13 @@ std::string config_report(const Config& c, int world) {
   if (c.stage == 3)
     put("  persistence threshold  %lld elements (smaller units stay resident)\n",
         static_cast<long long>(c.param_persistence_threshold));
+  if (c.offload.nvme())
+    put("  offload                fp32 master and optimizer state to NVMe: a file per rank under '%s', streamed "
+        "through %d chunks of %lld elements (aio: %lld-byte requests, %d in flight)\n",
+        c.offload.nvme_path.c_str(), c.offload.buffer_count, static_cast<long long>(c.offload.chunk_elems),
+        static_cast<long long>(c.offload.aio_block_size), c.offload.aio_queue_depth);
+  else
+    os << "  offload                none (model states in host memory)\n";
   put("  collective timeout     %g s\n", c.timeout_s);
   if (c.require_deterministic) os << "  deterministic sums     required (libzero.deterministic)\n";
   if (c.optimizer_threads > 0)

@@ -46,6 +46,11 @@ PlanSpec Engine::plan_spec() const {
   spec.persistence_threshold = config_.param_persistence_threshold;
   spec.bucket_elems = config_.reduce_bucket_size;
   spec.space = MemorySpace::kHost;
+  if (config_.offload.nvme()) {
+    spec.optimizer_space = MemorySpace::kNvme;
+    spec.offload_chunk_elems = config_.offload.chunk_elems;
+    spec.offload_buffers = config_.offload.buffer_count;
+  }
   spec.world_size = comm_.size();
   spec.rank = comm_.rank();
   return spec;
@@ -113,6 +118,10 @@ void Engine::finalize() {
   try {
     Plan plan = make_plan(plan_spec(), layout);
     store_.set_plan(std::move(layout), std::move(plan));
+    io::AioSettings aio;
+    aio.block_size = static_cast<size_t>(config_.offload.aio_block_size);
+    aio.queue_depth = config_.offload.aio_queue_depth;
+    store_.set_offload_target(config_.offload.nvme_path, aio);
     store_.allocate(registration_.params());
     FetchPolicy fetch;
     fetch.background_publish = config_.overlap_comm;

@@ -1,6 +1,9 @@
 #include "param_store.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 #include "error.hpp"
@@ -13,7 +16,7 @@ namespace {
 std::string unit_name(int unit) { return "unit " + std::to_string(unit); }
 
 void allocate_placed(Buffer& b, const Placement& p, const Allocators& allocators, const char* what) {
-  if (p.extent == Extent::kNone) return;
+  if (p.extent == Extent::kNone || p.space == MemorySpace::kNvme) return;  // in the NVMe state's file
   b.allocate(p.space, p.elems, p.dtype, allocators.get(p.space, what));
 }
 
@@ -65,10 +68,28 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params) {
     gathered_pool_.set_capacity(g.space, g.elems, g.dtype, allocators_.get(g.space, "a gathered unit"));
     gathered_pool_.reserve(1);
   }
+  if (plan_.offloaded()) {
+    // A name no other engine of this job or another job sharing the directory uses.
+    static std::atomic<int> engines{0};
+    const std::string name = "libzero-optimizer.rank" + std::to_string(comm_.rank()) + "." +
+                             std::to_string(::getpid()) + "." + std::to_string(engines.fetch_add(1)) + ".swap";
+    std::vector<size_t> elems;
+    for (const UnitPlan& up : plan_.units) elems.push_back(up.update_elems);
+    const OffloadPlan& o = plan_.offload;
+    try {
+      nvme_ = std::make_unique<io::NvmeState>(
+          nvme_dir_, name, io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers), aio_, comm_.rank());
+    } catch (const Error& e) {
+      fail(e.status(), std::string("zero_engine_finalize: the optimizer state's file under "
+                                   "zero_optimization.offload_optimizer.nvme_path: ") +
+                           e.what());
+    }
+  }
 }
 
 void ParameterStore::clear() {
   units_.clear();
+  nvme_.reset();
   gathered_pool_.clear();
   fetches_.clear();
   order_.clear(), recording_.clear();
@@ -118,7 +139,9 @@ void ParameterStore::broadcast_initial_values(const Registration& registration, 
       size_t lo = std::max(begin, own), hi = std::min(end, own_end);
       if (lo < hi) ops.round_from_f32(ub.params.at(lo - own), compute_dtype, staging.data() + (lo - begin), hi - lo);
       lo = std::max(begin, up.update_begin), hi = std::min(end, up.update_begin + up.update_elems);
-      if (!ub.master.empty() && lo < hi)
+      if (lo < hi && offloaded_master())
+        nvme_->write(static_cast<int>(u), master_array(), lo - up.update_begin, staging.data() + (lo - begin), hi - lo);
+      else if (!ub.master.empty() && lo < hi)
         copy_bytes(ub.master.space(), ub.master.f32() + (lo - up.update_begin), MemorySpace::kHost,
                    staging.data() + (lo - begin), (hi - lo) * sizeof(float));
     }
@@ -379,6 +402,7 @@ UnitInfo ParameterStore::unit_info(int unit) const {
 
 float* ParameterStore::master(int u) {
   UnitBuffers& ub = units_[u];
+  if (offloaded_master()) return nullptr;
   if (plan_.separate_master()) return ub.master.f32();
   return ub.params.f32() + plan_.units[u].update_in_params;
 }
@@ -388,12 +412,40 @@ void* ParameterStore::copy(int u) {
   return units_[u].params.at(plan_.units[u].update_in_params);
 }
 
-const float* ParameterStore::master_shard(int u) {
-  return master(u) + (plan_.units[u].norm_begin - plan_.units[u].update_begin);
+namespace {
+constexpr size_t kOffloadPieceElems = size_t{1} << 20;  // 4 MiB of fp32 per piece read from or written to NVMe
 }
 
-const float* ParameterStore::state_shard(int u, int s) {
-  return units_[u].state[s].f32() + (plan_.units[u].norm_begin - plan_.units[u].update_begin);
+void ParameterStore::read_shard(int u, int kind, const std::function<void(const void*, size_t bytes)>& sink) {
+  const UnitPlan& up = plan_.units[u];
+  const size_t offset = up.norm_begin - up.update_begin, n = layout_.units[u].shard_elems;
+  const int array = kind < 0 ? master_array() : state_array(kind);
+  if (array < 0) {  // in memory
+    const float* base = kind < 0 ? master(u) : units_[u].state[kind].f32();
+    sink(base + offset, n * sizeof(float));
+    return;
+  }
+  std::vector<float> piece(std::min(n, kOffloadPieceElems));
+  for (size_t done = 0; done < n; done += piece.size()) {
+    const size_t m = std::min(piece.size(), n - done);
+    nvme_->read(u, array, offset + done, piece.data(), m);
+    sink(piece.data(), m * sizeof(float));
+  }
+}
+
+void ParameterStore::write_updated(int u, int kind, const float* values) {
+  const size_t n = plan_.units[u].update_elems;
+  const int array = kind < 0 ? master_array() : state_array(kind);
+  if (array >= 0) {
+    nvme_->write(u, array, 0, values, n);
+    return;
+  }
+  UnitBuffers& ub = units_[u];
+  if (kind < 0)
+    copy_bytes(ub.master.empty() ? ub.params.space() : ub.master.space(), master(u), MemorySpace::kHost, values,
+               n * sizeof(float));
+  else
+    copy_bytes(ub.state[kind].space(), ub.state[kind].f32(), MemorySpace::kHost, values, n * sizeof(float));
 }
 
 const void* ParameterStore::params_shard(int u) {
@@ -417,10 +469,22 @@ void ParameterStore::clear_grads_not_updated() {
 
 void ParameterStore::write_params_from_master() {
   if (!plan_.separate_master()) return;
+  std::vector<float> piece;
   for (size_t u = 0; u < units_.size(); ++u) {
     UnitBuffers& ub = units_[u];
-    element_ops(ub.params.space())
-        .round_from_f32(copy(static_cast<int>(u)), plan_.compute_dtype, ub.master.f32(), plan_.units[u].update_elems);
+    const size_t n = plan_.units[u].update_elems;
+    const ElementOps& ops = element_ops(ub.params.space());
+    if (!offloaded_master()) {
+      ops.round_from_f32(copy(static_cast<int>(u)), plan_.compute_dtype, ub.master.f32(), n);
+      continue;
+    }
+    piece.resize(std::min(n, kOffloadPieceElems));
+    char* out = static_cast<char*>(copy(static_cast<int>(u)));
+    for (size_t done = 0; done < n; done += piece.size()) {
+      const size_t m = std::min(piece.size(), n - done);
+      nvme_->read(static_cast<int>(u), master_array(), done, piece.data(), m);
+      ops.round_from_f32(out + done * dtype_size(plan_.compute_dtype), plan_.compute_dtype, piece.data(), m);
+    }
   }
 }
 
@@ -455,6 +519,18 @@ MemoryStats ParameterStore::allocated_bytes(uint64_t bucket_bytes) const {
   }
   s.bucket_bytes = bucket_bytes;
   s.gathered_bytes = gathered_pool_.allocated_bytes();
+  s.host_bytes = s.total();
+  if (nvme_ != nullptr) {  // the offloaded kinds, as the file holds them
+    const io::NvmeState::Geometry& g = nvme_->geometry();
+    uint64_t elems = 0;
+    for (size_t n : g.unit_elems) elems += n;
+    const int states = g.arrays - (plan_.offload.master ? 1 : 0);
+    if (plan_.offload.master) s.master_param_bytes += elems * sizeof(float);
+    s.optimizer_state_bytes += elems * sizeof(float) * static_cast<uint64_t>(states);
+    s.staging_bytes = g.staging_bytes();
+    s.host_bytes += s.staging_bytes;
+    s.nvme_bytes = g.file_bytes();
+  }
   return s;
 }
 

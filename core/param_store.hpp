@@ -6,11 +6,14 @@
 #pragma once
 
 #include <deque>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "call_guard.hpp"
 #include "comm/engine_comm.hpp"
+#include "io/nvme_state.hpp"
 #include "layout.hpp"
 #include "memory/allocator.hpp"
 #include "memory/buffer.hpp"
@@ -60,6 +63,8 @@ class ParameterStore {
   ~ParameterStore();
 
   Allocators& allocators() { return allocators_; }
+  // Where a plan that offloads the optimizer state to NVMe puts its file (before allocate).
+  void set_offload_target(std::string dir, io::AioSettings aio) { nvme_dir_ = std::move(dir), aio_ = aio; }
   // Before finalize: the plan of the stage without units (so that calls before finalize know whether a gather
   // would be collective). At finalize: the layout and the plan of the registered units.
   void set_plan(Layout layout, Plan plan) { layout_ = std::move(layout), plan_ = std::move(plan); }
@@ -107,18 +112,28 @@ class ParameterStore {
   UnitBuffers& unit(int u) { return units_[u]; }
   const UnitBuffers& unit(int u) const { return units_[u]; }
   const UnitPlan& unit_plan(int u) const { return plan_.units[u]; }
-  // The fp32 values this rank updates: the separate master, or the params themselves when they are fp32.
+  // The fp32 values this rank updates: the separate master, or the params themselves when they are fp32. Null
+  // when the master is offloaded (offloaded_master()).
   float* master(int u);
+  // offload_optimizer to NVMe: the file and window (null otherwise), and which of its arrays holds what (-1:
+  // not offloaded).
+  io::NvmeState* nvme() { return nvme_.get(); }
+  bool offloaded() const { return nvme_ != nullptr; }
+  bool offloaded_master() const { return offloaded() && plan_.offload.master; }
+  int master_array() const { return offloaded_master() ? 0 : -1; }
+  int state_array(int s) const { return offloaded() ? (plan_.offload.master ? 1 : 0) + s : -1; }
   // Where the optimizer writes the compute-dtype copy of what this rank updates (null when params are the master).
   void* copy(int u);
   // The reduced gradients of what this rank updates, and of what it adds to the norm.
   void* update_grads(int u) { return units_[u].grads.at(plan_.units[u].update_in_grads); }
   const void* norm_grads(int u) { return units_[u].grads.at(plan_.units[u].norm_in_grads); }
-  // This rank's shard [rank * S, (rank + 1) * S) of the fp32 master, an optimizer state and the params (what a
-  // checkpoint stores per rank, whatever the stage).
-  const float* master_shard(int u);
-  const float* state_shard(int u, int s);
+  // This rank's shard [rank * S, (rank + 1) * S) of the fp32 master (kind -1) or an optimizer state (kind s), and
+  // the params: what a checkpoint stores per rank, whatever the stage. The fp32 shards are handed to `sink` in
+  // pieces (one piece in memory; pieces of a bounded buffer when offloaded).
+  void read_shard(int u, int kind, const std::function<void(const void*, size_t bytes)>& sink);
   const void* params_shard(int u);
+  // Writes the whole updated range of unit u's master (kind -1) or optimizer state s (a checkpoint's load).
+  void write_updated(int u, int kind, const float* values);
 
   // ---- after a step or a checkpoint load
   void clear_grads();
@@ -148,6 +163,9 @@ class ParameterStore {
   Plan plan_;
   std::vector<UnitBuffers> units_;
   BufferPool gathered_pool_;
+  std::string nvme_dir_;
+  io::AioSettings aio_;
+  std::unique_ptr<io::NvmeState> nvme_;
 
   // ---- fetching ahead
   struct Fetch {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "error.hpp"
+#include "io/nvme_state.hpp"
 
 namespace zero {
 namespace {
@@ -69,9 +70,10 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     up.update_begin = shard_optimizer ? own : 0;
     up.update_elems = shard_optimizer ? shard : full;
     const Extent updated = shard_optimizer ? Extent::kShard : Extent::kFull;
-    if (spec.compute_dtype != DType::kF32) up.master = place(updated, space, DType::kF32, up.update_elems);
+    if (spec.compute_dtype != DType::kF32)
+      up.master = place(updated, spec.optimizer_space, DType::kF32, up.update_elems);
     for (int s = 0; s < spec.optimizer_states && s < 2; ++s)
-      up.state[s] = place(updated, space, DType::kF32, up.update_elems);
+      up.state[s] = place(updated, spec.optimizer_space, DType::kF32, up.update_elems);
     up.update_in_params = sharded ? 0 : up.update_begin;
     up.update_in_grads = shard_grads ? 0 : up.update_begin;
     up.norm_begin = own;
@@ -84,6 +86,22 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     if (sharded) largest_gathered = std::max(largest_gathered, full);
   }
   plan.gathered = place(Extent::kFull, space, spec.compute_dtype, largest_gathered);
+  if (spec.optimizer_space == MemorySpace::kNvme) {
+    if (!shard_optimizer)
+      fail(ZERO_ERR_CONFIG,
+           "offloading the optimizer state to NVMe needs ZeRO stage 1, 2 or 3 (stage 0 updates "
+           "every element on every rank)");
+    OffloadPlan& o = plan.offload;
+    o.master = spec.compute_dtype != DType::kF32;
+    o.arrays = (o.master ? 1 : 0) + std::min(spec.optimizer_states, 2);
+    o.chunk_elems = spec.offload_chunk_elems;
+    o.buffers = spec.offload_buffers;
+    std::vector<size_t> elems;
+    for (const UnitPlan& up : plan.units) elems.push_back(up.update_elems);
+    const io::NvmeState::Geometry g = io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers);
+    o.file_bytes = g.file_bytes();
+    o.staging_bytes = g.staging_bytes();
+  }
 
   plan.bucket_of_unit.assign(layout.units.size(), -1);
   plan.offset_in_bucket.assign(layout.units.size(), 0);
@@ -112,6 +130,9 @@ MemoryStats Plan::bytes(size_t buckets_held, size_t units_gathered) const {
   }
   m.bucket_bytes = bucket.bytes() * buckets_held;
   m.gathered_bytes = gathered.bytes() * units_gathered;
+  m.staging_bytes = offload.staging_bytes;
+  m.nvme_bytes = offload.file_bytes;
+  m.host_bytes = m.total() + m.staging_bytes - (offloaded() ? m.master_param_bytes + m.optimizer_state_bytes : 0);
   return m;
 }
 
@@ -132,6 +153,9 @@ std::string Plan::describe() const {
     os << ", optimizer state " << (sharded_optimizer ? "sharded" : "full");
     if (separate_master()) os << ", fp32 master beside " << dtype_name(compute_dtype) << " params";
     os << " (" << space_name(first->params.space) << ")";
+    if (offloaded())
+      os << "; fp32 master and optimizer state offloaded to NVMe (" << offload.file_bytes
+         << " bytes in a file, streamed through a " << offload.staging_bytes << "-byte window)";
   }
   os << "; gradients "
      << (reduction == GradReduction::kAllReduceInStep ? "all-reduced in zero_step"

@@ -71,17 +71,21 @@ struct UnitPlan {
   bool sharded_params() const { return params.extent == Extent::kShard; }
 };
 
-// The bytes of one rank's model states, by kind.
+// The bytes of one rank's model states, by kind (wherever they live), and by where: host memory (the kinds placed
+// there, plus the window offloaded state streams through) and the NVMe file (the offloaded kinds, each unit padded
+// to 4 KiB).
 struct MemoryStats {
   uint64_t param_bytes = 0, grad_bytes = 0, master_param_bytes = 0, optimizer_state_bytes = 0, bucket_bytes = 0,
            gathered_bytes = 0;
+  uint64_t staging_bytes = 0, host_bytes = 0, nvme_bytes = 0;
   uint64_t total() const {
     return param_bytes + grad_bytes + master_param_bytes + optimizer_state_bytes + bucket_bytes + gathered_bytes;
   }
   bool operator==(const MemoryStats& o) const {
     return param_bytes == o.param_bytes && grad_bytes == o.grad_bytes && master_param_bytes == o.master_param_bytes &&
            optimizer_state_bytes == o.optimizer_state_bytes && bucket_bytes == o.bucket_bytes &&
-           gathered_bytes == o.gathered_bytes;
+           gathered_bytes == o.gathered_bytes && staging_bytes == o.staging_bytes && host_bytes == o.host_bytes &&
+           nvme_bytes == o.nvme_bytes;
   }
 };
 
@@ -94,7 +98,22 @@ struct PlanSpec {
   int64_t persistence_threshold = 100000;  // elements (stage 3)
   int64_t bucket_elems = 500000000;        // reduce_bucket_size (stages 2-3)
   MemorySpace space = MemorySpace::kHost;  // where the model states live
+  // Where the fp32 master and the optimizer state live: `space`, or kNvme (offload_optimizer device nvme, stages
+  // 1-3), streamed through buffer_count chunks of chunk_elems elements.
+  MemorySpace optimizer_space = MemorySpace::kHost;
+  int64_t offload_chunk_elems = 0;
+  int offload_buffers = 0;
   int world_size = 1, rank = 0;
+};
+
+// The offloaded state's geometry (io/nvme_state.hpp): how many fp32 arrays per updated element, how the file and
+// the window are laid out. Empty without offload.
+struct OffloadPlan {
+  int arrays = 0;       // the master (when separate) and the optimizer states
+  bool master = false;  // array 0 is the master
+  int64_t chunk_elems = 0;
+  int buffers = 0;
+  uint64_t file_bytes = 0, staging_bytes = 0;
 };
 
 struct Plan {
@@ -109,10 +128,12 @@ struct Plan {
   std::vector<size_t> offset_in_bucket;
   Placement bucket;    // one transient gradient bucket: the largest (kNone without buckets)
   Placement gathered;  // one transient gathered unit: the largest sharded one (kNone without sharded units)
+  OffloadPlan offload;
   DType compute_dtype = DType::kF32, grad_accum_dtype = DType::kF32;
 
   bool separate_master() const { return compute_dtype != DType::kF32; }
   bool bucketed() const { return reduction == GradReduction::kBucketsInBackward; }
+  bool offloaded() const { return offload.arrays > 0; }
   // The plan's bytes with `buckets_held` gradient buckets and `units_gathered` sharded units gathered at once
   // (the engine's footprint is the plan with one of each; more only while a caller gathers several units).
   MemoryStats bytes(size_t buckets_held = 1, size_t units_gathered = 1) const;

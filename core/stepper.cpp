@@ -51,6 +51,9 @@ void Stepper::allocate(const ParameterStore& store, size_t groups) {
     }
     update_covers_norm_ = update_covers_norm_ && same;
   }
+  // An offloaded pass walks the shard in chunks that cut segments anywhere: its squares would be summed in other
+  // blocks, so the norm keeps a pass of its own over the (in-memory) gradients.
+  if (store.offloaded()) update_covers_norm_ = false;
   norm_scratch_.assign(largest_norm_blocks, 0.0);
   step_scalars_.resize(groups);
   if (log_enabled(ZERO_LOG_DEBUG))
@@ -145,35 +148,60 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
   }
   const int grad_index = static_cast<int>(config_.grad_accum_dtype);
   const size_t grad_size = dtype_size(config_.grad_accum_dtype), compute_size = dtype_size(config_.compute_dtype);
+  auto kernel_of = [&](const ParameterStore::UnitBuffers& ub) {
+    return kernels(ub.grads.space(), isa_)
+        .step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())];
+  };
+  // One run of one group's elements [lo, hi) of unit u's updated range; `master`, `state0`, `state1` point at
+  // element lo.
+  auto run = [&](int u, const ShardSegment& s, size_t lo, size_t hi, float* master, float* state0, float* state1) {
+    const UnitPlan& up = store.unit_plan(u);
+    char* copy = static_cast<char*>(store.copy(u));
+    KernelArgs a;
+    a.master = master;
+    a.grad = static_cast<const char*>(store.update_grads(u)) + lo * grad_size;
+    a.grad_elem_size = grad_size;
+    a.state0 = state0;
+    a.state1 = state1;
+    a.copy = copy == nullptr ? nullptr : copy + lo * compute_size;
+    a.clear_grad = clear_grads;  // the next micro-step adds into zeros; no pass of its own
+    a.n = hi - lo;
+    a.first_index = up.element_base + up.update_begin + lo;
+    a.s = step_scalars_[s.group];
+    if (sum_sq != nullptr) a.block_sums = norm_scratch_.data();
+    parallel_step(kernel_of(store.unit(u)), a, threads_);
+    if (sum_sq != nullptr) {  // block order, then segment order: local_sum_squares's sums
+      double segment = 0.0;
+      for (size_t b = 0; b < sum_squares_blocks(a.n); ++b) segment += norm_scratch_[b];
+      *sum_sq += segment;
+    }
+  };
+  if (store.offloaded()) {
+    // The master (when separate) and the state stream through the NVMe state's window, a chunk at a time: every
+    // element gets the same per-element operations as in memory, so the bits are the same.
+    const OffloadPlan& o = store.plan().offload;
+    const int ma = store.master_array(), states = o.arrays - (o.master ? 1 : 0);
+    const int s0 = states > 0 ? store.state_array(0) : -1, s1 = states > 1 ? store.state_array(1) : -1;
+    store.nvme()->stream([&](const io::NvmeState::Piece& p, float* const* arrays) {
+      ParameterStore::UnitBuffers& ub = store.unit(p.unit);
+      float* in_memory_master = ma < 0 ? store.master(p.unit) : nullptr;
+      for (const ShardSegment& s : ub.segments) {
+        const size_t lo = std::max(s.shard_offset, p.begin), hi = std::min(s.shard_offset + s.numel, p.begin + p.n);
+        if (lo >= hi) continue;
+        const size_t at = lo - p.begin;
+        run(p.unit, s, lo, hi, ma >= 0 ? arrays[ma] + at : in_memory_master + lo, s0 >= 0 ? arrays[s0] + at : nullptr,
+            s1 >= 0 ? arrays[s1] + at : nullptr);
+      }
+    });
+    return;
+  }
   for (int u = 0; u < store.num_units(); ++u) {
     ParameterStore::UnitBuffers& ub = store.unit(u);
-    const UnitPlan& up = store.unit_plan(u);
-    const KernelTable& table = kernels(ub.grads.space(), isa_);
-    const StepKernel kernel =
-        table.step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())];
     float* master = store.master(u);
-    char* copy = static_cast<char*>(store.copy(u));
-    const char* grads = static_cast<const char*>(store.update_grads(u));
-    for (const ShardSegment& s : ub.segments) {
-      KernelArgs a;
-      a.master = master + s.shard_offset;
-      a.grad = grads + s.shard_offset * grad_size;
-      a.grad_elem_size = grad_size;
-      a.state0 = ub.state[0].empty() ? nullptr : ub.state[0].f32() + s.shard_offset;
-      a.state1 = ub.state[1].empty() ? nullptr : ub.state[1].f32() + s.shard_offset;
-      a.copy = copy == nullptr ? nullptr : copy + s.shard_offset * compute_size;
-      a.clear_grad = clear_grads;  // the next micro-step adds into zeros; no pass of its own
-      a.n = s.numel;
-      a.first_index = up.element_base + up.update_begin + s.shard_offset;
-      a.s = step_scalars_[s.group];
-      if (sum_sq != nullptr) a.block_sums = norm_scratch_.data();
-      parallel_step(kernel, a, threads_);
-      if (sum_sq != nullptr) {  // block order, then segment order: local_sum_squares's sums
-        double segment = 0.0;
-        for (size_t b = 0; b < sum_squares_blocks(s.numel); ++b) segment += norm_scratch_[b];
-        *sum_sq += segment;
-      }
-    }
+    for (const ShardSegment& s : ub.segments)
+      run(u, s, s.shard_offset, s.shard_offset + s.numel, master + s.shard_offset,
+          ub.state[0].empty() ? nullptr : ub.state[0].f32() + s.shard_offset,
+          ub.state[1].empty() ? nullptr : ub.state[1].f32() + s.shard_offset);
   }
 }
 

@@ -103,7 +103,11 @@ int estimate(double params, int world, int64_t units, const std::string& config_
   std::printf("per-rank model states of %.0f params in %lld unit(s) on %d ranks: %s params, %s gradients, %s\n", params,
               static_cast<long long>(units), world, zero::dtype_name(config.compute_dtype),
               zero::dtype_name(config.grad_accum_dtype), zero::optimizer_name(config.optimizer.kind));
-  std::printf("stage       params          grads    fp32 master      optimizer  bucket+gather          total\n");
+  // offload_optimizer to NVMe: the master and the optimizer state go to a file (stages 1-3); two more columns say
+  // what stays in host memory (the window included) and what the file holds.
+  const bool nvme = config.offload.nvme();
+  std::printf("stage       params          grads    fp32 master      optimizer  bucket+gather          total%s\n",
+              nvme ? "   host memory      NVMe file" : "");
   for (int stage = 0; stage < 4; ++stage) {
     zero::PlanSpec spec;
     spec.stage = stage;
@@ -114,6 +118,11 @@ int estimate(double params, int world, int64_t units, const std::string& config_
     spec.bucket_elems = config.reduce_bucket_size;
     spec.world_size = world;
     spec.rank = 0;
+    if (nvme && stage > 0) {
+      spec.optimizer_space = zero::MemorySpace::kNvme;
+      spec.offload_chunk_elems = config.offload.chunk_elems;
+      spec.offload_buffers = config.offload.buffer_count;
+    }
     const zero::MemoryStats m = zero::make_plan(spec, layout).bytes();
     std::printf("%-1d%-4s", stage, !config_path.empty() && stage == config.stage ? " *" : "");
     print_bytes(static_cast<double>(m.param_bytes));
@@ -122,8 +131,18 @@ int estimate(double params, int world, int64_t units, const std::string& config_
     print_bytes(static_cast<double>(m.optimizer_state_bytes));
     print_bytes(static_cast<double>(m.bucket_bytes + m.gathered_bytes));
     print_bytes(static_cast<double>(m.total()));
+    if (nvme && stage == 0) std::printf("   (no offload at stage 0)");
+    if (nvme && stage > 0) {
+      print_bytes(static_cast<double>(m.host_bytes));
+      print_bytes(static_cast<double>(m.nvme_bytes));
+    }
     std::printf("\n");
   }
+  if (nvme)
+    std::printf(
+        "offload_optimizer to NVMe: host memory holds the rest and a window of %d chunks of %lld elements per "
+        "array; the file pads each unit to 4 KiB\n",
+        config.offload.buffer_count, static_cast<long long>(config.offload.chunk_elems));
   std::printf(
       "rank 0's bytes%s; units padded to 16 x N elements; a stage-3 unit below the persistence\n"
       "threshold stays whole; gathering several units at once adds one buffer each\n",

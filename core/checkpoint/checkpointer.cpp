@@ -129,14 +129,14 @@ void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t
   write_file(
       "master", master_tensors,
       [&](ckpt::SafetensorsWriter& w) {
-        for (int u = 0; u < units; ++u) w.write(store_.master_shard(u), layout.units[u].shard_elems * 4);
+        for (int u = 0; u < units; ++u) store_.read_shard(u, -1, [&](const void* p, size_t n) { w.write(p, n); });
       },
       0);
   write_file(
       "optimizer", state_tensors,
       [&](ckpt::SafetensorsWriter& w) {
         for (int u = 0; u < units; ++u)
-          for (int s = 0; s < n_states; ++s) w.write(store_.state_shard(u, s), layout.units[u].shard_elems * 4);
+          for (int s = 0; s < n_states; ++s) store_.read_shard(u, s, [&](const void* p, size_t n) { w.write(p, n); });
       },
       1);
   if (config_.stochastic_rounding) {
@@ -438,14 +438,14 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     agree_phase(call, CallKind::kLoadCheckpoint, 2, error.get());
 
     // 4. Every rank has what it needs: commit.
-    for (int u = 0; u < store_.num_units(); ++u) {
-      ParameterStore::UnitBuffers& ub = store_.unit(u);
-      const size_t n = store_.unit_plan(u).update_elems;
-      const MemorySpace master_space = ub.master.empty() ? ub.params.space() : ub.master.space();
-      copy_bytes(master_space, store_.master(u), MemorySpace::kHost, master[u].data(), n * sizeof(float));
-      for (int s = 0; s < n_states; ++s)
-        copy_bytes(ub.state[s].space(), ub.state[s].f32(), MemorySpace::kHost, states[u][s].data(), n * sizeof(float));
-    }
+    // (Into the NVMe file when the state is offloaded: an I/O failure there leaves the state partly loaded, so it
+    // breaks the engine.)
+    guard_.moving_data([&] {
+      for (int u = 0; u < store_.num_units(); ++u) {
+        store_.write_updated(u, -1, master[u].data());
+        for (int s = 0; s < n_states; ++s) store_.write_updated(u, s, states[u][s].data());
+      }
+    });
     store_.clear_grads();
     guard_.moving_data([&] {
       store_.write_params_from_master();

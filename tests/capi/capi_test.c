@@ -313,12 +313,11 @@ static void test_bad_config(void** state) {
   assert_fails(zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimizaton\": {}}", comm),
                ZERO_ERR_CONFIG, "did you mean 'zero_optimization'");
   assert_null(engine);
-  assert_fails(
-      zero_engine_create(&engine,
-                         "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"offload_optimizer\": "
-                         "{\"device\": \"nvme\"}}}",
-                         comm),
-      ZERO_ERR_UNSUPPORTED, "offload_optimizer");
+  assert_fails(zero_engine_create(&engine,
+                                  "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 3, "
+                                  "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/x\"}}}",
+                                  comm),
+               ZERO_ERR_UNSUPPORTED, "offload_param");
   assert_fails(zero_engine_create(&engine, "not json", comm), ZERO_ERR_CONFIG, "not valid JSON");
   assert_fails(
       zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"libzero\": {\"timeout\": 5}}", comm),

@@ -5,7 +5,7 @@
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
  *                            [--comm mpi|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
- *                            [--norm-in-update 0|1]
+ *                            [--norm-in-update 0|1] [--nvme DIR]
  *
  * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on, and the new params are
  * all-gathered in the background after the step (stages 1-2: zero_gather waits for its unit); the weights must be
@@ -22,6 +22,9 @@
  * zero_optimization.compute_grad_norm false, bf16.check_grad_overflow false): nothing needs the norm before the
  * update, so the optimizer pass sums its squares (stages 1-3, and N = 1; the test checks the engine's log says so).
  * The reported norm must be the same bits, and the weights the reference's without clipping.
+ *
+ * --nvme DIR offloads the fp32 master and the optimizer state to a file under DIR (offload_optimizer device nvme),
+ * streamed in chunks of 1024 elements through a window of 3: the same bits as in memory.
  *
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
@@ -178,6 +181,7 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
 int main(int argc, char** argv) {
   int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0, norm_in_update = 0;
   long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
+  const char* nvme_dir = NULL;
   const char* comm_kind = "mpi";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stage") == 0)
@@ -206,6 +210,8 @@ int main(int argc, char** argv) {
       shuffle = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--norm-in-update") == 0)
       norm_in_update = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--nvme") == 0)
+      nvme_dir = argv[i + 1];
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   if (norm_in_update) {
@@ -226,12 +232,17 @@ int main(int argc, char** argv) {
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
   else
     CHECK(create_test_backend_comm(&comm, strcmp(comm_kind, "custom-async") == 0));
-  char fetch[256] = "";
+  char fetch[512] = "";
   if (prefetch >= 0) snprintf(fetch, sizeof fetch, ", \"stage3_prefetch_bucket_size\": %ld", prefetch);
   if (reuse >= 0)
     snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch), ", \"stage3_max_reuse_distance\": %ld", reuse);
   if (live >= 0)
     snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch), ", \"stage3_max_live_parameters\": %ld", live);
+  if (nvme_dir != NULL)
+    snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch),
+             ", \"sub_group_size\": 1024, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\","
+             " \"buffer_count\": 3}",
+             nvme_dir);
   char config[1024];
   snprintf(
       config, sizeof config,
@@ -348,6 +359,18 @@ int main(int argc, char** argv) {
   if (stage == 3 && persist == 0 && (reuse > 0 || (overlap && reuse < 0)))
     EXPECT(cs.all_gather.calls < gathers, "reuse asked for, but %llu all-gathers for %llu gathers",
            (unsigned long long)cs.all_gather.calls, (unsigned long long)gathers);
+  /* Offloaded: every unit's shard is under 1024 elements, so the file holds one 4 KiB block per unit and array
+   * (AdamW's two states, and the master in 16-bit modes), and the window three chunks of 1024 elements. */
+  if (nvme_dir != NULL) {
+    zero_memory_placement_t mp = ZERO_MEMORY_PLACEMENT_INIT;
+    CHECK(zero_memory_placement(&mp, engine));
+    const uint64_t arrays = g_dtype == ZERO_DTYPE_FP32 ? 2 : 3, expected = arrays * kNumUnits * 4096;
+    EXPECT(mp.nvme_bytes == expected && mp.staging_bytes == expected,
+           "NVMe file %llu bytes, window %llu; expected %llu", (unsigned long long)mp.nvme_bytes,
+           (unsigned long long)mp.staging_bytes, (unsigned long long)expected);
+    EXPECT(mp.host_bytes == mem.total_bytes - mem.master_param_bytes - mem.optimizer_state_bytes + mp.staging_bytes,
+           "host bytes %llu", (unsigned long long)mp.host_bytes);
+  }
   if (rank == 0 && stage == 3)
     printf("fetching ahead: %llu all-gathers for %llu zero_gather calls; gathered buffers %llu bytes\n",
            (unsigned long long)cs.all_gather.calls, (unsigned long long)gathers,

@@ -144,9 +144,8 @@ TEST(Config, InconsistentBatchSizesShowTheArithmetic) {
 
 TEST(Config, KeysThatChangeResultsAreRefusedUntilSupported) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"("zero_optimization": {"offload_optimizer": {"device": "cpu"}})", "zero_optimization.offload_optimizer"},
-      {R"("zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/x"}})",
-       "zero_optimization.offload_param"},
+      {R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}})",
+       "zero_optimization.offload_param.device"},
       {R"("scheduler": {"type": "OneCycle"})", "scheduler.type"},
       {R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}, "communication_data_type": "fp32")",
        "communication_data_type"},
@@ -233,7 +232,7 @@ TEST(Config, TuningKnobsAreAcceptedAndReported) {
       "stage3_prefetch_bucket_size": 5e7, "stage3_max_live_parameters": 1e9, "sub_group_size": 1e9},
       "steps_per_print": 100, "wall_clock_breakdown": false)"),
                           1);
-  std::vector<std::string> want = {"zero_optimization.sub_group_size", "steps_per_print", "wall_clock_breakdown"};
+  std::vector<std::string> want = {"steps_per_print", "wall_clock_breakdown"};
   for (const auto& k : want)
     EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), k), c.no_effect_keys.end()) << k;
   // overlap_comm and the stage-3 fetch keys are honoured: not among them.
@@ -364,10 +363,61 @@ TEST(Config, DisabledBlocksAndOldStyleSectionsAreAccepted) {
   parse_error(with_optimizer(R"("compile": {"deepcompile": true})"), ZERO_ERR_UNSUPPORTED);
   parse_error(with_optimizer(R"("tensor_parallel": {"autotp_size": 2})"), ZERO_ERR_UNSUPPORTED);
   parse_error(with_optimizer(R"("weight_quantization": {"num_bits": 8})"), ZERO_ERR_UNSUPPORTED);  // enabled: true
-  // Old-style no-effect sections keep whatever DeepSpeed ignores in them (aio's old thread_count).
-  Config c =
-      parse_config(with_optimizer(R"("aio": {"block_size": 1048576, "thread_count": 1, "single_submit": false})"), 1);
-  EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), "aio"), c.no_effect_keys.end());
+  // DeepSpeed's aio block ignores keys it does not know (the old thread_count): libzero reports them as having
+  // no effect, and honours the block's own.
+  Config c = parse_config(
+      with_optimizer(R"("aio": {"block_size": 65536, "queue_depth": 4, "thread_count": 1, "single_submit": false})"),
+      1);
+  EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), "aio.thread_count"), c.no_effect_keys.end());
+  EXPECT_EQ(c.offload.aio_block_size, 65536);
+  EXPECT_EQ(c.offload.aio_queue_depth, 4);
+}
+
+TEST(Config, OffloadBlocks) {
+  // offload_optimizer to cpu is where the CPU engine keeps the state: accepted, reported as having no effect.
+  Config c = parse_config(with_optimizer(R"("zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true}, "offload_param": {"device": "cpu"}})"),
+                          2);
+  EXPECT_FALSE(c.offload.nvme());
+  EXPECT_NE(std::find(c.no_effect_keys.begin(), c.no_effect_keys.end(), "zero_optimization.offload_optimizer.device"),
+            c.no_effect_keys.end());
+  // nvme: DeepSpeed's keys and defaults; sub_group_size sets the chunk.
+  c = parse_config(with_optimizer(R"("zero_optimization": {"stage": 3, "sub_group_size": 4096,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "fast_init": true}})"),
+                   2);
+  EXPECT_TRUE(c.offload.nvme());
+  EXPECT_EQ(c.offload.nvme_path, "/local_nvme");
+  EXPECT_EQ(c.offload.buffer_count, 4);
+  EXPECT_EQ(c.offload.chunk_elems, 4096);
+  EXPECT_EQ(c.offload.aio_block_size, 1 << 20);
+  EXPECT_EQ(c.offload.aio_queue_depth, 8);
+  c = parse_config(with_optimizer(R"("zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})"),
+                   1);
+  EXPECT_EQ(c.offload.chunk_elems, OffloadConfig::kDefaultChunkElems);
+  // Invalid combinations say why.
+  const std::pair<const char*, const char*> bad[] = {
+      {R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}})", "nvme_path' is not set"},
+      {R"("zero_optimization": {"stage": 0, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})",
+       "needs ZeRO stage 1, 2 or 3"},
+      {R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x",
+          "buffer_count": 2}})",
+       "at least 3 chunks"},
+      {R"("zero_optimization": {"offload_optimizer": {"device": "disk"}})", "valid values"},
+      {R"("aio": {"block_size": 5000})", "multiple of 4096"},
+      {R"("aio": {"queue_depth": 0})", "queue_depth"},
+  };
+  for (const auto& [rest, fragment] : bad) {
+    const std::string m = parse_error(with_optimizer(rest), ZERO_ERR_CONFIG);
+    EXPECT_NE(m.find(fragment), std::string::npos) << rest << " -> " << m;
+  }
+  EXPECT_NE(parse_error(with_optimizer(R"("aio": {"use_gds": true})"), ZERO_ERR_UNSUPPORTED).find("use_gds"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with_optimizer(R"("zero_optimization": {"offload_optimizer": {"device": "nvme",
+      "nvme_path": "/x", "ratio": 0.5}})"),
+                        ZERO_ERR_UNSUPPORTED)
+                .find("ratio"),
+            std::string::npos);
 }
 
 TEST(Config, MessagesNameWhatTheUserWrote) {
