@@ -46,7 +46,8 @@ struct OffloadConfig {
   int64_t chunk_elems = 0;           // zero_optimization.sub_group_size when given, else kDefaultChunkElems
   int64_t aio_block_size = 1 << 20;  // aio.block_size: bytes per request
   int aio_queue_depth = 8;           // aio.queue_depth: requests in flight
-  static constexpr int64_t kDefaultChunkElems = int64_t{1} << 20;
+  // 4 Mi elements: 16 MiB transfers per array (bench/README.md, "NVMe offload": larger chunks gain little).
+  static constexpr int64_t kDefaultChunkElems = int64_t{1} << 22;
   bool nvme() const { return optimizer == Device::kNvme; }
 };
 

@@ -68,22 +68,24 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params) {
     gathered_pool_.set_capacity(g.space, g.elems, g.dtype, allocators_.get(g.space, "a gathered unit"));
     gathered_pool_.reserve(1);
   }
-  if (plan_.offloaded()) {
-    // A name no other engine of this job or another job sharing the directory uses.
-    static std::atomic<int> engines{0};
-    const std::string name = "libzero-optimizer.rank" + std::to_string(comm_.rank()) + "." +
-                             std::to_string(::getpid()) + "." + std::to_string(engines.fetch_add(1)) + ".swap";
-    std::vector<size_t> elems;
-    for (const UnitPlan& up : plan_.units) elems.push_back(up.update_elems);
-    const OffloadPlan& o = plan_.offload;
-    try {
-      nvme_ = std::make_unique<io::NvmeState>(
-          nvme_dir_, name, io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers), aio_, comm_.rank());
-    } catch (const Error& e) {
-      fail(e.status(), std::string("zero_engine_finalize: the optimizer state's file under "
-                                   "zero_optimization.offload_optimizer.nvme_path: ") +
-                           e.what());
-    }
+  if (plan_.offloaded()) nvme_ = new_offload_state("zero_engine_finalize");
+}
+
+// A name no other state of this job, or of another job sharing the directory, uses.
+std::unique_ptr<io::NvmeState> ParameterStore::new_offload_state(const char* call) const {
+  static std::atomic<int> states{0};
+  const std::string name = "libzero-optimizer.rank" + std::to_string(comm_.rank()) + "." + std::to_string(::getpid()) +
+                           "." + std::to_string(states.fetch_add(1)) + ".swap";
+  std::vector<size_t> elems;
+  for (const UnitPlan& up : plan_.units) elems.push_back(up.update_elems);
+  const OffloadPlan& o = plan_.offload;
+  try {
+    return std::make_unique<io::NvmeState>(
+        nvme_dir_, name, io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers), aio_, comm_.rank());
+  } catch (const Error& e) {
+    fail(e.status(),
+         std::string(call) +
+             ": the optimizer state's file under zero_optimization.offload_optimizer.nvme_path: " + e.what());
   }
 }
 

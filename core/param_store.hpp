@@ -134,6 +134,10 @@ class ParameterStore {
   const void* params_shard(int u);
   // Writes the whole updated range of unit u's master (kind -1) or optimizer state s (a checkpoint's load).
   void write_updated(int u, int kind, const float* values);
+  // A checkpoint's load into an offloaded engine: the state is streamed into a second file of the same layout,
+  // which replaces the current one only once every rank read everything (so a failed load changes nothing).
+  std::unique_ptr<io::NvmeState> new_offload_state(const char* call) const;
+  void adopt_offload_state(std::unique_ptr<io::NvmeState> state) { nvme_ = std::move(state); }
 
   // ---- after a step or a checkpoint load
   void clear_grads();

@@ -2,13 +2,17 @@
  * zero_step with the optimizer state offloaded to NVMe against the same step in memory, one process:
  *
  *   bench_offload_step --dir DIR [--params-millions P] [--units U] [--steps S] [--dtype fp32|bf16]
- *                      [--buffers B] [--chunk ELEMS] [--stage S]
+ *                      [--buffers B] [--chunk ELEMS] [--stage S] [--only memory|offload] [--comm single|mpi]
  *
- * The model: P million params in U equal units, AdamW, clipping at 1.0. Each iteration adds a constant gradient
- * into every param, declares it ready, ends the micro-step and steps; the figure is the median zero_step time
- * over S steps after one warm-up, for the in-memory engine (what the optimizer itself costs) and then for the
- * offloaded one. The last line is machine-readable for bench/nvme/step.sh, which measures the disk with fio on a
- * file of the same size and prints the ratio against max(read, write, optimizer).
+ * --comm mpi runs on MPI_COMM_WORLD (under mpirun; libzero initialises MPI itself) and --only runs one of the two
+ * engines: bench/nvme/largest.sh uses both to find the largest model a 2-rank job trains under a memory limit.
+ *
+ * The model: P million params in U equal units, AdamW, clipping at 1.0, one unit per gradient bucket (DeepSpeed's
+ * default reduce_bucket_size, 5e8 elements, would hold the whole model in one fp32 bucket). Each iteration adds a
+ * constant gradient into every param, declares it ready, ends the micro-step and steps; the figure is the median
+ * zero_step time over S steps after one warm-up, for the in-memory engine (what the optimizer itself costs) and then
+ * for the offloaded one. The last line is machine-readable for bench/nvme/step.sh, which measures the disk with fio on
+ * a file of the same size and prints the ratio against max(read, write, optimizer).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -45,22 +49,27 @@ typedef struct {
   uint64_t file_bytes, window_bytes, host_bytes;
 } Result;
 
+static int g_mpi = 0;
+
 static Result run(const char* dir, double params_m, int units, int steps, int bf16, int buffers, long chunk,
                   int stage) {
   zero_comm_t* comm = NULL;
-  CHECK(zero_comm_create_single(&comm));
+  if (g_mpi)
+    CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  else
+    CHECK(zero_comm_create_single(&comm));
   char offload[512] = "";
+  if (dir != NULL && chunk > 0) snprintf(offload, sizeof offload, ", \"sub_group_size\": %ld", chunk);
   if (dir != NULL)
-    snprintf(offload, sizeof offload,
-             ", \"sub_group_size\": %ld, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\", "
-             "\"buffer_count\": %d}",
-             chunk, dir, buffers);
+    snprintf(offload + strlen(offload), sizeof offload - strlen(offload),
+             ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\", \"buffer_count\": %d}", dir,
+             buffers);
   char config[1024];
   snprintf(config, sizeof config,
            "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_clipping\": 1.0,"
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4, \"weight_decay\": 0.01}},"
-           " \"zero_optimization\": {\"stage\": %d%s}%s}",
-           stage, offload, bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
+           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld%s}%s}",
+           stage, (long long)(params_m * 1e6 / units), offload, bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
   const int64_t per_unit = (int64_t)(params_m * 1e6 / units);
@@ -111,7 +120,8 @@ int main(int argc, char** argv) {
   const char* dir = NULL;
   double params_m = 64;
   int units = 16, steps = 5, bf16 = 1, buffers = 4, stage = 1;
-  long chunk = 1 << 20;
+  long chunk = 0; /* 0: libzero's default chunk */
+  const char* only = "";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
     if (strcmp(argv[i], "--params-millions") == 0) params_m = atof(argv[i + 1]);
@@ -121,12 +131,24 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--buffers") == 0) buffers = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--chunk") == 0) chunk = atol(argv[i + 1]);
     if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--only") == 0) only = argv[i + 1];
+    if (strcmp(argv[i], "--comm") == 0) g_mpi = strcmp(argv[i + 1], "mpi") == 0;
   }
   if (dir == NULL || units < 1 || steps < 1 || params_m <= 0) {
     fprintf(stderr,
             "usage: bench_offload_step --dir DIR [--params-millions P] [--units U] [--steps S] "
             "[--dtype fp32|bf16] [--buffers B] [--chunk ELEMS] [--stage S]\n");
     return 2;
+  }
+  if (only[0] != '\0') { /* one engine: the largest-model search */
+    const int offload = strcmp(only, "offload") == 0;
+    const Result r = run(offload ? dir : NULL, params_m, units, steps, bf16, buffers, chunk, stage);
+    printf(
+        "trained %.0f M %s params at stage %d (%s): zero_step %.3f s, host memory %.1f MiB, NVMe file %.1f MiB "
+        "(per rank)\n",
+        params_m, bf16 ? "bf16" : "fp32", stage, offload ? "optimizer state on NVMe" : "in memory", r.step_s,
+        (double)r.host_bytes / 1048576.0, (double)r.file_bytes / 1048576.0);
+    return 0;
   }
   const Result mem = run(NULL, params_m, units, steps, bf16, buffers, chunk, stage);
   const Result off = run(dir, params_m, units, steps, bf16, buffers, chunk, stage);

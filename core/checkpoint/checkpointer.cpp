@@ -407,7 +407,26 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     std::vector<std::vector<float>> master(static_cast<size_t>(store_.num_units()));
     std::vector<std::vector<std::vector<float>>> states(static_cast<size_t>(store_.num_units()));
     std::vector<std::vector<uint16_t>> params16(static_cast<size_t>(store_.num_units()));
+    // An offloaded engine streams what lives in its file into a new file of the same layout, a piece at a time,
+    // instead of staging it in memory (which may not hold it).
+    std::unique_ptr<io::NvmeState> incoming;
+    const int master_array = store_.master_array();
+    std::vector<float> piece;
     error = capture([&] {
+      if (store_.offloaded()) {
+        incoming = store_.new_offload_state(call);
+        piece.resize(size_t{1} << 20);
+      }
+      // Elements [lo, hi) of unit u from saved rank k's tensor `name` at byte `offset`, into `array` of the
+      // incoming file (elements from `begin`), through `piece`.
+      auto stream = [&](ckpt::SafetensorsReader& r, const std::string& name, uint64_t offset, size_t u, int array,
+                        uint64_t lo, uint64_t hi, uint64_t begin) {
+        for (uint64_t at = lo; at < hi; at += piece.size()) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(piece.size(), hi - at));
+          r.read(name, offset + (at - lo) * 4, piece.data(), n * 4);
+          incoming->write(static_cast<int>(u), array, at - begin, piece.data(), n);
+        }
+      };
       std::vector<std::unique_ptr<ckpt::SafetensorsReader>> readers(3 * static_cast<size_t>(m.world_size));
       auto reader = [&](int kind, int r) -> ckpt::SafetensorsReader& {
         auto& slot = readers[static_cast<size_t>(3 * r + kind)];
@@ -419,18 +438,25 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
         const UnitPlan& us = store_.unit_plan(static_cast<int>(u));
         const uint64_t begin = us.update_begin, end = us.update_begin + us.update_elems;
         const uint64_t old_shard = m.units[u].shard_elems;
-        master[u].assign(us.update_elems, 0.0f);
-        states[u].assign(static_cast<size_t>(n_states), std::vector<float>(us.update_elems, 0.0f));
+        if (master_array < 0) master[u].assign(us.update_elems, 0.0f);
+        if (!incoming) states[u].assign(static_cast<size_t>(n_states), std::vector<float>(us.update_elems, 0.0f));
         if (load_params) params16[u].assign(us.update_elems, 0);
         const std::string base = "unit." + std::to_string(u);
         for (int k = 0; k < m.world_size; ++k) {
           const uint64_t lo = std::max(begin, k * old_shard), hi = std::min(end, (k + 1) * old_shard);
           if (lo >= hi) continue;
           const uint64_t offset = (lo - k * old_shard) * 4, n = hi - lo;
-          reader(0, k).read(base, offset, master[u].data() + (lo - begin), n * 4);
-          for (int s = 0; s < n_states; ++s)
-            reader(1, k).read(base + "." + state_name(config_.optimizer, s), offset, states[u][s].data() + (lo - begin),
-                              n * 4);
+          if (master_array < 0)
+            reader(0, k).read(base, offset, master[u].data() + (lo - begin), n * 4);
+          else
+            stream(reader(0, k), base, offset, u, master_array, lo, hi, begin);
+          for (int s = 0; s < n_states; ++s) {
+            const std::string name = base + "." + state_name(config_.optimizer, s);
+            if (incoming)
+              stream(reader(1, k), name, offset, u, store_.state_array(s), lo, hi, begin);
+            else
+              reader(1, k).read(name, offset, states[u][s].data() + (lo - begin), n * 4);
+          }
           if (load_params) reader(2, k).read(base, offset / 2, params16[u].data() + (lo - begin), n * 2);
         }
       }
@@ -441,9 +467,11 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     // (Into the NVMe file when the state is offloaded: an I/O failure there leaves the state partly loaded, so it
     // breaks the engine.)
     guard_.moving_data([&] {
+      if (incoming) store_.adopt_offload_state(std::move(incoming));  // the old file goes
       for (int u = 0; u < store_.num_units(); ++u) {
-        store_.write_updated(u, -1, master[u].data());
-        for (int s = 0; s < n_states; ++s) store_.write_updated(u, s, states[u][s].data());
+        if (master_array < 0) store_.write_updated(u, -1, master[u].data());
+        if (!store_.offloaded())
+          for (int s = 0; s < n_states; ++s) store_.write_updated(u, s, states[u][s].data());
       }
     });
     store_.clear_grads();

@@ -22,6 +22,9 @@
  *               saying the file is shorter than expected, ZERO_ERR_REMOTE elsewhere.
  *   delete      rank 0's file is deleted under the engine: training goes on with the same bits (the engine holds
  *               the file open) and a warning says so.
+ *   save        (with --ckpt CKPT) trains 3 steps and saves the offloaded engine's checkpoint to CKPT.
+ *   load        (with --ckpt CKPT, saved by `save` at another N) both engines load it — the offloaded one streams it
+ *               into its file — hold the same params, and train on with the same bits.
  *   file-limit  the last rank may not write files past 64 KiB (RLIMIT_FSIZE: what a full disk looks like to
  *               posix_fallocate): finalize fails there with ZERO_ERR_IO naming nvme_path, ZERO_ERR_REMOTE
  *               elsewhere; with the limit lifted the same finalize succeeds and training matches.
@@ -208,7 +211,7 @@ static void expect_failure(zero_status_t s, int here, const char* fragment, cons
 }
 
 int main(int argc, char** argv) {
-  const char *dir = NULL, *scenario = "parity";
+  const char *dir = NULL, *scenario = "parity", *ckpt = NULL;
   int stage = 1, buffers = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
@@ -216,6 +219,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--dtype") == 0) g_dtype = parse_dtype_arg(argv[i + 1]);
     if (strcmp(argv[i], "--buffers") == 0) buffers = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--scenario") == 0) scenario = argv[i + 1];
+    if (strcmp(argv[i], "--ckpt") == 0) ckpt = argv[i + 1];
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
@@ -269,6 +273,38 @@ int main(int argc, char** argv) {
   EXPECT(mp_mem.nvme_bytes == 0 && mp_mem.staging_bytes == 0, "the in-memory engine reports an NVMe file");
 
   int step = 1;
+  if (strcmp(scenario, "save") == 0 || strcmp(scenario, "load") == 0) {
+    EXPECT(ckpt != NULL, "--ckpt is required");
+    if (strcmp(scenario, "save") == 0) {
+      if (g_rank == 0) {
+        char command[600];
+        snprintf(command, sizeof command, "rm -rf '%s'", ckpt);
+        EXPECT(system(command) == 0, "%s", command);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      for (; step <= 3; ++step) {
+        CHECK(train_step(mem, ids_mem, step));
+        CHECK(train_step(off, ids_off, step));
+      }
+      expect_same_params(mem, ids_mem, off, ids_off, "before saving");
+      CHECK(zero_save_checkpoint(off, ckpt, "t"));
+    } else {
+      CHECK(zero_load_checkpoint(mem, ckpt, "t"));
+      CHECK(zero_load_checkpoint(off, ckpt, "t"));
+      expect_same_params(mem, ids_mem, off, ids_off, "after loading");
+      for (step = 4; step <= kSteps; ++step) {
+        CHECK(train_step(mem, ids_mem, step));
+        CHECK(train_step(off, ids_off, step));
+        expect_same_params(mem, ids_mem, off, ids_off, "after a step");
+      }
+    }
+    if (g_rank == 0) printf("offload %s ok: stage %d, %d ranks\n", scenario, stage, g_world);
+    zero_engine_destroy(off);
+    zero_engine_destroy(mem);
+    zero_comm_destroy(comm);
+    MPI_Finalize();
+    return 0;
+  }
   if (strcmp(scenario, "stream-io") == 0) {
     CHECK(train_step(mem, ids_mem, step));
     expect_failure(train_step(off, ids_off, step), last, "(test hook)", "zero_step");

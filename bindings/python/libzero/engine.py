@@ -252,6 +252,11 @@ class Engine:
         """Bytes this rank allocated per category."""
         return dict(self._n.memory_stats())
 
+    def memory_placement(self) -> dict[str, int]:
+        """Where this rank's model states live: host_bytes (what host memory holds, the NVMe window included),
+        nvme_bytes (the file of offload_optimizer with device "nvme"), staging_bytes (that window). Experimental."""
+        return dict(self._n.memory_placement())
+
     def comm_stats(self) -> dict[str, Any]:
         """Traffic per collective kind since finalize (calls, bytes, wire_bytes)."""
         return dict(self._n.comm_stats())

@@ -485,6 +485,17 @@ class Engine {
     return d;
   }
 
+  py::dict memory_placement() const {
+    zero_memory_placement_t s;
+    check(zero_memory_placement_init(&s, sizeof s));
+    check(zero_memory_placement(&s, get()), engine_);
+    py::dict d;
+    d["host_bytes"] = s.host_bytes;
+    d["nvme_bytes"] = s.nvme_bytes;
+    d["staging_bytes"] = s.staging_bytes;
+    return d;
+  }
+
   py::dict comm_stats() const {
     zero_comm_stats_t s;
     check(zero_comm_stats_init(&s, sizeof s));
@@ -635,6 +646,7 @@ PYBIND11_MODULE(_native, m) {
       .def("unit_info", &Engine::unit_info)
       .def("array", &Engine::array)
       .def("memory_stats", &Engine::memory_stats)
+      .def("memory_placement", &Engine::memory_placement)
       .def("comm_stats", &Engine::comm_stats)
       .def("recent_collectives", &Engine::recent_collectives);
 }

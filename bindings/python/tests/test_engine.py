@@ -127,6 +127,7 @@ def test_statistics_are_dicts():
     e, _ = one_param_engine(stage=2)
     m = e.memory_stats()
     assert m["total_bytes"] == sum(v for k, v in m.items() if k != "total_bytes")
+    assert e.memory_placement() == {"host_bytes": m["total_bytes"], "nvme_bytes": 0, "staging_bytes": 0}
     c = e.comm_stats()
     assert set(c) >= {"sequence", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "control"}
     assert isinstance(e.recent_collectives(), list)
@@ -424,3 +425,42 @@ def test_a_torchrun_style_job_without_mpi_is_refused_not_split_into_single_proce
         libzero.Comm.world()
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert libzero.Comm.world().size == 1
+
+
+def test_nvme_offload_trains_the_same_bits(tmp_path):
+    """offload_optimizer to NVMe: the fp32 master and Adam's state in a file under nvme_path, the same weights."""
+    cfg = {"train_batch_size": 1, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+           "zero_optimization": {"stage": 2, "sub_group_size": 1024}}
+    offloaded = json.loads(json.dumps(cfg))
+    offloaded["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp_path),
+                                                           "buffer_count": 3}
+    init = np.linspace(-1, 1, 5000, dtype=np.float32)
+    engines = []
+    for config in (cfg, offloaded):
+        e = libzero.Engine(config, libzero.Comm.single())
+        e.add_param("w", (5000,), init=init)
+        try:
+            e.finalize()
+        except libzero.FileSystemError as err:  # a file system without O_DIRECT (tmpfs)
+            e.close()
+            pytest.skip(f"no O_DIRECT under {tmp_path}: {err}")
+        engines.append(e)
+    memory, offload = engines
+    placement = offload.memory_placement()
+    assert placement["nvme_bytes"] == 3 * 5120 * 4  # master, m, v: 5000 elements padded to 5120
+    assert placement["staging_bytes"] == 3 * 3 * 1024 * 4  # 3 chunks of 1024 elements per array
+    assert len(list(tmp_path.iterdir())) == 1
+    for step in range(3):
+        for e in engines:
+            with e.gathered(0):
+                pass
+            e.grad("w")[...] += np.sin(np.arange(5000, dtype=np.float32) * (step + 1))
+            e.grad_ready("w")
+            e.backward_end()
+            e.step()
+    with memory.gathered(0), offload.gathered(0):
+        assert memory.param("w").numpy().tobytes() == offload.param("w").numpy().tobytes()
+    for e in engines:
+        e.close()
+    assert list(tmp_path.iterdir()) == []  # the file goes with the engine
