@@ -88,7 +88,12 @@ class Section {
     double d = v.get<double>();
     if (v.is_number_integer()) d = static_cast<double>(v.get<int64_t>());
     if (d != std::floor(d)) type_error(key, "an integer");
-    if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi))) range_error(key, d, lo, hi);
+    if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi))) {
+      std::ostringstream os;
+      os << "config key '" << qualified(key) << "' is " << v.dump() << "; it must be an integer in [" << lo << ", "
+         << hi << "]";
+      fail(ZERO_ERR_CONFIG, os.str());
+    }
     return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(d);
   }
 

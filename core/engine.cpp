@@ -154,6 +154,11 @@ void Engine::finalize() {
     if (!allocation_error) clear();
     throw;
   }
+  if (config_.offload.nvme() && !store_.offloaded() && comm_.rank() == 0)
+    log_message(ZERO_LOG_WARNING, 0,
+                "offload_optimizer to NVMe: nothing to offload (fp32 params are their own master, and " +
+                    std::string(optimizer_name(config_.optimizer.kind)) +
+                    " keeps no state here): no file is created under '" + config_.offload.nvme_path + "'");
   guard_.moving_data([&] { store_.load_initial_values(registration_, config_.compute_dtype); });
   registration_.forget_initial_values();
   guard_.set_ready();

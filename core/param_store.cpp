@@ -1,12 +1,18 @@
 #include "param_store.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
 
 #include "error.hpp"
+#include "log.hpp"
 #include "memory/ops.hpp"
 #include "test_hooks.hpp"
 
@@ -68,24 +74,76 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params) {
     gathered_pool_.set_capacity(g.space, g.elems, g.dtype, allocators_.get(g.space, "a gathered unit"));
     gathered_pool_.reserve(1);
   }
-  if (plan_.offloaded()) nvme_ = new_offload_state("zero_engine_finalize");
+  if (plan_.offloaded()) {
+    nvme_ = new_offload_state("zero_engine_finalize");
+    warn_about_offload();
+  }
 }
 
-// A name no other state of this job, or of another job sharing the directory, uses.
+// What makes an offload pointless is said once, by rank 0: a window that holds the whole state (a DeepSpeed-sized
+// sub_group_size) saves no host memory, and a file system in RAM saves none either.
+void ParameterStore::warn_about_offload() const {
+  if (comm_.rank() != 0) return;
+  const io::NvmeState::Geometry& g = nvme_->geometry();
+  if (g.staging_bytes() >= g.file_bytes() && g.file_bytes() >= (uint64_t{64} << 20))
+    log_message(ZERO_LOG_WARNING, 0,
+                "offload_optimizer to NVMe: chunks of " + std::to_string(g.chunk_elems) +
+                    " elements (zero_optimization.sub_group_size) make the window hold the whole state (" +
+                    std::to_string(g.file_bytes()) +
+                    " bytes): nothing is saved in host memory; a smaller sub_group_size bounds it");
+  if (nvme_->in_memory_file_system())
+    log_message(ZERO_LOG_WARNING, 0,
+                "offload_optimizer to NVMe: nvme_path '" + nvme_dir_ +
+                    "' is on a file system in memory (tmpfs): the offloaded state still takes RAM");
+}
+
+namespace {
+
+// nvme_path and its parents, as DeepSpeed's swapper makes its folder (os.makedirs).
+void make_directories(const std::string& dir) {
+  for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+    const std::string part = dir.substr(0, slash);
+    if (!part.empty() && ::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST)
+      fail(ZERO_ERR_IO, "cannot create the directory '" + part + "': " + std::strerror(errno));
+    if (slash == std::string::npos) break;
+  }
+}
+
+}  // namespace
+
+// A name no other state of this job, or of another job sharing the directory (another node, another container
+// whose process has the same id), uses: host name, process id, a counter and a random token, created with O_EXCL
+// so that a collision is a retry, never a state file truncated under its engine.
 std::unique_ptr<io::NvmeState> ParameterStore::new_offload_state(const char* call) const {
   static std::atomic<int> states{0};
-  const std::string name = "libzero-optimizer.rank" + std::to_string(comm_.rank()) + "." + std::to_string(::getpid()) +
-                           "." + std::to_string(states.fetch_add(1)) + ".swap";
   std::vector<size_t> elems;
   for (const UnitPlan& up : plan_.units) elems.push_back(up.update_elems);
   const OffloadPlan& o = plan_.offload;
-  try {
-    return std::make_unique<io::NvmeState>(
-        nvme_dir_, name, io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers), aio_, comm_.rank());
-  } catch (const Error& e) {
-    fail(e.status(),
-         std::string(call) +
-             ": the optimizer state's file under zero_optimization.offload_optimizer.nvme_path: " + e.what());
+  char host[64] = "host";
+  ::gethostname(host, sizeof host - 1);
+  std::random_device random;
+  for (int attempt = 0;; ++attempt) {
+    char token[16];
+    std::snprintf(token, sizeof token, "%08x", static_cast<unsigned>(random()));
+    const std::string name = "libzero-optimizer.rank" + std::to_string(comm_.rank()) + "." + host + "." +
+                             std::to_string(::getpid()) + "." + std::to_string(states.fetch_add(1)) + "." + token +
+                             ".swap";
+    try {
+      make_directories(nvme_dir_);
+      return std::make_unique<io::NvmeState>(
+          nvme_dir_, name, io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers), aio_, comm_.rank());
+    } catch (const Error& e) {
+      const bool exists = std::string(e.what()).find("(errno " + std::to_string(EEXIST) + ")") != std::string::npos;
+      if (exists && attempt < 3) continue;
+      const bool full = std::string(e.what()).find("(errno " + std::to_string(ENOSPC) + ")") != std::string::npos;
+      fail(e.status(),
+           std::string(call) +
+               ": the optimizer state's file under zero_optimization.offload_optimizer.nvme_path: " + e.what() +
+               (full && nvme_ != nullptr
+                    ? " (a checkpoint's load writes a second copy of the state file, which replaces the "
+                      "first when the load completes: it needs room for both)"
+                    : ""));
+    }
   }
 }
 

@@ -138,6 +138,8 @@ class ParameterStore {
   // which replaces the current one only once every rank read everything (so a failed load changes nothing).
   std::unique_ptr<io::NvmeState> new_offload_state(const char* call) const;
   void adopt_offload_state(std::unique_ptr<io::NvmeState> state) { nvme_ = std::move(state); }
+  // finalize: a warning when the offload saves no host memory.
+  void warn_about_offload() const;
 
   // ---- after a step or a checkpoint load
   void clear_grads();

@@ -80,7 +80,7 @@ Layout Registration::agree_across_ranks(EngineComm& comm, const Config& config, 
   std::string local_error = precheck != nullptr ? precheck->what() : "";
   zero_status_t local_status = precheck != nullptr ? precheck->status() : ZERO_OK;
   if (precheck == nullptr) try {
-      if (params_.empty()) fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: no params were registered");
+      if (params_.empty()) fail(ZERO_ERR_INVALID_STATE, "no params were registered");
       layout = build_layout(params_, comm.size());
     } catch (const Error& e) {
       local_error = std::string("zero_engine_finalize: ") + e.what();

@@ -140,8 +140,8 @@ int estimate(double params, int world, int64_t units, const std::string& config_
   }
   if (nvme)
     std::printf(
-        "offload_optimizer to NVMe: host memory holds the rest and a window of %d chunks of %lld elements per "
-        "array; the file pads each unit to 4 KiB\n",
+        "offload_optimizer to NVMe: host memory includes the window the state streams through (at most %d chunks "
+        "of %lld elements per array); the file pads each unit to 4 KiB\n",
         config.offload.buffer_count, static_cast<long long>(config.offload.chunk_elems));
   std::printf(
       "rank 0's bytes%s; units padded to 16 x N elements; a stage-3 unit below the persistence\n"

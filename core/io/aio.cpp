@@ -28,7 +28,7 @@ std::string reason(int err) { return std::string(std::strerror(err)) + " (errno 
   std::string hint;
   if (err == ENOSPC || err == EFBIG || err == EDQUOT)
     hint = "; free space on that file system or point nvme_path elsewhere";
-  if (err == EINVAL) hint = "; the file system may not support O_DIRECT (tmpfs does not): use a real disk";
+  if (err == EINVAL) hint = "; the file system may not support O_DIRECT (tmpfs before Linux 6.6 does not): use a disk";
   fail(ZERO_ERR_IO, what + " '" + path + "': " + reason(err) + hint);
 }
 
@@ -212,8 +212,8 @@ void check_transfer(const DirectFile& file, const void* data, size_t bytes, uint
                           std::to_string(file.size()) + "-byte file");
 }
 
-DirectFile DirectFile::create(const std::string& path, uint64_t bytes) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+DirectFile DirectFile::create(const std::string& path, uint64_t bytes, bool exclusive) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | (exclusive ? O_EXCL : O_TRUNC) | O_DIRECT | O_CLOEXEC, 0600);
   if (fd < 0) io_fail("creating", path, errno);
   const uint64_t size = round_up(bytes);
   if (size > 0) {

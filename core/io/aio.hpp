@@ -29,8 +29,9 @@ struct AioSettings {
 class DirectFile {
  public:
   // Creates (or truncates) `path` and reserves `bytes` (rounded up to kDirectAlignment). ZERO_ERR_IO on failure,
-  // saying which (no space, permissions, a file system without O_DIRECT).
-  static DirectFile create(const std::string& path, uint64_t bytes);
+  // saying which (no space, permissions, a file system without O_DIRECT). With `exclusive`, a file that exists
+  // already is an error (EEXIST) instead of being truncated: no state file ever overwrites another's.
+  static DirectFile create(const std::string& path, uint64_t bytes, bool exclusive = false);
   // Opens an existing file for reading and writing (no truncation).
   static DirectFile open(const std::string& path);
 

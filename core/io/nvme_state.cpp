@@ -1,6 +1,8 @@
 #include "io/nvme_state.hpp"
 
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +36,10 @@ NvmeState::Geometry NvmeState::geometry(const std::vector<size_t>& update_elems,
   if (arrays == 0 || g.positions == 0) return g;
   g.chunk_elems = static_cast<size_t>(
       std::min<uint64_t>(round_up(static_cast<uint64_t>(std::max<int64_t>(chunk_elems, 1)), kAlignElems), g.positions));
+  // When every chunk fits in the window at once, the chunks are made as even as 4 KiB allows, so that the window
+  // is never more than a few KiB larger than the file.
+  if (g.chunks() <= static_cast<uint64_t>(std::max(buffer_count, 1)))
+    g.chunk_elems = static_cast<size_t>(round_up((g.positions + g.chunks() - 1) / g.chunks(), kAlignElems));
   g.slots = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(std::max(buffer_count, 1)), g.chunks()));
   return g;
 }
@@ -41,13 +47,18 @@ NvmeState::Geometry NvmeState::geometry(const std::vector<size_t>& update_elems,
 NvmeState::NvmeState(const std::string& dir, const std::string& file_name, Geometry geometry, const AioSettings& aio,
                      int rank)
     : geometry_(std::move(geometry)),
-      file_(DirectFile::create(dir + "/" + file_name, geometry_.file_bytes())),
+      file_(DirectFile::create(dir + "/" + file_name, geometry_.file_bytes(), true)),
       window_(static_cast<size_t>(geometry_.staging_bytes())),
       engine_(make_engine(aio)),
       rank_(rank) {}
 
 NvmeState::~NvmeState() {
   if (!file_.path().empty()) ::unlink(file_.path().c_str());
+}
+
+bool NvmeState::in_memory_file_system() const {
+  struct statfs fs {};
+  return ::fstatfs(file_.fd(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
 }
 
 float* NvmeState::slot_array(size_t slot, int array) const {

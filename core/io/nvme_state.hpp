@@ -55,6 +55,8 @@ class NvmeState {
   const Geometry& geometry() const { return geometry_; }
   const std::string& path() const { return file_.path(); }
   const char* engine_name() const { return engine_->name(); }
+  // Whether the file is on tmpfs (Linux >= 6.6 allows O_DIRECT there): the "NVMe" bytes are then in RAM.
+  bool in_memory_file_system() const;
 
   // Elements [offset, offset + n) of one unit's array, to or from host memory, through the first window slot
   // (read-modify-write at unaligned ends). Not during stream().

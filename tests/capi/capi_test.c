@@ -859,6 +859,32 @@ static void test_prefetch(void** state) {
   zero_engine_destroy(engine);
 }
 
+/* offload_optimizer to NVMe with nothing to offload (fp32 params are their own master, SGD without momentum has no
+ * state): finalize creates no file — not even the missing directory — and says so once. */
+static void test_nothing_to_offload(void** state) {
+  (void)state;
+  LogSink sink;
+  memset(&sink, 0, sizeof sink);
+  assert_int_equal(zero_set_log_callback(capture_log, &sink, ZERO_LOG_WARNING), ZERO_OK);
+  zero_comm_t* comm = NULL;
+  zero_engine_t* engine = new_engine_with(
+      &comm,
+      "{\"optimizer\": {\"type\": \"SGD\", \"params\": {\"lr\": 0.1}}, \"zero_optimization\": {\"stage\": 2, "
+      "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nonexistent/libzero-capi-test\"}}}");
+  add_param(engine, "w", 1000, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  assert_int_equal(sink.calls, 1);
+  assert_non_null(strstr(sink.text, "nothing to offload"));
+  zero_memory_placement_t mp = ZERO_MEMORY_PLACEMENT_INIT;
+  zero_memory_stats_t ms = ZERO_MEMORY_STATS_INIT;
+  assert_int_equal(zero_memory_placement(&mp, engine), ZERO_OK);
+  assert_int_equal(zero_memory_stats(&ms, engine), ZERO_OK);
+  assert_true(mp.nvme_bytes == 0 && mp.staging_bytes == 0 && mp.host_bytes == ms.total_bytes);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+  assert_int_equal(zero_set_log_callback(NULL, NULL, ZERO_LOG_WARNING), ZERO_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status_strings_and_version),
@@ -875,6 +901,7 @@ int main(void) {
       cmocka_unit_test(test_training_run),
       cmocka_unit_test(test_allocator_hook),
       cmocka_unit_test(test_prefetch),
+      cmocka_unit_test(test_nothing_to_offload),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -180,10 +180,11 @@ static int files_equal(const char* x, const char* y) {
   return same;
 }
 
-/* This rank's offload file (the engine names it libzero-optimizer.rank<R>.<pid>.<n>.swap). */
+/* This rank's offload file (the engine names it libzero-optimizer.rank<R>.<host>.<pid>.<n>.<random>.swap). */
 static void own_file(const char* dir, char* out, size_t size) {
-  char prefix[64];
-  snprintf(prefix, sizeof prefix, "libzero-optimizer.rank%d.%d.", g_rank, (int)getpid());
+  char prefix[160], host[64] = "host";
+  gethostname(host, sizeof host - 1);
+  snprintf(prefix, sizeof prefix, "libzero-optimizer.rank%d.%s.%d.", g_rank, host, (int)getpid());
   out[0] = '\0';
   DIR* d = opendir(dir);
   EXPECT(d != NULL, "cannot list %s", dir);

@@ -162,6 +162,21 @@ TEST(Aio, NoSpaceFailsAtCreationNotMidStep) {
   EXPECT_FALSE(std::filesystem::exists(path));
 }
 
+// A state file never overwrites another: created exclusively, an existing name is EEXIST, not a truncation.
+TEST(Aio, ExclusiveCreationNeverTruncatesAnotherFile) {
+  const std::string path = scratch("exclusive");
+  std::unique_ptr<DirectFile> first;
+  SKIP_WITHOUT_O_DIRECT(first = std::make_unique<DirectFile>(DirectFile::create(path, 8192, true)));
+  try {
+    DirectFile::create(path, 8192, true);
+    ADD_FAILURE() << "a second exclusive creation of " << path << " succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("(errno " + std::to_string(EEXIST) + ")")) << e.what();
+  }
+  EXPECT_EQ(8192u, first->size());
+  ::unlink(path.c_str());
+}
+
 }  // namespace
 }  // namespace io
 }  // namespace zero

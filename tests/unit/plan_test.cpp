@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "error.hpp"
+#include "io/nvme_state.hpp"
 #include "memory/allocator.hpp"
 #include "memory/buffer.hpp"
 #include "memory/ops.hpp"
@@ -146,6 +147,39 @@ TEST(Memory, ASpaceWithoutAllocatorOrKernelsIsAClearError) {
   EXPECT_THROW(kernels(MemorySpace::kDevice, Isa::kScalar), Error);
   copy_bytes(MemorySpace::kPinnedHost, &y, MemorySpace::kHost, &x, sizeof x);  // host-addressable: a plain copy
   EXPECT_EQ(y, 1);
+}
+
+}  // namespace
+}  // namespace zero
+
+namespace zero {
+namespace {
+
+// The NVMe state's geometry: units padded to 4 KiB, chunks of sub_group_size rounded up to 1024 elements, a window
+// of at most buffer_count of them — and never much larger than the file when the whole state fits in the window.
+TEST(Plan, OffloadGeometryBoundsTheWindowByTheFile) {
+  using io::NvmeState;
+  NvmeState::Geometry g = NvmeState::geometry({5000, 1, 0, 3000}, 3, 1500, 4);
+  EXPECT_EQ(g.positions, 5120u + 1024u + 0u + 3072u);
+  EXPECT_EQ(g.chunk_elems, 2048u);
+  EXPECT_EQ(g.chunks(), 5u);
+  EXPECT_EQ(g.slots, 4);
+  EXPECT_EQ(g.file_bytes(), 3u * 9216u * 4u);
+  EXPECT_EQ(g.staging_bytes(), 4u * 2048u * 3u * 4u);
+  // A 100,352-position state in chunks of 65,536 and 5 buffers: two chunks, evened out to 50,176 each, so the
+  // window equals the file instead of exceeding it by 30 %.
+  g = NvmeState::geometry({100000}, 2, 65536, 5);
+  EXPECT_EQ(g.chunk_elems, 50176u);
+  EXPECT_EQ(g.slots, 2);
+  EXPECT_EQ(g.staging_bytes(), g.file_bytes());
+  // DeepSpeed's sub_group_size (1e9): one chunk, the whole state (finalize warns).
+  g = NvmeState::geometry({100000}, 2, 1000000000, 4);
+  EXPECT_EQ(g.chunks(), 1u);
+  EXPECT_EQ(g.staging_bytes(), g.file_bytes());
+  // Nothing to offload.
+  g = NvmeState::geometry({100000}, 0, 1024, 4);
+  EXPECT_EQ(g.file_bytes(), 0u);
+  EXPECT_EQ(g.staging_bytes(), 0u);
 }
 
 }  // namespace
