@@ -189,12 +189,27 @@ void parse_offload(const Section& z, int64_t sub_group_size, Config& cfg) {
     fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") + "' is \"" + device +
                               "\"; valid values: \"none\", \"cpu\", \"nvme\"");
   };
-  if (device_of("offload_param") == OffloadConfig::Device::kNvme)
-    z.child("offload_param")
-        .unsupported("device",
-                     "offload of the params to NVMe is not implemented in this version (offload_optimizer "
-                     "with device \"nvme\" is: it puts the fp32 master and the optimizer state there)");
   OffloadConfig& o = cfg.offload;
+  o.params = device_of("offload_param");
+  if (z.has("offload_param")) {
+    const Section off = z.child("offload_param");
+    o.param_nvme_path = off.get_string("nvme_path", "");
+    o.param_buffer_size = off.get_int("buffer_size", o.param_buffer_size, 1, kMaxInt);
+    off.get_int("buffer_count", 5, 1, 1 << 20);
+    off.get_int("max_in_cpu", 1000000000, 0, kMaxInt);
+    off.get_bool("pin_memory", false);
+    if (o.params_nvme()) {
+      if (o.param_nvme_path.empty())
+        fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") + "' is \"nvme\" but '" +
+                                  off.qualified("nvme_path") +
+                                  "' is not set; give the directory (on a fast local disk) for each rank's param file");
+      if (cfg.stage != 3)
+        fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") + "' is \"nvme\" at zero_optimization.stage " +
+                                  std::to_string(cfg.stage) +
+                                  "; offloading the params needs ZeRO stage 3 (as in DeepSpeed), where each rank keeps "
+                                  "only its shard of them");
+    }
+  }
   o.optimizer = device_of("offload_optimizer");
   if (z.has("offload_optimizer")) {
     const Section off = z.child("offload_optimizer");
@@ -570,6 +585,11 @@ Config parse_config(const std::string& json_text, int world_size) {
     cfg.optimizer_threads = static_cast<int>(l.get_int("optimizer_threads", 0, 0, 4096));
     cfg.require_deterministic = l.get_bool("deterministic", false);
   }
+  if (cfg.offload.params_nvme() && cfg.compute_dtype == DType::kF32)
+    fail(ZERO_ERR_UNSUPPORTED,
+         "config key 'zero_optimization.offload_param.device' = \"nvme\" is not supported with fp32 params: libzero "
+         "offloads 16-bit param shards (bf16.enabled or fp16.enabled); fp32 params are the optimizer's master, "
+         "which offload_optimizer with device \"nvme\" puts on NVMe");
   cfg.timeout_s = timeout_from_environment(cfg.timeout_s);
   return cfg;
 }

@@ -49,6 +49,12 @@ struct OffloadConfig {
   // 4 Mi elements: 16 MiB transfers per array (bench/README.md, "NVMe offload": larger chunks gain little).
   static constexpr int64_t kDefaultChunkElems = int64_t{1} << 22;
   bool nvme() const { return optimizer == Device::kNvme; }
+  // offload_param with device "nvme" (stage 3, bf16/fp16 params): the 16-bit param shards of the units that do not
+  // stay resident are in a file under param_nvme_path, read through a buffer of param_buffer_size elements.
+  Device params = Device::kNone;
+  std::string param_nvme_path;
+  int64_t param_buffer_size = 100000000;  // DeepSpeed's default (1e8 elements)
+  bool params_nvme() const { return params == Device::kNvme; }
 };
 
 struct Config {

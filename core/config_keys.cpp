@@ -133,13 +133,14 @@ const std::vector<KeyRule>& deepspeed_key_rules() {
       {"zero_optimization.mics_hierarchical_params_gather", R, "false", kRemoved},
       {"zero_optimization.zeropp_loco_param", R, nullptr, kRemoved},
 
-      // ---- offload blocks: offload_optimizer to "cpu" (where the state is already) or "nvme"; offload_param to "cpu"
+      // ---- offload blocks: to "cpu" (where everything is already) or "nvme"
       {"zero_optimization.offload_param.device", H, nullptr, ""},
-      {"zero_optimization.offload_param.nvme_path", N, nullptr, "no NVMe param offload yet"},
+      {"zero_optimization.offload_param.nvme_path", H, nullptr, ""},
       {"zero_optimization.offload_param.pin_memory", N, nullptr, "host memory needs no pinning without a GPU"},
-      {"zero_optimization.offload_param.buffer_count", N, nullptr, "no NVMe param offload yet"},
-      {"zero_optimization.offload_param.buffer_size", N, nullptr, "no NVMe param offload yet"},
-      {"zero_optimization.offload_param.max_in_cpu", N, nullptr, "no NVMe param offload yet"},
+      {"zero_optimization.offload_param.buffer_count", N, nullptr, "shards are read one at a time, through one buffer"},
+      {"zero_optimization.offload_param.buffer_size", H, nullptr, ""},
+      {"zero_optimization.offload_param.max_in_cpu", N, nullptr,
+       "resident units (the persistence threshold) stay in memory"},
       {"zero_optimization.offload_optimizer.device", H, nullptr, ""},
       {"zero_optimization.offload_optimizer.nvme_path", H, nullptr, ""},
       {"zero_optimization.offload_optimizer.pin_memory", N, nullptr, "host memory needs no pinning without a GPU"},

@@ -199,6 +199,10 @@ std::string config_report(const Config& c, int world) {
         static_cast<long long>(c.offload.aio_block_size), c.offload.aio_queue_depth);
   else
     os << "  offload                none (model states in host memory)\n";
+  if (c.offload.params_nvme())
+    put("  offload params         stage 3's param shards to NVMe: a file per rank under '%s', read through %lld "
+        "elements\n",
+        c.offload.param_nvme_path.c_str(), static_cast<long long>(c.offload.param_buffer_size));
   put("  collective timeout     %g s\n", c.timeout_s);
   if (c.require_deterministic) os << "  deterministic sums     required (libzero.deterministic)\n";
   if (c.optimizer_threads > 0)

@@ -46,6 +46,10 @@ PlanSpec Engine::plan_spec() const {
   spec.persistence_threshold = config_.param_persistence_threshold;
   spec.bucket_elems = config_.reduce_bucket_size;
   spec.space = MemorySpace::kHost;
+  if (config_.offload.params_nvme()) {
+    spec.params_space = MemorySpace::kNvme;
+    spec.param_buffer_elems = config_.offload.param_buffer_size;
+  }
   if (config_.offload.nvme()) {
     spec.optimizer_space = MemorySpace::kNvme;
     spec.offload_chunk_elems = config_.offload.chunk_elems;
@@ -122,6 +126,7 @@ void Engine::finalize() {
     aio.block_size = static_cast<size_t>(config_.offload.aio_block_size);
     aio.queue_depth = config_.offload.aio_queue_depth;
     store_.set_offload_target(config_.offload.nvme_path, aio);
+    store_.set_param_offload_target(config_.offload.param_nvme_path);
     store_.allocate(registration_.params());
     FetchPolicy fetch;
     fetch.background_publish = config_.overlap_comm;

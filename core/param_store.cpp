@@ -74,6 +74,15 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params) {
     gathered_pool_.set_capacity(g.space, g.elems, g.dtype, allocators_.get(g.space, "a gathered unit"));
     gathered_pool_.reserve(1);
   }
+  if (plan_.param_offload.enabled) {
+    std::vector<size_t> elems;
+    for (const UnitPlan& up : plan_.units) elems.push_back(up.params.space == MemorySpace::kNvme ? up.params.elems : 0);
+    nvme_params_ = new_state_file(
+        "params", param_nvme_dir_,
+        io::NvmeState::geometry(elems, 1, plan_.param_offload.buffer_elems, 1, dtype_size(plan_.compute_dtype)),
+        "zero_optimization.offload_param.nvme_path", "zero_engine_finalize");
+    param_copy_.assign(plan_.param_offload.copy_bytes, 0);
+  }
   if (plan_.offloaded()) {
     nvme_ = new_offload_state("zero_engine_finalize");
     warn_about_offload();
@@ -115,34 +124,38 @@ void make_directories(const std::string& dir) {
 // whose process has the same id), uses: host name, process id, a counter and a random token, created with O_EXCL
 // so that a collision is a retry, never a state file truncated under its engine.
 std::unique_ptr<io::NvmeState> ParameterStore::new_offload_state(const char* call) const {
-  static std::atomic<int> states{0};
   std::vector<size_t> elems;
   for (const UnitPlan& up : plan_.units) elems.push_back(up.update_elems);
   const OffloadPlan& o = plan_.offload;
+  return new_state_file("optimizer", nvme_dir_, io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers),
+                        "zero_optimization.offload_optimizer.nvme_path", call);
+}
+
+std::unique_ptr<io::NvmeState> ParameterStore::new_state_file(const char* kind, const std::string& dir,
+                                                              const io::NvmeState::Geometry& geometry, const char* key,
+                                                              const char* call) const {
+  static std::atomic<int> states{0};
   char host[64] = "host";
   ::gethostname(host, sizeof host - 1);
   std::random_device random;
   for (int attempt = 0;; ++attempt) {
     char token[16];
     std::snprintf(token, sizeof token, "%08x", static_cast<unsigned>(random()));
-    const std::string name = "libzero-optimizer.rank" + std::to_string(comm_.rank()) + "." + host + "." +
-                             std::to_string(::getpid()) + "." + std::to_string(states.fetch_add(1)) + "." + token +
-                             ".swap";
+    const std::string name = std::string("libzero-") + kind + ".rank" + std::to_string(comm_.rank()) + "." + host +
+                             "." + std::to_string(::getpid()) + "." + std::to_string(states.fetch_add(1)) + "." +
+                             token + ".swap";
     try {
-      make_directories(nvme_dir_);
-      return std::make_unique<io::NvmeState>(
-          nvme_dir_, name, io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers), aio_, comm_.rank());
+      make_directories(dir);
+      return std::make_unique<io::NvmeState>(dir, name, geometry, aio_, comm_.rank());
     } catch (const Error& e) {
       const bool exists = std::string(e.what()).find("(errno " + std::to_string(EEXIST) + ")") != std::string::npos;
       if (exists && attempt < 3) continue;
       const bool full = std::string(e.what()).find("(errno " + std::to_string(ENOSPC) + ")") != std::string::npos;
-      fail(e.status(),
-           std::string(call) +
-               ": the optimizer state's file under zero_optimization.offload_optimizer.nvme_path: " + e.what() +
-               (full && nvme_ != nullptr
-                    ? " (a checkpoint's load writes a second copy of the state file, which replaces the "
-                      "first when the load completes: it needs room for both)"
-                    : ""));
+      fail(e.status(), std::string(call) + ": the " + kind + " file under " + key + ": " + e.what() +
+                           (full && nvme_ != nullptr && std::string(kind) == "optimizer"
+                                ? " (a checkpoint's load writes a second copy of the state file, which replaces the "
+                                  "first when the load completes: it needs room for both)"
+                                : ""));
     }
   }
 }
@@ -150,6 +163,8 @@ std::unique_ptr<io::NvmeState> ParameterStore::new_offload_state(const char* cal
 void ParameterStore::clear() {
   units_.clear();
   nvme_.reset();
+  nvme_params_.reset();
+  param_copy_.clear();
   gathered_pool_.clear();
   fetches_.clear();
   order_.clear(), recording_.clear();
@@ -174,12 +189,14 @@ void ParameterStore::broadcast_initial_values(const Registration& registration, 
                                               std::vector<float>& staging) {
   constexpr size_t kInitialValuesChunk = size_t{1} << 24;  // 64 MiB of fp32
   const int rank = comm_.rank();
+  std::vector<char> rounded;  // a piece of this rank's shard on its way to the params file (offload_param)
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitLayout& ul = layout_.units[u];
     const UnitPlan& up = plan_.units[u];
     UnitBuffers& ub = units_[u];
-    const ElementOps& ops = element_ops(up.params.space);
-    const size_t own = up.sharded_params() ? rank * ul.shard_elems : 0, own_end = own + ub.params.size();
+    const bool on_nvme = params_offloaded(static_cast<int>(u));
+    const ElementOps& ops = element_ops(on_nvme ? MemorySpace::kHost : up.params.space);
+    const size_t own = up.sharded_params() ? rank * ul.shard_elems : 0, own_end = own + up.params.elems;
     for (size_t begin = 0; begin < ul.padded_elems; begin += kInitialValuesChunk) {
       const size_t end = std::min(ul.padded_elems, begin + kInitialValuesChunk);
       staging.assign(end - begin, 0.0f);
@@ -197,7 +214,14 @@ void ParameterStore::broadcast_initial_values(const Registration& registration, 
                       "zero_engine_finalize: rank 0's initial values of unit " + std::to_string(u) +
                           (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : ""));
       size_t lo = std::max(begin, own), hi = std::min(end, own_end);
-      if (lo < hi) ops.round_from_f32(ub.params.at(lo - own), compute_dtype, staging.data() + (lo - begin), hi - lo);
+      if (lo < hi && on_nvme) {  // this rank's shard goes to the params file
+        rounded.resize((hi - lo) * dtype_size(compute_dtype));
+        element_ops(MemorySpace::kHost)
+            .round_from_f32(rounded.data(), compute_dtype, staging.data() + (lo - begin), hi - lo);
+        nvme_params_->write(static_cast<int>(u), 0, lo - own, rounded.data(), hi - lo);
+      } else if (lo < hi) {
+        ops.round_from_f32(ub.params.at(lo - own), compute_dtype, staging.data() + (lo - begin), hi - lo);
+      }
       lo = std::max(begin, up.update_begin), hi = std::min(end, up.update_begin + up.update_elems);
       if (lo < hi && offloaded_master())
         nvme_->write(static_cast<int>(u), master_array(), lo - up.update_begin, staging.data() + (lo - begin), hi - lo);
@@ -258,7 +282,7 @@ void ParameterStore::gather(int unit, const char* call) {
   guard_.agree(call, CallTag{CallKind::kGather, unit, elems, 0}, local.get());
   UnitBuffers& ub = units_[unit];
   const size_t shard = layout_.units[unit].shard_elems;
-  const DType dtype = ub.params.dtype();
+  const DType dtype = plan_.compute_dtype;
   void* buffer = nullptr;
   guard_.moving_data([&] {
     if (ub.ahead != nullptr) {  // prefetched, or kept since its last release: no communication now
@@ -269,8 +293,7 @@ void ParameterStore::gather(int unit, const char* call) {
       ub.held = false;
     } else {
       buffer = gathered_pool_.acquire();
-      copy_bytes(gathered_pool_.space(), static_cast<char*>(buffer) + comm_.rank() * shard * dtype_size(dtype),
-                 ub.params.space(), ub.params.data(), shard * dtype_size(dtype));
+      put_own_shard(unit, buffer);
       comm_.all_gather(buffer, shard, elem_type(dtype), "zero_gather: all-gather of " + unit_name(unit));
     }
     // The next units of the recorded order start now and move while the framework computes with this one.
@@ -344,13 +367,23 @@ ParameterStore::AheadPlan ParameterStore::plan_ahead(int unit) const {
   return a;
 }
 
+// This rank's shard of a unit's params into its place in a gathered buffer, before the all-gather: from memory, or
+// read from the params file (offload_param).
+void ParameterStore::put_own_shard(int unit, void* buffer) {
+  const size_t shard = layout_.units[unit].shard_elems, esize = dtype_size(plan_.compute_dtype);
+  char* own = static_cast<char*>(buffer) + comm_.rank() * shard * esize;
+  if (params_offloaded(unit))
+    nvme_params_->read(unit, 0, 0, own, shard);
+  else
+    copy_bytes(gathered_pool_.space(), own, units_[unit].params.space(), units_[unit].params.data(), shard * esize);
+}
+
 void ParameterStore::start_prefetch(int unit) {
   UnitBuffers& ub = units_[unit];
   const size_t shard = layout_.units[unit].shard_elems;
-  const DType dtype = ub.params.dtype();
+  const DType dtype = plan_.compute_dtype;
   void* buffer = gathered_pool_.acquire();
-  copy_bytes(gathered_pool_.space(), static_cast<char*>(buffer) + comm_.rank() * shard * dtype_size(dtype),
-             ub.params.space(), ub.params.data(), shard * dtype_size(dtype));
+  put_own_shard(unit, buffer);
   Fetch f;
   f.unit = unit;
   f.pending = comm_.start_all_gather(buffer, shard, elem_type(dtype), "prefetch: all-gather of " + unit_name(unit));
@@ -469,7 +502,25 @@ float* ParameterStore::master(int u) {
 
 void* ParameterStore::copy(int u) {
   if (!plan_.separate_master()) return nullptr;
+  if (params_offloaded(u)) return param_copy_.data();  // between begin_copy(u) and end_copy(u)
   return units_[u].params.at(plan_.units[u].update_in_params);
+}
+
+void ParameterStore::begin_copy(int u) {
+  if (!params_offloaded(u)) return;
+  // Zeros where no param is (the padding between params and at the shard's end), as the file has there.
+  std::memset(param_copy_.data(), 0, plan_.units[u].params.elems * dtype_size(plan_.compute_dtype));
+}
+
+void ParameterStore::end_copy(int u) {
+  if (params_offloaded(u)) nvme_params_->write(u, 0, 0, param_copy_.data(), plan_.units[u].params.elems);
+}
+
+void ParameterStore::write_params_shard(int u, const void* values) {
+  begin_copy(u);
+  copy_bytes(params_offloaded(u) ? MemorySpace::kHost : units_[u].params.space(), copy(u), MemorySpace::kHost, values,
+             plan_.units[u].update_elems * dtype_size(plan_.compute_dtype));
+  end_copy(u);
 }
 
 namespace {
@@ -508,9 +559,19 @@ void ParameterStore::write_updated(int u, int kind, const float* values) {
     copy_bytes(ub.state[kind].space(), ub.state[kind].f32(), MemorySpace::kHost, values, n * sizeof(float));
 }
 
-const void* ParameterStore::params_shard(int u) {
+void ParameterStore::read_params_shard(int u, const std::function<void(const void*, size_t bytes)>& sink) {
   const UnitPlan& up = plan_.units[u];
-  return units_[u].params.at(up.sharded_params() ? 0 : up.norm_begin);
+  const size_t n = layout_.units[u].shard_elems, esize = dtype_size(plan_.compute_dtype);
+  if (!params_offloaded(u)) {
+    sink(units_[u].params.at(up.sharded_params() ? 0 : up.norm_begin), n * esize);
+    return;
+  }
+  std::vector<char> piece(std::min(n, kOffloadPieceElems) * esize);
+  for (size_t done = 0; done < n; done += piece.size() / esize) {
+    const size_t m = std::min(piece.size() / esize, n - done);
+    nvme_params_->read(u, 0, done, piece.data(), m);
+    sink(piece.data(), m * esize);
+  }
 }
 
 void ParameterStore::clear_grads() {
@@ -531,20 +592,23 @@ void ParameterStore::write_params_from_master() {
   if (!plan_.separate_master()) return;
   std::vector<float> piece;
   for (size_t u = 0; u < units_.size(); ++u) {
+    const int unit = static_cast<int>(u);
     UnitBuffers& ub = units_[u];
     const size_t n = plan_.units[u].update_elems;
-    const ElementOps& ops = element_ops(ub.params.space());
+    const ElementOps& ops = element_ops(params_offloaded(unit) ? MemorySpace::kHost : ub.params.space());
+    begin_copy(unit);
     if (!offloaded_master()) {
-      ops.round_from_f32(copy(static_cast<int>(u)), plan_.compute_dtype, ub.master.f32(), n);
-      continue;
+      ops.round_from_f32(copy(unit), plan_.compute_dtype, ub.master.f32(), n);
+    } else {
+      piece.resize(std::min(n, kOffloadPieceElems));
+      char* out = static_cast<char*>(copy(unit));
+      for (size_t done = 0; done < n; done += piece.size()) {
+        const size_t m = std::min(piece.size(), n - done);
+        nvme_->read(unit, master_array(), done, piece.data(), m);
+        ops.round_from_f32(out + done * dtype_size(plan_.compute_dtype), plan_.compute_dtype, piece.data(), m);
+      }
     }
-    piece.resize(std::min(n, kOffloadPieceElems));
-    char* out = static_cast<char*>(copy(static_cast<int>(u)));
-    for (size_t done = 0; done < n; done += piece.size()) {
-      const size_t m = std::min(piece.size(), n - done);
-      nvme_->read(static_cast<int>(u), master_array(), done, piece.data(), m);
-      ops.round_from_f32(out + done * dtype_size(plan_.compute_dtype), plan_.compute_dtype, piece.data(), m);
-    }
+    end_copy(unit);
   }
 }
 
@@ -579,7 +643,15 @@ MemoryStats ParameterStore::allocated_bytes(uint64_t bucket_bytes) const {
   }
   s.bucket_bytes = bucket_bytes;
   s.gathered_bytes = gathered_pool_.allocated_bytes();
-  s.host_bytes = s.total();
+  s.host_bytes = s.total() + param_copy_.size();
+  s.staging_bytes = param_copy_.size();
+  if (nvme_params_ != nullptr) {  // the offloaded param shards, as the file holds them
+    const io::NvmeState::Geometry& g = nvme_params_->geometry();
+    for (size_t n : g.unit_elems) s.param_bytes += n * g.elem_size;
+    s.staging_bytes += g.staging_bytes();
+    s.host_bytes += g.staging_bytes();
+    s.nvme_bytes += g.file_bytes();
+  }
   if (nvme_ != nullptr) {  // the offloaded kinds, as the file holds them
     const io::NvmeState::Geometry& g = nvme_->geometry();
     uint64_t elems = 0;
@@ -587,9 +659,9 @@ MemoryStats ParameterStore::allocated_bytes(uint64_t bucket_bytes) const {
     const int states = g.arrays - (plan_.offload.master ? 1 : 0);
     if (plan_.offload.master) s.master_param_bytes += elems * sizeof(float);
     s.optimizer_state_bytes += elems * sizeof(float) * static_cast<uint64_t>(states);
-    s.staging_bytes = g.staging_bytes();
-    s.host_bytes += s.staging_bytes;
-    s.nvme_bytes = g.file_bytes();
+    s.staging_bytes += g.staging_bytes();
+    s.host_bytes += g.staging_bytes();
+    s.nvme_bytes += g.file_bytes();
   }
   return s;
 }

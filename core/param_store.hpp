@@ -65,6 +65,9 @@ class ParameterStore {
   Allocators& allocators() { return allocators_; }
   // Where a plan that offloads the optimizer state to NVMe puts its file (before allocate).
   void set_offload_target(std::string dir, io::AioSettings aio) { nvme_dir_ = std::move(dir), aio_ = aio; }
+  void set_param_offload_target(std::string dir) { param_nvme_dir_ = std::move(dir); }
+  // offload_param to NVMe: whether unit u's param shard is in the params file.
+  bool params_offloaded(int u) const { return plan_.units[u].params.space == MemorySpace::kNvme; }
   // Before finalize: the plan of the stage without units (so that calls before finalize know whether a gather
   // would be collective). At finalize: the layout and the plan of the registered units.
   void set_plan(Layout layout, Plan plan) { layout_ = std::move(layout), plan_ = std::move(plan); }
@@ -123,7 +126,13 @@ class ParameterStore {
   int master_array() const { return offloaded_master() ? 0 : -1; }
   int state_array(int s) const { return offloaded() ? (plan_.offload.master ? 1 : 0) + s : -1; }
   // Where the optimizer writes the compute-dtype copy of what this rank updates (null when params are the master).
+  // Writers bracket it with begin_copy(u) and end_copy(u): with offload_param it is a buffer in memory that
+  // end_copy writes to the params file.
   void* copy(int u);
+  void begin_copy(int u);
+  void end_copy(int u);
+  // The whole updated range of unit u's params (compute dtype), as a checkpoint's load sets it.
+  void write_params_shard(int u, const void* values);
   // The reduced gradients of what this rank updates, and of what it adds to the norm.
   void* update_grads(int u) { return units_[u].grads.at(plan_.units[u].update_in_grads); }
   const void* norm_grads(int u) { return units_[u].grads.at(plan_.units[u].norm_in_grads); }
@@ -131,12 +140,15 @@ class ParameterStore {
   // the params: what a checkpoint stores per rank, whatever the stage. The fp32 shards are handed to `sink` in
   // pieces (one piece in memory; pieces of a bounded buffer when offloaded).
   void read_shard(int u, int kind, const std::function<void(const void*, size_t bytes)>& sink);
-  const void* params_shard(int u);
+  void read_params_shard(int u, const std::function<void(const void*, size_t bytes)>& sink);
   // Writes the whole updated range of unit u's master (kind -1) or optimizer state s (a checkpoint's load).
   void write_updated(int u, int kind, const float* values);
   // A checkpoint's load into an offloaded engine: the state is streamed into a second file of the same layout,
   // which replaces the current one only once every rank read everything (so a failed load changes nothing).
   std::unique_ptr<io::NvmeState> new_offload_state(const char* call) const;
+  std::unique_ptr<io::NvmeState> new_state_file(const char* kind, const std::string& dir,
+                                                const io::NvmeState::Geometry& geometry, const char* key,
+                                                const char* call) const;
   void adopt_offload_state(std::unique_ptr<io::NvmeState> state) { nvme_ = std::move(state); }
   // finalize: a warning when the offload saves no host memory.
   void warn_about_offload() const;
@@ -172,6 +184,9 @@ class ParameterStore {
   std::string nvme_dir_;
   io::AioSettings aio_;
   std::unique_ptr<io::NvmeState> nvme_;
+  std::string param_nvme_dir_;
+  std::unique_ptr<io::NvmeState> nvme_params_;  // offload_param: the param shards of units that are not resident
+  std::vector<char> param_copy_;                // one shard: where the optimizer writes a unit's new params
 
   // ---- fetching ahead
   struct Fetch {
@@ -191,6 +206,7 @@ class ParameterStore {
     std::vector<int> prefetch;
   };
   AheadPlan plan_ahead(int unit) const;
+  void put_own_shard(int unit, void* buffer);
   // Starts the all-gather of `unit` into a reserved pooled buffer (its `ahead`).
   void start_prefetch(int unit);
   uint64_t unit_elems(int unit) const { return layout_.units[unit].padded_elems; }

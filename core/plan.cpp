@@ -64,7 +64,8 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     up.persistent =
         shard_params && ul.used_elems < static_cast<size_t>(std::max<int64_t>(0, spec.persistence_threshold));
     const bool sharded = shard_params && !up.persistent;
-    up.params = place(sharded ? Extent::kShard : Extent::kFull, space, spec.compute_dtype, sharded ? shard : full);
+    up.params = place(sharded ? Extent::kShard : Extent::kFull, sharded ? spec.params_space : space, spec.compute_dtype,
+                      sharded ? shard : full);
     up.grads =
         place(shard_grads ? Extent::kShard : Extent::kFull, space, spec.grad_accum_dtype, shard_grads ? shard : full);
     up.update_begin = shard_optimizer ? own : 0;
@@ -86,6 +87,27 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     if (sharded) largest_gathered = std::max(largest_gathered, full);
   }
   plan.gathered = place(Extent::kFull, space, spec.compute_dtype, largest_gathered);
+  if (spec.params_space == MemorySpace::kNvme) {
+    if (!shard_params)
+      fail(ZERO_ERR_CONFIG, "offloading the params to NVMe needs ZeRO stage 3 (stages 0-2 keep every param)");
+    ParamOffloadPlan& po = plan.param_offload;
+    std::vector<size_t> elems;
+    size_t largest = 0;
+    for (const UnitPlan& up : plan.units) {
+      const size_t n = up.params.space == MemorySpace::kNvme ? up.params.elems : 0;
+      elems.push_back(n);
+      largest = std::max(largest, n);
+      po.offloaded_bytes += up.params.space == MemorySpace::kNvme ? up.params.bytes() : 0;
+    }
+    // A read or write never spans more than one shard: the buffer need not be larger than the largest.
+    po.buffer_elems = std::min<int64_t>(spec.param_buffer_elems, static_cast<int64_t>(std::max<size_t>(largest, 1)));
+    const io::NvmeState::Geometry g =
+        io::NvmeState::geometry(elems, 1, po.buffer_elems, 1, dtype_size(spec.compute_dtype));
+    po.enabled = g.file_bytes() > 0;
+    po.file_bytes = g.file_bytes();
+    po.buffer_bytes = g.staging_bytes();
+    po.copy_bytes = po.enabled ? largest * dtype_size(spec.compute_dtype) : 0;
+  }
   if (spec.optimizer_space == MemorySpace::kNvme) {
     if (!shard_optimizer)
       fail(ZERO_ERR_CONFIG,
@@ -130,9 +152,10 @@ MemoryStats Plan::bytes(size_t buckets_held, size_t units_gathered) const {
   }
   m.bucket_bytes = bucket.bytes() * buckets_held;
   m.gathered_bytes = gathered.bytes() * units_gathered;
-  m.staging_bytes = offload.staging_bytes;
-  m.nvme_bytes = offload.file_bytes;
-  m.host_bytes = m.total() + m.staging_bytes - (offloaded() ? m.master_param_bytes + m.optimizer_state_bytes : 0);
+  m.staging_bytes = offload.staging_bytes + param_offload.buffer_bytes + param_offload.copy_bytes;
+  m.nvme_bytes = offload.file_bytes + param_offload.file_bytes;
+  m.host_bytes = m.total() + m.staging_bytes - (offloaded() ? m.master_param_bytes + m.optimizer_state_bytes : 0) -
+                 param_offload.offloaded_bytes;
   return m;
 }
 
@@ -153,6 +176,8 @@ std::string Plan::describe() const {
     os << ", optimizer state " << (sharded_optimizer ? "sharded" : "full");
     if (separate_master()) os << ", fp32 master beside " << dtype_name(compute_dtype) << " params";
     os << " (" << space_name(first->params.space) << ")";
+    if (param_offload.enabled)
+      os << "; param shards offloaded to NVMe (" << param_offload.file_bytes << " bytes in a file)";
     if (offloaded())
       os << "; fp32 master and optimizer state offloaded to NVMe (" << offload.file_bytes
          << " bytes in a file, streamed through a " << offload.staging_bytes << "-byte window)";

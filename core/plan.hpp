@@ -103,6 +103,10 @@ struct PlanSpec {
   MemorySpace optimizer_space = MemorySpace::kHost;
   int64_t offload_chunk_elems = 0;
   int offload_buffers = 0;
+  // Where stage 3's param shards live (units that do not stay resident): `space`, or kNvme (offload_param device
+  // nvme), read and written through a buffer of param_buffer_elems.
+  MemorySpace params_space = MemorySpace::kHost;
+  int64_t param_buffer_elems = 0;
   int world_size = 1, rank = 0;
 };
 
@@ -114,6 +118,14 @@ struct OffloadPlan {
   int64_t chunk_elems = 0;
   int buffers = 0;
   uint64_t file_bytes = 0, staging_bytes = 0;
+};
+
+// The param shards on NVMe (offload_param): one 16-bit array; the buffer reads and writes go through, and one
+// shard's worth of memory where the optimizer writes a unit's new params before they go to the file.
+struct ParamOffloadPlan {
+  bool enabled = false;
+  int64_t buffer_elems = 0;
+  uint64_t file_bytes = 0, buffer_bytes = 0, copy_bytes = 0, offloaded_bytes = 0;
 };
 
 struct Plan {
@@ -129,6 +141,7 @@ struct Plan {
   Placement bucket;    // one transient gradient bucket: the largest (kNone without buckets)
   Placement gathered;  // one transient gathered unit: the largest sharded one (kNone without sharded units)
   OffloadPlan offload;
+  ParamOffloadPlan param_offload;
   DType compute_dtype = DType::kF32, grad_accum_dtype = DType::kF32;
 
   bool separate_master() const { return compute_dtype != DType::kF32; }

@@ -182,7 +182,12 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
     const OffloadPlan& o = store.plan().offload;
     const int ma = store.master_array(), states = o.arrays - (o.master ? 1 : 0);
     const int s0 = states > 0 ? store.state_array(0) : -1, s1 = states > 1 ? store.state_array(1) : -1;
+    int unit = -1;  // the unit whose new params are being written (end_copy once its last piece is done)
     store.nvme()->stream([&](const io::NvmeState::Piece& p, float* const* arrays) {
+      if (p.unit != unit) {
+        if (unit >= 0) store.end_copy(unit);
+        store.begin_copy(unit = p.unit);
+      }
       ParameterStore::UnitBuffers& ub = store.unit(p.unit);
       float* in_memory_master = ma < 0 ? store.master(p.unit) : nullptr;
       for (const ShardSegment& s : ub.segments) {
@@ -193,15 +198,18 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
             s1 >= 0 ? arrays[s1] + at : nullptr);
       }
     });
+    if (unit >= 0) store.end_copy(unit);
     return;
   }
   for (int u = 0; u < store.num_units(); ++u) {
     ParameterStore::UnitBuffers& ub = store.unit(u);
     float* master = store.master(u);
+    store.begin_copy(u);
     for (const ShardSegment& s : ub.segments)
       run(u, s, s.shard_offset, s.shard_offset + s.numel, master + s.shard_offset,
           ub.state[0].empty() ? nullptr : ub.state[0].f32() + s.shard_offset,
           ub.state[1].empty() ? nullptr : ub.state[1].f32() + s.shard_offset);
+    store.end_copy(u);
   }
 }
 

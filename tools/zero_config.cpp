@@ -105,7 +105,7 @@ int estimate(double params, int world, int64_t units, const std::string& config_
               zero::dtype_name(config.grad_accum_dtype), zero::optimizer_name(config.optimizer.kind));
   // offload_optimizer to NVMe: the master and the optimizer state go to a file (stages 1-3); two more columns say
   // what stays in host memory (the window included) and what the file holds.
-  const bool nvme = config.offload.nvme();
+  const bool nvme = config.offload.nvme() || config.offload.params_nvme();
   std::printf("stage       params          grads    fp32 master      optimizer  bucket+gather          total%s\n",
               nvme ? "   host memory      NVMe file" : "");
   for (int stage = 0; stage < 4; ++stage) {
@@ -118,10 +118,14 @@ int estimate(double params, int world, int64_t units, const std::string& config_
     spec.bucket_elems = config.reduce_bucket_size;
     spec.world_size = world;
     spec.rank = 0;
-    if (nvme && stage > 0) {
+    if (config.offload.nvme() && stage > 0) {
       spec.optimizer_space = zero::MemorySpace::kNvme;
       spec.offload_chunk_elems = config.offload.chunk_elems;
       spec.offload_buffers = config.offload.buffer_count;
+    }
+    if (config.offload.params_nvme() && stage == 3) {
+      spec.params_space = zero::MemorySpace::kNvme;
+      spec.param_buffer_elems = config.offload.param_buffer_size;
     }
     const zero::MemoryStats m = zero::make_plan(spec, layout).bytes();
     std::printf("%-1d%-4s", stage, !config_path.empty() && stage == config.stage ? " *" : "");
@@ -131,14 +135,20 @@ int estimate(double params, int world, int64_t units, const std::string& config_
     print_bytes(static_cast<double>(m.optimizer_state_bytes));
     print_bytes(static_cast<double>(m.bucket_bytes + m.gathered_bytes));
     print_bytes(static_cast<double>(m.total()));
-    if (nvme && stage == 0) std::printf("   (no offload at stage 0)");
-    if (nvme && stage > 0) {
+    const bool offloads = (config.offload.nvme() && stage > 0) || (config.offload.params_nvme() && stage == 3);
+    if (nvme && !offloads) std::printf("   (no offload at stage %d)", stage);
+    if (offloads) {
       print_bytes(static_cast<double>(m.host_bytes));
       print_bytes(static_cast<double>(m.nvme_bytes));
     }
     std::printf("\n");
   }
-  if (nvme)
+  if (config.offload.params_nvme())
+    std::printf(
+        "offload_param to NVMe (stage 3): the param shards of units above the persistence threshold are in "
+        "the file, read through a buffer of %lld elements\n",
+        static_cast<long long>(config.offload.param_buffer_size));
+  if (config.offload.nvme())
     std::printf(
         "offload_optimizer to NVMe: host memory includes the window the state streams through (at most %d chunks "
         "of %lld elements per array); the file pads each unit to 4 KiB\n",

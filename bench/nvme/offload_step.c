@@ -3,6 +3,7 @@
  *
  *   bench_offload_step --dir DIR [--params-millions P] [--units U] [--steps S] [--dtype fp32|bf16]
  *                      [--buffers B] [--chunk ELEMS] [--stage S] [--only memory|offload] [--comm single|mpi]
+ *                      [--params-nvme 0|1]
  *
  * --comm mpi runs on MPI_COMM_WORLD (under mpirun; libzero initialises MPI itself) and --only runs one of the two
  * engines: bench/nvme/largest.sh uses both to find the largest model a 2-rank job trains under a memory limit.
@@ -50,6 +51,7 @@ typedef struct {
 } Result;
 
 static int g_mpi = 0;
+static int g_params_nvme = 0; /* --params-nvme 1: offload_param too (stage 3) */
 
 static Result run(const char* dir, double params_m, int units, int steps, int bf16, int buffers, long chunk,
                   int stage) {
@@ -60,6 +62,9 @@ static Result run(const char* dir, double params_m, int units, int steps, int bf
     CHECK(zero_comm_create_single(&comm));
   char offload[512] = "";
   if (dir != NULL && chunk > 0) snprintf(offload, sizeof offload, ", \"sub_group_size\": %ld", chunk);
+  if (dir != NULL && g_params_nvme)
+    snprintf(offload + strlen(offload), sizeof offload - strlen(offload),
+             ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"%s\"}", dir);
   if (dir != NULL)
     snprintf(offload + strlen(offload), sizeof offload - strlen(offload),
              ", \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\", \"buffer_count\": %d}", dir,
@@ -133,6 +138,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--only") == 0) only = argv[i + 1];
     if (strcmp(argv[i], "--comm") == 0) g_mpi = strcmp(argv[i + 1], "mpi") == 0;
+    if (strcmp(argv[i], "--params-nvme") == 0) g_params_nvme = atoi(argv[i + 1]);
   }
   if (dir == NULL || units < 1 || steps < 1 || params_m <= 0) {
     fprintf(stderr,
@@ -146,8 +152,11 @@ int main(int argc, char** argv) {
     printf(
         "trained %.0f M %s params at stage %d (%s): zero_step %.3f s, host memory %.1f MiB, NVMe file %.1f MiB "
         "(per rank)\n",
-        params_m, bf16 ? "bf16" : "fp32", stage, offload ? "optimizer state on NVMe" : "in memory", r.step_s,
-        (double)r.host_bytes / 1048576.0, (double)r.file_bytes / 1048576.0);
+        params_m, bf16 ? "bf16" : "fp32", stage,
+        !offload        ? "in memory"
+        : g_params_nvme ? "optimizer state and params on NVMe"
+                        : "optimizer state on NVMe",
+        r.step_s, (double)r.host_bytes / 1048576.0, (double)r.file_bytes / 1048576.0);
     return 0;
   }
   const Result mem = run(NULL, params_m, units, steps, bf16, buffers, chunk, stage);

@@ -143,7 +143,7 @@ void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t
     write_file(
         "params", param_tensors,
         [&](ckpt::SafetensorsWriter& w) {
-          for (int u = 0; u < units; ++u) w.write(store_.params_shard(u), layout.units[u].shard_elems * compute_size);
+          for (int u = 0; u < units; ++u) store_.read_params_shard(u, [&](const void* p, size_t n) { w.write(p, n); });
         },
         2);
   }
@@ -479,9 +479,7 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
       store_.write_params_from_master();
       if (!load_params) store_.publish("zero_load_checkpoint: all-gather of the loaded params");
       if (load_params) {
-        for (int u = 0; u < store_.num_units(); ++u)
-          copy_bytes(store_.unit(u).params.space(), store_.copy(u), MemorySpace::kHost, params16[u].data(),
-                     store_.unit_plan(u).update_elems * 2);
+        for (int u = 0; u < store_.num_units(); ++u) store_.write_params_shard(u, params16[u].data());
         store_.publish("zero_load_checkpoint: all-gather of the stochastically rounded params");
       }
     });

@@ -17,16 +17,16 @@ namespace zero {
 namespace io {
 namespace {
 
-constexpr size_t kAlignElems = kDirectAlignment / sizeof(float);
-
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
 
 NvmeState::Geometry NvmeState::geometry(const std::vector<size_t>& update_elems, int arrays, int64_t chunk_elems,
-                                        int buffer_count) {
+                                        int buffer_count, size_t elem_size) {
   Geometry g;
   g.arrays = arrays;
+  g.elem_size = elem_size;
+  const size_t kAlignElems = g.align_elems();
   g.unit_elems = update_elems;
   g.unit_pos.reserve(update_elems.size());
   for (size_t n : update_elems) {
@@ -66,33 +66,35 @@ float* NvmeState::slot_array(size_t slot, int array) const {
 }
 
 void NvmeState::start_chunk(size_t chunk, bool write) {
+  if (geometry_.elem_size != sizeof(float)) fail(ZERO_ERR_INTERNAL, "NvmeState::stream: fp32 arrays only");
   const uint64_t first = chunk * geometry_.chunk_elems;
   const uint64_t elems = std::min<uint64_t>(geometry_.chunk_elems, geometry_.positions - first);
   const size_t slot = chunk % static_cast<size_t>(geometry_.slots);
   for (int a = 0; a < geometry_.arrays; ++a) {
-    const uint64_t offset = array_offset(a) + first * 4;
+    const uint64_t offset = array_offset(a) + first * sizeof(float);
     if (write)
-      engine_->start_write(file_, slot_array(slot, a), elems * 4, offset);
+      engine_->start_write(file_, slot_array(slot, a), elems * sizeof(float), offset);
     else
-      engine_->start_read(file_, slot_array(slot, a), elems * 4, offset);
+      engine_->start_read(file_, slot_array(slot, a), elems * sizeof(float), offset);
   }
 }
 
 // A range that need not be aligned, through the window: aligned pieces of at most the window's size; a write
 // whose ends fall inside a 4 KiB block reads that piece first, so the neighbours' bytes survive.
-void NvmeState::transfer(int unit, int array, size_t offset, float* data, size_t n, bool write) {
+void NvmeState::transfer(int unit, int array, size_t offset, char* data, size_t n, bool write) {
   if (n == 0) return;
   if (offset + n > geometry_.unit_elems[unit])
     fail(ZERO_ERR_INTERNAL, "NVMe state: elements " + std::to_string(offset) + ".." + std::to_string(offset + n) +
                                 " are outside unit " + std::to_string(unit) + "'s " +
                                 std::to_string(geometry_.unit_elems[unit]));
-  const uint64_t begin = array_offset(array) + (geometry_.unit_pos[unit] + offset) * 4, end = begin + n * 4;
+  const size_t esize = geometry_.elem_size;
+  const uint64_t begin = array_offset(array) + (geometry_.unit_pos[unit] + offset) * esize, end = begin + n * esize;
   const uint64_t capacity = window_.size();
   char* bounce = static_cast<char*>(window_.data());
   for (uint64_t lo = begin / kDirectAlignment * kDirectAlignment; lo < end; lo += capacity) {
     const uint64_t hi = std::min(lo + capacity, round_up(end, kDirectAlignment));
     const uint64_t from = std::max(lo, begin), to = std::min(hi, end);
-    char* user = reinterpret_cast<char*>(data) + (from - begin);
+    char* user = data + (from - begin);
     if (!write || from != lo || to != hi) engine_->read(file_, bounce, hi - lo, lo);
     if (!write) {
       std::memcpy(user, bounce + (from - lo), to - from);
@@ -103,14 +105,14 @@ void NvmeState::transfer(int unit, int array, size_t offset, float* data, size_t
   }
 }
 
-void NvmeState::read(int unit, int array, size_t offset, float* out, size_t n) {
+void NvmeState::read(int unit, int array, size_t offset, void* out, size_t n) {
   if (test_hooks::active("nvme.read", rank_))
     fail(ZERO_ERR_IO, "reading '" + file_.path() + "': Input/output error (errno 5) (test hook)");
-  transfer(unit, array, offset, out, n, false);
+  transfer(unit, array, offset, static_cast<char*>(out), n, false);
 }
 
-void NvmeState::write(int unit, int array, size_t offset, const float* in, size_t n) {
-  transfer(unit, array, offset, const_cast<float*>(in), n, true);
+void NvmeState::write(int unit, int array, size_t offset, const void* in, size_t n) {
+  transfer(unit, array, offset, static_cast<char*>(const_cast<void*>(in)), n, true);
 }
 
 // Chunk i is updated while the I/O thread reads chunks i+1 .. i+slots-2 and writes chunk i-1 back; the chunks in
@@ -155,7 +157,8 @@ void NvmeState::stream(const std::function<void(const Piece&, float* const* arra
           if (i + 1 == (chunks + 1) / 2 && test_hooks::active("nvme.stream", rank_))  // halfway through the pass
             fail(ZERO_ERR_IO, "writing '" + file_.path() + "': Input/output error (errno 5) (test hook)");
         }
-        if (pos + round_up(geometry_.unit_elems[unit], kAlignElems) > last) break;  // continues in the next chunk
+        if (pos + round_up(geometry_.unit_elems[unit], geometry_.align_elems()) > last)
+          break;  // continues in the next chunk
       }
     }
     in_flight.get();

@@ -32,18 +32,21 @@ class NvmeState {
 
   // The geometry, without the file: what the plan predicts and the state allocates.
   struct Geometry {
-    int arrays = 0;                  // fp32 arrays per updated element
+    int arrays = 0;                  // arrays per element (fp32 master and state; or one of 16-bit params)
+    size_t elem_size = 4;            // bytes per element
     std::vector<size_t> unit_elems;  // per unit, the elements this rank updates
     std::vector<uint64_t> unit_pos;  // per unit, its first padded position
     uint64_t positions = 0;          // padded positions of all units
     size_t chunk_elems = 0;          // C: a multiple of 1024, at most `positions`
     int slots = 0;                   // chunks held in host memory at once
-    uint64_t file_bytes() const { return static_cast<uint64_t>(arrays) * positions * 4; }
-    uint64_t staging_bytes() const { return static_cast<uint64_t>(slots) * chunk_elems * arrays * 4; }
+    uint64_t file_bytes() const { return static_cast<uint64_t>(arrays) * positions * elem_size; }
+    uint64_t staging_bytes() const { return static_cast<uint64_t>(slots) * chunk_elems * arrays * elem_size; }
+    size_t align_elems() const { return kDirectAlignment / elem_size; }  // units are padded to 4 KiB
     size_t chunks() const { return chunk_elems == 0 ? 0 : (positions + chunk_elems - 1) / chunk_elems; }
   };
   // `update_elems`: per unit, the elements this rank updates; `chunk_elems` and `buffer_count`: the config's.
-  static Geometry geometry(const std::vector<size_t>& update_elems, int arrays, int64_t chunk_elems, int buffer_count);
+  static Geometry geometry(const std::vector<size_t>& update_elems, int arrays, int64_t chunk_elems, int buffer_count,
+                           size_t elem_size = 4);
 
   // Creates and pre-allocates `<dir>/<file_name>` and the window (ZERO_ERR_IO naming the path on failure). `rank`
   // names the rank for the test hooks (core/test_hooks.hpp: nvme.stream, nvme.read).
@@ -59,20 +62,22 @@ class NvmeState {
   bool in_memory_file_system() const;
 
   // Elements [offset, offset + n) of one unit's array, to or from host memory, through the first window slot
-  // (read-modify-write at unaligned ends). Not during stream().
-  void read(int unit, int array, size_t offset, float* out, size_t n);
-  void write(int unit, int array, size_t offset, const float* in, size_t n);
+  // (read-modify-write at unaligned ends), any alignment of `out`/`in`. Not during stream().
+  void read(int unit, int array, size_t offset, void* out, size_t n);
+  void write(int unit, int array, size_t offset, const void* in, size_t n);
 
   // The pipelined pass: `update` is called for every piece of every chunk in order, with one pointer per array to
   // the piece's elements in host memory; what it writes there goes back to the file. I/O runs on a thread of its
-  // own while `update` computes. A failure (ZERO_ERR_IO) leaves the file partly updated.
+  // own while `update` computes. A failure (ZERO_ERR_IO) leaves the file partly updated. fp32 arrays only.
   void stream(const std::function<void(const Piece&, float* const* arrays)>& update);
 
  private:
-  uint64_t array_offset(int array) const { return static_cast<uint64_t>(array) * geometry_.positions * 4; }
+  uint64_t array_offset(int array) const {
+    return static_cast<uint64_t>(array) * geometry_.positions * geometry_.elem_size;
+  }
   float* slot_array(size_t slot, int array) const;
   void start_chunk(size_t chunk, bool write);
-  void transfer(int unit, int array, size_t offset, float* data, size_t n, bool write);
+  void transfer(int unit, int array, size_t offset, char* data, size_t n, bool write);
 
   // Declared so that the engine goes first: its destructor waits for requests still in flight, which use the file
   // and the window.

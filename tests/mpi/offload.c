@@ -8,6 +8,10 @@
  * default). The model's units are several chunks long, its params interleave units and groups in registration
  * order, one is never given a gradient, and none is a multiple of 1024, so chunks cut params and segments anywhere.
  *
+ * --sr 1 trains bf16 with stochastic rounding, whose checkpoints carry the params (read from and written to the
+ * params file with --params 1).
+ * --params 1 also puts the offloaded engine's param shards on NVMe (offload_param, stage 3, every unit sharded).
+ *
  * Scenarios:
  *   parity      (default) after every step the params are the same bits; the file and window are the sizes the
  *               layout implies; the offloaded engine's checkpoint shards are byte for byte the in-memory engine's
@@ -52,7 +56,9 @@ static const struct {
 static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
 static int g_rank = 0, g_world = 1;
 static int g_warned_deleted = 0;
-static int g_run = 0; /* rank 0's process id: names this run's checkpoints, removed at the end */
+static int g_stochastic = 0;  /* --sr 1: bf16 with stochastic rounding (checkpoints then carry the params) */
+static int g_params_nvme = 0; /* --params 1: the offloaded engine also puts its param shards on NVMe */
+static int g_run = 0;         /* rank 0's process id: names this run's checkpoints, removed at the end */
 
 static uint64_t mix(uint64_t h) {
   h ^= h >> 33;
@@ -81,12 +87,17 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int stage, const char* dir,
              ", \"sub_group_size\": 1024, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\", "
              "\"buffer_count\": %d, \"pin_memory\": true}",
              dir, buffers);
+  if (dir != NULL && g_params_nvme)
+    snprintf(offload + strlen(offload), sizeof offload - strlen(offload),
+             ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"%s/params\", \"buffer_size\": 3000}", dir);
   char config[1024];
   snprintf(config, sizeof config,
            "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": %d, \"gradient_clipping\": 0.5,"
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.1}},"
-           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 3000%s}%s%s}",
-           kGas, stage, offload, dtype_config(g_dtype),
+           " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 3000,"
+           " \"stage3_param_persistence_threshold\": %d%s}%s%s}",
+           kGas, stage, g_params_nvme ? 0 : 100000, offload,
+           g_stochastic ? ", \"bf16\": {\"enabled\": true, \"stochastic_rounding\": true}" : dtype_config(g_dtype),
            dir != NULL ? ", \"aio\": {\"block_size\": 8192, \"queue_depth\": 4}" : "");
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
@@ -221,6 +232,8 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--buffers") == 0) buffers = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--scenario") == 0) scenario = argv[i + 1];
     if (strcmp(argv[i], "--ckpt") == 0) ckpt = argv[i + 1];
+    if (strcmp(argv[i], "--params") == 0) g_params_nvme = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--sr") == 0) g_stochastic = atoi(argv[i + 1]), g_dtype = ZERO_DTYPE_BF16;
   }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
@@ -261,16 +274,25 @@ int main(int argc, char** argv) {
   CHECK(zero_memory_placement(&mp_mem, mem));
   const uint64_t arrays = g_dtype == ZERO_DTYPE_FP32 ? 2 : 3;
   const uint64_t offloaded = ms.master_param_bytes + ms.optimizer_state_bytes;
-  const uint64_t chunks = mp.nvme_bytes / (arrays * 4096);
-  EXPECT(mp.nvme_bytes % (arrays * 4096) == 0 && mp.nvme_bytes >= offloaded &&
-             mp.nvme_bytes - offloaded < arrays * kUnits * 4096,
-         "NVMe file %llu bytes for %llu bytes of state", (unsigned long long)mp.nvme_bytes,
-         (unsigned long long)offloaded);
-  EXPECT(mp.staging_bytes == (chunks < (uint64_t)buffers ? chunks : (uint64_t)buffers) * arrays * 4096,
-         "window %llu bytes (%llu chunks, %d buffers)", (unsigned long long)mp.staging_bytes,
-         (unsigned long long)chunks, buffers);
-  EXPECT(mp.host_bytes == ms.total_bytes - offloaded + mp.staging_bytes, "host bytes %llu",
-         (unsigned long long)mp.host_bytes);
+  if (!g_params_nvme) {
+    const uint64_t chunks = mp.nvme_bytes / (arrays * 4096);
+    EXPECT(mp.nvme_bytes % (arrays * 4096) == 0 && mp.nvme_bytes >= offloaded &&
+               mp.nvme_bytes - offloaded < arrays * kUnits * 4096,
+           "NVMe file %llu bytes for %llu bytes of state", (unsigned long long)mp.nvme_bytes,
+           (unsigned long long)offloaded);
+    EXPECT(mp.staging_bytes == (chunks < (uint64_t)buffers ? chunks : (uint64_t)buffers) * arrays * 4096,
+           "window %llu bytes (%llu chunks, %d buffers)", (unsigned long long)mp.staging_bytes,
+           (unsigned long long)chunks, buffers);
+    EXPECT(mp.host_bytes == ms.total_bytes - offloaded + mp.staging_bytes, "host bytes %llu",
+           (unsigned long long)mp.host_bytes);
+  } else { /* every unit is sharded (no persistence): every param byte is in the params file too */
+    const uint64_t on_disk = offloaded + ms.param_bytes;
+    EXPECT(mp.nvme_bytes >= on_disk && mp.nvme_bytes - on_disk < (arrays + 1) * kUnits * 4096,
+           "NVMe files %llu bytes for %llu bytes of state and params", (unsigned long long)mp.nvme_bytes,
+           (unsigned long long)on_disk);
+    EXPECT(mp.host_bytes == ms.total_bytes - on_disk + mp.staging_bytes, "host bytes %llu",
+           (unsigned long long)mp.host_bytes);
+  }
   EXPECT(mp_mem.nvme_bytes == 0 && mp_mem.staging_bytes == 0, "the in-memory engine reports an NVMe file");
 
   int step = 1;

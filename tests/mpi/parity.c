@@ -5,7 +5,7 @@
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
  *                            [--comm mpi|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
- *                            [--norm-in-update 0|1] [--nvme DIR]
+ *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR]
  *
  * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on, and the new params are
  * all-gathered in the background after the step (stages 1-2: zero_gather waits for its unit); the weights must be
@@ -24,7 +24,8 @@
  * The reported norm must be the same bits, and the weights the reference's without clipping.
  *
  * --nvme DIR offloads the fp32 master and the optimizer state to a file under DIR (offload_optimizer device nvme),
- * streamed in chunks of 1024 elements through a window of 3: the same bits as in memory.
+ * streamed in chunks of 1024 elements through a window of 3: the same bits as in memory. --nvme-params DIR puts
+ * stage 3's param shards there too (offload_param), read through a 100-element buffer, also when prefetched.
  *
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
@@ -181,7 +182,7 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
 int main(int argc, char** argv) {
   int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0, norm_in_update = 0;
   long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
-  const char* nvme_dir = NULL;
+  const char *nvme_dir = NULL, *nvme_params_dir = NULL;
   const char* comm_kind = "mpi";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stage") == 0)
@@ -212,6 +213,8 @@ int main(int argc, char** argv) {
       norm_in_update = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--nvme") == 0)
       nvme_dir = argv[i + 1];
+    else if (strcmp(argv[i], "--nvme-params") == 0)
+      nvme_params_dir = argv[i + 1];
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   if (norm_in_update) {
@@ -243,6 +246,10 @@ int main(int argc, char** argv) {
              ", \"sub_group_size\": 1024, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\","
              " \"buffer_count\": 3}",
              nvme_dir);
+  if (nvme_params_dir != NULL)
+    snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch),
+             ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"%s\", \"buffer_size\": 100}",
+             nvme_params_dir);
   char config[1024];
   snprintf(
       config, sizeof config,
@@ -361,7 +368,7 @@ int main(int argc, char** argv) {
            (unsigned long long)cs.all_gather.calls, (unsigned long long)gathers);
   /* Offloaded: every unit's shard is under 1024 elements, so the file holds one 4 KiB block per unit and array
    * (AdamW's two states, and the master in 16-bit modes), and the window three chunks of 1024 elements. */
-  if (nvme_dir != NULL) {
+  if (nvme_dir != NULL && nvme_params_dir == NULL) {
     zero_memory_placement_t mp = ZERO_MEMORY_PLACEMENT_INIT;
     CHECK(zero_memory_placement(&mp, engine));
     const uint64_t arrays = g_dtype == ZERO_DTYPE_FP32 ? 2 : 3, expected = arrays * kNumUnits * 4096;

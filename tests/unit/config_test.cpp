@@ -413,6 +413,23 @@ TEST(Config, OffloadBlocks) {
   }
   EXPECT_NE(parse_error(with_optimizer(R"("aio": {"use_gds": true})"), ZERO_ERR_UNSUPPORTED).find("use_gds"),
             std::string::npos);
+  // offload_param to NVMe: stage 3, 16-bit params, a path.
+  c = parse_config(with_optimizer(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/p", "buffer_size": 1e6, "buffer_count": 4}})"),
+                   2);
+  EXPECT_TRUE(c.offload.params_nvme());
+  EXPECT_EQ(c.offload.param_nvme_path, "/p");
+  EXPECT_EQ(c.offload.param_buffer_size, 1000000);
+  EXPECT_NE(parse_error(with_optimizer(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 2,
+      "offload_param": {"device": "nvme", "nvme_path": "/p"}})"),
+                        ZERO_ERR_CONFIG)
+                .find("needs ZeRO stage 3"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with_optimizer(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme"}})"),
+                        ZERO_ERR_CONFIG)
+                .find("nvme_path' is not set"),
+            std::string::npos);
   EXPECT_NE(parse_error(with_optimizer(R"("zero_optimization": {"offload_optimizer": {"device": "nvme",
       "nvme_path": "/x", "ratio": 0.5}})"),
                         ZERO_ERR_UNSUPPORTED)

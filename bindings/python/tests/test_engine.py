@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -428,13 +429,18 @@ def test_a_torchrun_style_job_without_mpi_is_refused_not_split_into_single_proce
 
 
 def test_nvme_offload_trains_the_same_bits(tmp_path):
-    """offload_optimizer to NVMe: the fp32 master and Adam's state in a file under nvme_path, the same weights."""
-    cfg = {"train_batch_size": 1, "bf16": {"enabled": True},
-           "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-           "zero_optimization": {"stage": 2, "sub_group_size": 1024}}
-    offloaded = json.loads(json.dumps(cfg))
-    offloaded["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp_path),
-                                                           "buffer_count": 3}
+    """examples/configs/zero3_bf16_nvme.json (offload_optimizer and offload_param to NVMe) with its paths pointed at
+    tmp_path: the fp32 master, Adam's state and the bf16 param shard in files there, the same weights as without."""
+    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "configs" / "zero3_bf16_nvme.json"
+    offloaded = json.loads(example.read_text())
+    offloaded["gradient_accumulation_steps"] = 1
+    z = offloaded["zero_optimization"]
+    z["sub_group_size"] = 1024  # several chunks for this small model
+    z["stage3_param_persistence_threshold"] = 0  # the unit is sharded, so its params go to NVMe too
+    z["offload_optimizer"]["nvme_path"] = z["offload_param"]["nvme_path"] = str(tmp_path)
+    z["offload_optimizer"]["buffer_count"] = 3
+    cfg = json.loads(json.dumps(offloaded))
+    del cfg["zero_optimization"]["offload_optimizer"], cfg["zero_optimization"]["offload_param"]
     init = np.linspace(-1, 1, 5000, dtype=np.float32)
     engines = []
     for config in (cfg, offloaded):
@@ -448,9 +454,12 @@ def test_nvme_offload_trains_the_same_bits(tmp_path):
         engines.append(e)
     memory, offload = engines
     placement = offload.memory_placement()
-    assert placement["nvme_bytes"] == 3 * 5120 * 4  # master, m, v: 5000 elements padded to 5120
-    assert placement["staging_bytes"] == 3 * 3 * 1024 * 4  # 3 chunks of 1024 elements per array
-    assert len(list(tmp_path.iterdir())) == 1
+    # master, m, v: 5008 elements padded to 5120; the bf16 shard padded to 6144 (4 KiB)
+    assert placement["nvme_bytes"] == 3 * 5120 * 4 + 6144 * 2
+    # 3 chunks of 1024 elements per array; the params' buffer (one 4 KiB-aligned shard) and copy (one shard: the
+    # unit padded to 16 elements, 5008)
+    assert placement["staging_bytes"] == 3 * 3 * 1024 * 4 + 6144 * 2 + 5008 * 2
+    assert len(list(tmp_path.iterdir())) == 2
     for step in range(3):
         for e in engines:
             with e.gathered(0):
