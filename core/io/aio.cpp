@@ -126,6 +126,9 @@ class UringEngine final : public IoEngine {
     while (next_ < pending_.size() || in_flight_ > 0) {
       pump();
       reap(true);
+      while (in_flight_ > 0 && reap(false)) {
+        // every completion already there, so that the next pump() submits them as one batch (one system call)
+      }
     }
     pending_.clear();
     next_ = 0;
@@ -160,12 +163,13 @@ class UringEngine final : public IoEngine {
     in_flight_ += queued;
   }
 
-  // Takes completions (waiting for one if `block`); a short transfer is resubmitted for its remainder.
-  void reap(bool block) {
+  // Takes one completion (waiting for it if `block`; false when there is none and `block` is not set); a short
+  // transfer is resubmitted for its remainder.
+  bool reap(bool block) {
     io_uring_cqe* cqe = nullptr;
     int r = block ? io_uring_wait_cqe(&ring_, &cqe) : io_uring_peek_cqe(&ring_, &cqe);
     while (r == -EINTR) r = io_uring_wait_cqe(&ring_, &cqe);
-    if (r == -EAGAIN) return;
+    if (r == -EAGAIN) return false;
     if (r < 0) fail(ZERO_ERR_IO, "io_uring_wait_cqe: " + reason(-r));
     const size_t index = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
     const int res = cqe->res;
@@ -180,13 +184,14 @@ class UringEngine final : public IoEngine {
           first_error_ = e.what();  // reported by finish(), once every piece in flight is back
         }
       }
-      return;
+      return true;
     }
     if (static_cast<size_t>(res) < p.bytes) {  // continue where the device stopped, as the fallback does
       Piece rest{p.write, p.fd, p.data + res, p.bytes - static_cast<size_t>(res), p.offset + static_cast<uint64_t>(res),
                  p.path};
       pending_.push_back(rest);
     }
+    return true;
   }
 
   AioSettings settings_;

@@ -29,6 +29,10 @@
  *   save        (with --ckpt CKPT) trains 3 steps and saves the offloaded engine's checkpoint to CKPT.
  *   load        (with --ckpt CKPT, saved by `save` at another N) both engines load it — the offloaded one streams it
  *               into its file — hold the same params, and train on with the same bits.
+ *   save-full   a save of the offloaded engine succeeds, then the next fails because the last rank may not write
+ *               files past 4 KiB (a full disk, as its checkpoint shards see it): ZERO_ERR_IO on every rank, the
+ *               engines usable; with the limit lifted they train on, and the first checkpoint loads with the same
+ *               bits (nothing that was saved is lost).
  *   file-limit  the last rank may not write files past 64 KiB (RLIMIT_FSIZE: what a full disk looks like to
  *               posix_fallocate): finalize fails there with ZERO_ERR_IO naming nvme_path, ZERO_ERR_REMOTE
  *               elsewhere; with the limit lifted the same finalize succeeds and training matches.
@@ -328,7 +332,38 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 0;
   }
-  if (strcmp(scenario, "stream-io") == 0) {
+  if (strcmp(scenario, "save-full") == 0) {
+    char first[512], second[512];
+    snprintf(first, sizeof first, "%s/ckpt-mem-%d", dir, g_run); /* removed at the end with the others */
+    snprintf(second, sizeof second, "%s/ckpt-off-%d", dir, g_run);
+    for (; step <= 2; ++step) {
+      CHECK(train_step(mem, ids_mem, step));
+      CHECK(train_step(off, ids_off, step));
+    }
+    CHECK(zero_save_checkpoint(off, first, "t"));
+    struct rlimit old;
+    getrlimit(RLIMIT_FSIZE, &old);
+    if (last) {
+      signal(SIGXFSZ, SIG_IGN);
+      struct rlimit small = {4096, old.rlim_max};
+      setrlimit(RLIMIT_FSIZE, &small);
+    }
+    expect_failure_as(zero_save_checkpoint(off, second, "t"), last, "File too large", "zero_save_checkpoint",
+                      ZERO_ERR_IO);
+    if (last) setrlimit(RLIMIT_FSIZE, &old);
+    CHECK(train_step(mem, ids_mem, step));
+    CHECK(train_step(off, ids_off, step));
+    expect_same_params(mem, ids_mem, off, ids_off, "after the failed save");
+    CHECK(zero_load_checkpoint(mem, first, "t"));
+    CHECK(zero_load_checkpoint(off, first, "t"));
+    expect_same_params(mem, ids_mem, off, ids_off, "after loading the first checkpoint");
+    for (step = 3; step <= kSteps; ++step) {
+      CHECK(train_step(mem, ids_mem, step));
+      CHECK(train_step(off, ids_off, step));
+      expect_same_params(mem, ids_mem, off, ids_off, "after a step");
+    }
+    scenario = "save-full";
+  } else if (strcmp(scenario, "stream-io") == 0) {
     CHECK(train_step(mem, ids_mem, step));
     expect_failure(train_step(off, ids_off, step), last, "(test hook)", "zero_step");
     EXPECT(train_step(off, ids_off, step + 1) != ZERO_OK && strstr(zero_last_error(), "unusable") != NULL,
