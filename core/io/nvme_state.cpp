@@ -136,14 +136,19 @@ void NvmeState::stream(const std::function<void(const Piece&, float* const* arra
   try {
     for (size_t i = 0; i < chunks; ++i) {
       if (in_flight.valid()) in_flight.get();  // chunk i-1's predecessor written, the reads ahead arrived
-      if (next_read <= i) {                    // not read ahead (the first chunk, or a window of fewer than 3 slots)
+      const bool one_slot = slots == 1;        // chunk i-1 must leave the only slot before chunk i comes in
+      if (one_slot && i > 0) {
+        start_chunk(i - 1, true);
+        engine_->finish();
+      }
+      if (next_read <= i) {  // not read ahead (the first chunk, or a window of fewer than 3 slots)
         start_chunk(i, false);
         engine_->finish();
         next_read = i + 1;
       }
       const size_t busy_from = i == 0 ? 0 : i - 1;  // chunk i-1 is written back during this iteration
       for (; next_read < chunks && next_read < busy_from + slots; ++next_read) start_chunk(next_read, false);
-      if (i > 0) start_chunk(i - 1, true);
+      if (i > 0 && !one_slot) start_chunk(i - 1, true);
       in_flight = std::async(std::launch::async, [this] { engine_->finish(); });
 
       const uint64_t first = i * geometry_.chunk_elems, last = first + geometry_.chunk_elems;
