@@ -109,9 +109,18 @@ class UringEngine final : public IoEngine {
     } catch (...) {
       // a destructor cannot report: the owner's finish() did (or the engine is being torn down after an error)
     }
+    if (registered_ != nullptr) io_uring_unregister_buffers(&ring_);
     io_uring_queue_exit(&ring_);
   }
   const char* name() const override { return "io_uring"; }
+  bool register_buffer(void* data, size_t bytes) override {
+    if (registered_ != nullptr || bytes == 0) return false;  // one buffer (index 0) per ring
+    iovec v{data, bytes};
+    if (io_uring_register_buffers(&ring_, &v, 1) != 0) return false;  // e.g. RLIMIT_MEMLOCK: plain transfers
+    registered_ = static_cast<char*>(data);
+    registered_end_ = registered_ + bytes;
+    return true;
+  }
   void start_read(const DirectFile& f, void* data, size_t bytes, uint64_t offset) override {
     check_transfer(f, data, bytes, offset, "read");
     split(pending_, false, f, static_cast<char*>(data), bytes, offset, settings_.block_size);
@@ -147,8 +156,13 @@ class UringEngine final : public IoEngine {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (sqe == nullptr) break;
       Piece& p = pending_[next_];
-      if (p.write)
+      const bool fixed = registered_ != nullptr && p.data >= registered_ && p.data + p.bytes <= registered_end_;
+      if (p.write && fixed)
+        io_uring_prep_write_fixed(sqe, p.fd, p.data, static_cast<unsigned>(p.bytes), p.offset, 0);
+      else if (p.write)
         io_uring_prep_write(sqe, p.fd, p.data, static_cast<unsigned>(p.bytes), p.offset);
+      else if (fixed)
+        io_uring_prep_read_fixed(sqe, p.fd, p.data, static_cast<unsigned>(p.bytes), p.offset, 0);
       else
         io_uring_prep_read(sqe, p.fd, p.data, static_cast<unsigned>(p.bytes), p.offset);
       io_uring_sqe_set_data64(sqe, next_);
@@ -200,6 +214,8 @@ class UringEngine final : public IoEngine {
   size_t next_ = 0;
   size_t in_flight_ = 0;
   std::string first_error_;
+  char* registered_ = nullptr;  // register_buffer's memory (fixed buffer 0), or null
+  char* registered_end_ = nullptr;
 };
 #endif
 

@@ -81,6 +81,10 @@ class IoEngine {
   virtual void start_read(const DirectFile& file, void* data, size_t bytes, uint64_t offset) = 0;
   virtual void start_write(const DirectFile& file, const void* data, size_t bytes, uint64_t offset) = 0;
   virtual void finish() = 0;
+  // Registers memory that most transfers will use (the window an NVMe state streams through), so that io_uring
+  // maps it once instead of per request (fixed buffers); transfers inside it use it. Optional: false when the
+  // engine has nothing to register or the kernel refuses (transfers then work as before).
+  virtual bool register_buffer(void* /*data*/, size_t /*bytes*/) { return false; }
 
   void read(const DirectFile& file, void* data, size_t bytes, uint64_t offset) {
     start_read(file, data, bytes, offset);

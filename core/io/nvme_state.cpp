@@ -50,7 +50,9 @@ NvmeState::NvmeState(const std::string& dir, const std::string& file_name, Geome
       file_(DirectFile::create(dir + "/" + file_name, geometry_.file_bytes(), true)),
       window_(static_cast<size_t>(geometry_.staging_bytes())),
       engine_(make_engine(aio)),
-      rank_(rank) {}
+      rank_(rank) {
+  engine_->register_buffer(window_.data(), window_.size());  // io_uring maps the window once (fixed buffers)
+}
 
 NvmeState::~NvmeState() {
   if (!file_.path().empty()) ::unlink(file_.path().c_str());
