@@ -182,7 +182,6 @@ TEST(Aio, ExclusiveCreationNeverTruncatesAnotherFile) {
 }  // namespace io
 }  // namespace zero
 
-
 namespace zero {
 namespace io {
 namespace {
