@@ -173,8 +173,9 @@ void parse_zero_optimization(const Section& z, Config& cfg) {
   parse_offload(z, sub_group_size, cfg);
 }
 
-// offload_optimizer: "cpu" is where the CPU engine keeps the state already; "nvme" puts the fp32 master and the
-// optimizer state in a file per rank. offload_param: "cpu" likewise; "nvme" is not implemented yet.
+// offload_optimizer: "cpu" is where the CPU engine keeps the state already; "nvme" puts the fp32 master (with
+// 16-bit params) and the optimizer state in a file per rank. offload_param: "cpu" likewise; "nvme" (stage 3, 16-bit
+// params) puts the param shards of non-resident units in a file per rank.
 void parse_offload(const Section& z, int64_t sub_group_size, Config& cfg) {
   auto device_of = [&](const char* block) {
     if (!z.has(block)) return OffloadConfig::Device::kNone;
@@ -588,8 +589,9 @@ Config parse_config(const std::string& json_text, int world_size) {
   if (cfg.offload.params_nvme() && cfg.compute_dtype == DType::kF32)
     fail(ZERO_ERR_UNSUPPORTED,
          "config key 'zero_optimization.offload_param.device' = \"nvme\" is not supported with fp32 params: libzero "
-         "offloads 16-bit param shards (bf16.enabled or fp16.enabled); fp32 params are the optimizer's master, "
-         "which offload_optimizer with device \"nvme\" puts on NVMe");
+         "offloads 16-bit param shards (bf16.enabled or fp16.enabled). fp32 params are also the optimizer's master, "
+         "which the optimizer pass updates in place, so they stay in host memory (offload_optimizer with device "
+         "\"nvme\" still moves the optimizer state to NVMe)");
   cfg.timeout_s = timeout_from_environment(cfg.timeout_s);
   return cfg;
 }

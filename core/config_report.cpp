@@ -198,10 +198,10 @@ std::string config_report(const Config& c, int world) {
         c.offload.nvme_path.c_str(), c.offload.buffer_count, static_cast<long long>(c.offload.chunk_elems),
         static_cast<long long>(c.offload.aio_block_size), c.offload.aio_queue_depth);
   else
-    os << "  offload                none (model states in host memory)\n";
+    os << "  offload                optimizer state in host memory\n";
   if (c.offload.params_nvme())
-    put("  offload params         stage 3's param shards to NVMe: a file per rank under '%s', read through %lld "
-        "elements\n",
+    put("  offload params         stage 3's param shards to NVMe: a file per rank under '%s', read through a "
+        "buffer of up to %lld elements (at most one shard)\n",
         c.offload.param_nvme_path.c_str(), static_cast<long long>(c.offload.param_buffer_size));
   put("  collective timeout     %g s\n", c.timeout_s);
   if (c.require_deterministic) os << "  deterministic sums     required (libzero.deterministic)\n";

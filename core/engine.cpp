@@ -164,6 +164,11 @@ void Engine::finalize() {
                 "offload_optimizer to NVMe: nothing to offload (fp32 params are their own master, and " +
                     std::string(optimizer_name(config_.optimizer.kind)) +
                     " keeps no state here): no file is created under '" + config_.offload.nvme_path + "'");
+  if (config_.offload.params_nvme() && !store_.plan().param_offload.enabled && comm_.rank() == 0)
+    log_message(ZERO_LOG_WARNING, 0,
+                "offload_param to NVMe: every unit stays resident (each is smaller than "
+                "stage3_param_persistence_threshold = " +
+                    std::to_string(config_.param_persistence_threshold) + " elements): no param file is created");
   guard_.moving_data([&] { store_.load_initial_values(registration_, config_.compute_dtype); });
   registration_.forget_initial_values();
   guard_.set_ready();

@@ -100,7 +100,12 @@ StepResult Engine::step() {
     //    and schedule untouched).
     const bool clear = !reducer_.accumulators_written_on_reduction();
     double local_sq = 0.0;
+    store_.check_offload_files();
     if (!result.skipped) stepper_.update(store_, groups, decision, clear, norm_in_update ? &local_sq : nullptr);
+    // With offloaded state the pass does I/O that may fail on one rank (a broken engine, an aborted communicator):
+    // one small exchange lets every rank hear of it in this zero_step, even where nothing collective follows.
+    if (store_.offloaded() || store_.plan().param_offload.enabled)
+      comm_.sum_over_ranks(0.0, "zero_step: the end of the offloaded optimizer pass");
     if (norm_in_update)
       result.grad_norm =
           Stepper::norm_from(comm_.sum_over_ranks(local_sq, "zero_step: partial sums of squares"), decision);

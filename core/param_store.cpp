@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -82,6 +83,10 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params) {
         io::NvmeState::geometry(elems, 1, plan_.param_offload.buffer_elems, 1, dtype_size(plan_.compute_dtype)),
         "zero_optimization.offload_param.nvme_path", "zero_engine_finalize");
     param_copy_.assign(plan_.param_offload.copy_bytes, 0);
+    if (comm_.rank() == 0 && nvme_params_->in_memory_file_system())
+      log_message(ZERO_LOG_WARNING, 0,
+                  "offload_param to NVMe: nvme_path '" + param_nvme_dir_ +
+                      "' is on a file system in memory (tmpfs): the offloaded params still take RAM");
   }
   if (plan_.offloaded()) {
     nvme_ = new_offload_state("zero_engine_finalize");
@@ -92,7 +97,7 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params) {
 // What makes an offload pointless is said once, by rank 0: a window that holds the whole state (a DeepSpeed-sized
 // sub_group_size) saves no host memory, and a file system in RAM saves none either.
 void ParameterStore::warn_about_offload() const {
-  if (comm_.rank() != 0) return;
+  if (comm_.rank() != 0 || nvme_ == nullptr) return;
   const io::NvmeState::Geometry& g = nvme_->geometry();
   if (g.staging_bytes() >= g.file_bytes() && g.file_bytes() >= (uint64_t{64} << 20))
     log_message(ZERO_LOG_WARNING, 0,
@@ -104,6 +109,10 @@ void ParameterStore::warn_about_offload() const {
     log_message(ZERO_LOG_WARNING, 0,
                 "offload_optimizer to NVMe: nvme_path '" + nvme_dir_ +
                     "' is on a file system in memory (tmpfs): the offloaded state still takes RAM");
+}
+
+void ParameterStore::check_offload_files() {
+  if (nvme_params_ != nullptr) nvme_params_->notice_deletion();
 }
 
 namespace {
@@ -146,7 +155,11 @@ std::unique_ptr<io::NvmeState> ParameterStore::new_state_file(const char* kind, 
                              token + ".swap";
     try {
       make_directories(dir);
-      return std::make_unique<io::NvmeState>(dir, name, geometry, aio_, comm_.rank());
+      // An absolute path, so that the file is removed where it is even if the program changes directory.
+      char* resolved = ::realpath(dir.c_str(), nullptr);
+      const std::string absolute = resolved != nullptr ? resolved : dir;
+      std::free(resolved);
+      return std::make_unique<io::NvmeState>(absolute, name, geometry, aio_, comm_.rank());
     } catch (const Error& e) {
       const bool exists = std::string(e.what()).find("(errno " + std::to_string(EEXIST) + ")") != std::string::npos;
       if (exists && attempt < 3) continue;
@@ -513,7 +526,10 @@ void ParameterStore::begin_copy(int u) {
 }
 
 void ParameterStore::end_copy(int u) {
-  if (params_offloaded(u)) nvme_params_->write(u, 0, 0, param_copy_.data(), plan_.units[u].params.elems);
+  if (!params_offloaded(u)) return;
+  if (test_hooks::active("params.write", comm_.rank()))
+    fail(ZERO_ERR_IO, "writing '" + nvme_params_->path() + "': Input/output error (errno 5) (test hook)");
+  nvme_params_->write(u, 0, 0, param_copy_.data(), plan_.units[u].params.elems);
 }
 
 void ParameterStore::write_params_shard(int u, const void* values) {

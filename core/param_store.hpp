@@ -152,6 +152,8 @@ class ParameterStore {
   void adopt_offload_state(std::unique_ptr<io::NvmeState> state) { nvme_ = std::move(state); }
   // finalize: a warning when the offload saves no host memory.
   void warn_about_offload() const;
+  // zero_step: a warning if a param file was deleted under the engine (the optimizer's is checked by its pass).
+  void check_offload_files();
 
   // ---- after a step or a checkpoint load
   void clear_grads();

@@ -179,8 +179,8 @@ std::string Plan::describe() const {
     if (param_offload.enabled)
       os << "; param shards offloaded to NVMe (" << param_offload.file_bytes << " bytes in a file)";
     if (offloaded())
-      os << "; fp32 master and optimizer state offloaded to NVMe (" << offload.file_bytes
-         << " bytes in a file, streamed through a " << offload.staging_bytes << "-byte window)";
+      os << (offload.master ? "; fp32 master and optimizer state" : "; optimizer state") << " offloaded to NVMe ("
+         << offload.file_bytes << " bytes in a file, streamed through a " << offload.staging_bytes << "-byte window)";
   }
   os << "; gradients "
      << (reduction == GradReduction::kAllReduceInStep ? "all-reduced in zero_step"

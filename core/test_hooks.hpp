@@ -8,7 +8,8 @@
 // moving, so the engine breaks), save.enospc (no space writing the shard files), save.manifest-enospc and
 // save.latest-enospc (no space writing the manifest, or `latest`, on rank 0), save.kill (the rank exits abruptly
 // after writing its shards), nvme.stream (an I/O error halfway through the optimizer pass over NVMe-offloaded
-// state), nvme.read (an I/O error reading that state, as a checkpoint's save does).
+// state), nvme.read (an I/O error reading that state, as a checkpoint's save does), params.write (an I/O error
+// writing a unit's new param shard to the params file in zero_step).
 #pragma once
 
 #include <string>

@@ -146,7 +146,7 @@ int estimate(double params, int world, int64_t units, const std::string& config_
   if (config.offload.params_nvme())
     std::printf(
         "offload_param to NVMe (stage 3): the param shards of units above the persistence threshold are in "
-        "the file, read through a buffer of %lld elements\n",
+        "the file, read through a buffer of up to %lld elements (at most one shard)\n",
         static_cast<long long>(config.offload.param_buffer_size));
   if (config.offload.nvme())
     std::printf(

@@ -58,6 +58,19 @@ NvmeState::~NvmeState() {
   if (!file_.path().empty()) ::unlink(file_.path().c_str());
 }
 
+// A file deleted under the engine loses nothing (the engine holds it open; its space comes back when the engine
+// goes), but whoever deleted it should hear so, once.
+void NvmeState::notice_deletion() {
+  struct stat st {};
+  if (!deletion_noticed_ && ::fstat(file_.fd(), &st) == 0 && st.st_nlink == 0) {
+    deletion_noticed_ = true;
+    log_message(ZERO_LOG_WARNING, rank_,
+                "NVMe offload: '" + file_.path() +
+                    "' was deleted while the engine uses it; training goes on from the open file, whose disk space is "
+                    "freed when the engine is destroyed");
+  }
+}
+
 bool NvmeState::in_memory_file_system() const {
   struct statfs fs {};
   return ::fstatfs(file_.fd(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
@@ -122,16 +135,7 @@ void NvmeState::write(int unit, int array, size_t offset, const void* in, size_t
 void NvmeState::stream(const std::function<void(const Piece&, float* const* arrays)>& update) {
   const size_t chunks = geometry_.chunks(), slots = static_cast<size_t>(geometry_.slots);
   if (chunks == 0) return;
-  // A file deleted under the engine loses nothing (the engine holds it open; its space comes back when the engine
-  // goes), but whoever deleted it should hear so.
-  struct stat st {};
-  if (!deletion_noticed_ && ::fstat(file_.fd(), &st) == 0 && st.st_nlink == 0) {
-    deletion_noticed_ = true;
-    log_message(ZERO_LOG_WARNING, rank_,
-                "NVMe offload: '" + file_.path() +
-                    "' was deleted while the engine uses it; training goes on from the open file, whose disk space is "
-                    "freed when the engine is destroyed");
-  }
+  notice_deletion();
   std::future<void> in_flight;
   size_t next_read = 0, unit = 0;
   std::vector<float*> arrays(static_cast<size_t>(geometry_.arrays));

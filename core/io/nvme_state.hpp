@@ -60,6 +60,8 @@ class NvmeState {
   const char* engine_name() const { return engine_->name(); }
   // Whether the file is on tmpfs (Linux >= 6.6 allows O_DIRECT there): the "NVMe" bytes are then in RAM.
   bool in_memory_file_system() const;
+  // A warning, once, if the file was deleted under the engine (stream() checks by itself).
+  void notice_deletion();
 
   // Elements [offset, offset + n) of one unit's array, to or from host memory, through the first window slot
   // (read-modify-write at unaligned ends), any alignment of `out`/`in`. Not during stream().

@@ -253,8 +253,9 @@ class Engine:
         return dict(self._n.memory_stats())
 
     def memory_placement(self) -> dict[str, int]:
-        """Where this rank's model states live: host_bytes (what host memory holds, the NVMe window included),
-        nvme_bytes (the file of offload_optimizer with device "nvme"), staging_bytes (that window). Experimental."""
+        """Where this rank's model states live: host_bytes (what host memory holds, offloading's buffers included),
+        nvme_bytes (the files of offload_optimizer / offload_param with device "nvme"), staging_bytes (the host
+        memory offloading uses: the optimizer state's window, the params' buffer and one shard). Experimental."""
         return dict(self._n.memory_placement())
 
     def comm_stats(self) -> dict[str, Any]:

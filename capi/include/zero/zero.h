@@ -671,13 +671,16 @@ ZERO_API zero_status_t zero_prefetch(zero_engine_t* engine, int32_t unit);
 /* Where one rank's model states live, beside zero_memory_stats' kinds (which count each kind wherever it is). With
  * zero_optimization.offload_optimizer {device: "nvme"} the fp32 master (when the params train in bf16/fp16) and the
  * optimizer state are in one file per rank under nvme_path and stream through a window of host memory during
- * zero_step (docs/architecture.md, "NVMe offload"). Without offload, host_bytes is zero_memory_stats' total_bytes
+ * zero_step; with offload_param {device: "nvme"} (stage 3) the param shards of non-resident units are in another
+ * (docs/architecture.md, "NVMe offload"). Without offload, host_bytes is zero_memory_stats' total_bytes
  * and the others are 0. Valid after finalize; local. Both equal what `zero-config estimate` predicts. */
 typedef struct zero_memory_placement {
   size_t struct_size;
   uint64_t host_bytes;    /* the kinds held in host memory, plus staging_bytes */
-  uint64_t nvme_bytes;    /* the NVMe file: the offloaded kinds, each unit's range padded to 4 KiB */
-  uint64_t staging_bytes; /* the window the offloaded state streams through: buffer_count chunks of every array */
+  uint64_t nvme_bytes;    /* the NVMe files: the offloaded kinds (offload_optimizer's master and state, offload_param's
+                             param shards), each unit's range padded to 4 KiB */
+  uint64_t staging_bytes; /* host memory offloading uses: the window the optimizer state streams through
+                             (buffer_count chunks of every array), and offload_param's buffer and one shard */
 } zero_memory_placement_t;
 
 #define ZERO_MEMORY_PLACEMENT_INIT \
