@@ -163,8 +163,11 @@ std::unique_ptr<io::NvmeState> ParameterStore::new_state_file(const char* kind, 
     } catch (const Error& e) {
       const bool exists = std::string(e.what()).find("(errno " + std::to_string(EEXIST) + ")") != std::string::npos;
       if (exists && attempt < 3) continue;
-      const bool full = std::string(e.what()).find("(errno " + std::to_string(ENOSPC) + ")") != std::string::npos;
-      fail(e.status(), std::string(call) + ": the " + kind + " file under " + key + ": " + e.what() +
+      bool full = false;  // no space, a quota, a file-size limit: a disk that is full as far as this rank can tell
+      for (int err : {ENOSPC, EDQUOT, EFBIG})
+        full = full || std::string(e.what()).find("(errno " + std::to_string(err) + ")") != std::string::npos;
+      fail(e.status(), (call[0] != '\0' ? std::string(call) + ": " : std::string()) + "the " + kind + " file under " +
+                           key + ": " + e.what() +
                            (full && nvme_ != nullptr && std::string(kind) == "optimizer"
                                 ? " (a checkpoint's load writes a second copy of the state file, which replaces the "
                                   "first when the load completes: it needs room for both)"

@@ -145,6 +145,7 @@ class ParameterStore {
   void write_updated(int u, int kind, const float* values);
   // A checkpoint's load into an offloaded engine: the state is streamed into a second file of the same layout,
   // which replaces the current one only once every rank read everything (so a failed load changes nothing).
+  // `call` prefixes an error's message ("" where the caller's own error handling names the call).
   std::unique_ptr<io::NvmeState> new_offload_state(const char* call) const;
   std::unique_ptr<io::NvmeState> new_state_file(const char* kind, const std::string& dir,
                                                 const io::NvmeState::Geometry& geometry, const char* key,

@@ -414,7 +414,7 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     std::vector<float> piece;
     error = capture([&] {
       if (store_.offloaded()) {
-        incoming = store_.new_offload_state(call);
+        incoming = store_.new_offload_state("");  // the load's own error names the call
         piece.resize(size_t{1} << 20);
       }
       // Elements [lo, hi) of unit u from saved rank k's tensor `name` at byte `offset`, into `array` of the

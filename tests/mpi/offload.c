@@ -33,6 +33,8 @@
  *               files past 4 KiB (a full disk, as its checkpoint shards see it): ZERO_ERR_IO on every rank, the
  *               engines usable; with the limit lifted they train on, and the first checkpoint loads with the same
  *               bits (nothing that was saved is lost).
+ *   load-full   loading into the offloaded engine fails on the last rank, which cannot create the second state
+ *               file the load streams into: ZERO_ERR_IO on every rank, the engines train on unchanged.
  *   file-limit  the last rank may not write files past 64 KiB (RLIMIT_FSIZE: what a full disk looks like to
  *               posix_fallocate): finalize fails there with ZERO_ERR_IO naming nvme_path, ZERO_ERR_REMOTE
  *               elsewhere; with the limit lifted the same finalize succeeds and training matches.
@@ -332,7 +334,32 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 0;
   }
-  if (strcmp(scenario, "save-full") == 0) {
+  if (strcmp(scenario, "load-full") == 0) {
+    /* A load into the offloaded engine streams into a second state file; the last rank cannot create it (a full
+     * disk): ZERO_ERR_IO everywhere, and both engines train on unchanged, with the same bits. */
+    char saved[512];
+    snprintf(saved, sizeof saved, "%s/ckpt-mem-%d", dir, g_run);
+    for (; step <= 2; ++step) {
+      CHECK(train_step(mem, ids_mem, step));
+      CHECK(train_step(off, ids_off, step));
+    }
+    CHECK(zero_save_checkpoint(mem, saved, "t"));
+    struct rlimit old;
+    getrlimit(RLIMIT_FSIZE, &old);
+    if (last) {
+      signal(SIGXFSZ, SIG_IGN);
+      struct rlimit small = {4096, old.rlim_max};
+      setrlimit(RLIMIT_FSIZE, &small);
+    }
+    expect_failure_as(zero_load_checkpoint(off, saved, "t"), last, "room for both", "zero_load_checkpoint",
+                      ZERO_ERR_IO);
+    if (last) setrlimit(RLIMIT_FSIZE, &old);
+    for (; step <= kSteps; ++step) {
+      CHECK(train_step(mem, ids_mem, step));
+      CHECK(train_step(off, ids_off, step));
+      expect_same_params(mem, ids_mem, off, ids_off, "after the failed load");
+    }
+  } else if (strcmp(scenario, "save-full") == 0) {
     char first[512], second[512];
     snprintf(first, sizeof first, "%s/ckpt-mem-%d", dir, g_run); /* removed at the end with the others */
     snprintf(second, sizeof second, "%s/ckpt-off-%d", dir, g_run);
