@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "hd.hpp"
 #include "zero/zero.h"
 
 namespace zero {
@@ -17,20 +18,28 @@ enum class DType { kF32 = ZERO_DTYPE_FP32, kBF16 = ZERO_DTYPE_BF16, kF16 = ZERO_
 constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
 inline const char* dtype_name(DType t) { return t == DType::kF32 ? "fp32" : t == DType::kBF16 ? "bf16" : "fp16"; }
 
-inline uint32_t float_bits(float f) {
+ZERO_HD inline uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return u;
+#endif
 }
-inline float bits_float(uint32_t u) {
+ZERO_HD inline float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+#endif
 }
 
-inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+ZERO_HD inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
-inline uint16_t float_to_bf16_rne(float f) {
+ZERO_HD inline uint16_t float_to_bf16_rne(float f) {
   uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -39,25 +48,29 @@ inline uint16_t float_to_bf16_rne(float f) {
 
 // Stochastic rounding: adds 16 random bits below the kept mantissa and truncates, so the result rounds up with
 // probability equal to the discarded fraction (unbiased). `random` is uniform in [0, 2^16).
-inline uint16_t float_to_bf16_sr(float f, uint32_t random) {
+ZERO_HD inline uint16_t float_to_bf16_sr(float f, uint32_t random) {
   uint32_t u = float_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
   if ((u & 0x7fffffffu) == 0x7f800000u) return static_cast<uint16_t>(u >> 16);  // infinities stay
   return static_cast<uint16_t>((u + (random & 0xffffu)) >> 16);
 }
 
-inline float fp16_to_float(uint16_t h) {
+ZERO_HD inline float fp16_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
   // inf, or a NaN, quieted as F16C's vcvtph2ps quiets it (the SIMD paths widen with it)
   if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x00400000u : 0u));
   if (exp != 0) return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
-  // Zero or denormal: mant x 2^-24, exact in fp32.
-  float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    // Zero or denormal: mant x 2^-24, exact in fp32.
+#if defined(__CUDA_ARCH__)
+  const float v = __fmul_rn(static_cast<float>(mant), 5.9604644775390625e-8f);  // never fused with what follows
+#else
+  const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+#endif
   return sign ? -v : v;
 }
 
-inline uint16_t float_to_fp16_rne(float f) {
+ZERO_HD inline uint16_t float_to_fp16_rne(float f) {
   uint32_t u = float_bits(f);
   uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
@@ -79,7 +92,7 @@ inline uint16_t float_to_fp16_rne(float f) {
 
 // 32-bit hash used for stochastic rounding: deterministic per (seed, element index), so the rounding of an element
 // does not depend on how the shards split the model.
-inline uint32_t mix32(uint32_t x) {
+ZERO_HD inline uint32_t mix32(uint32_t x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
@@ -93,11 +106,11 @@ inline uint32_t mix32(uint32_t x) {
 // 2^32 elements draws a permutation of the same values, which is all a rounding needs). The element index counts
 // the model's elements without the padding (which depends on the rank count), so the rounding does not depend on
 // how many ranks share the model.
-inline uint32_t sr_step_seed(uint32_t seed, uint64_t step) {
+ZERO_HD inline uint32_t sr_step_seed(uint32_t seed, uint64_t step) {
   return mix32(seed ^ static_cast<uint32_t>(step * 0x9e3779b9u) ^ mix32(static_cast<uint32_t>(step >> 32)));
 }
 // The seed of the elements whose index has the high bits of `index` (mix32(0) = 0: below 2^32, the step's seed).
-inline uint32_t sr_index_seed(uint32_t step_seed, uint64_t index) {
+ZERO_HD inline uint32_t sr_index_seed(uint32_t step_seed, uint64_t index) {
   return step_seed ^ mix32(static_cast<uint32_t>(index >> 32));
 }
 

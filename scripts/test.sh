@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: installs missing Debian packages; builds the release preset with GCC (warnings are errors) and runs
-# the whole CTest suite (unit, C API, ABI, install, formatting, multi-process under mpirun); builds the asan preset
+# the whole CTest suite (unit, C API, ABI, install, formatting, multi-process under mpirun), with the CUDA kernels
+# compiled where nvcc is installed; builds the asan preset
 # and runs the single-process tests under AddressSanitizer + UndefinedBehaviorSanitizer; builds with clang 14 under
 # UBSan and runs the suite again, multi-process tests included; runs the fuzzers (libFuzzer, ASan + UBSan) for a
 # minute each; then builds, lints, installs and consumes the Debian packages, and tests the conda recipe's build
@@ -42,9 +43,18 @@ if ! "$pyenv/bin/python3" -c "import safetensors, numpy, pybind11, ml_dtypes, sc
   "$pyenv/bin/pip" install --quiet --disable-pip-version-check safetensors pybind11 ml_dtypes scikit-build-core
 fi
 
+# The CUDA parts (core/cuda) compile in the release build wherever the toolkit is installed (/usr/local/cuda on the
+# development and CI machines); without a GPU their tests report themselves skipped.
+cuda=(-DZERO_CUDA=OFF)
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  cuda=(-DZERO_CUDA=ON)
+else
+  echo "== nvcc not found: the CUDA parts are not built (install the CUDA toolkit in /usr/local/cuda)"
+fi
+
 echo "== release build (GCC) and full test suite"
 cmake --preset release -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
-  -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON
+  -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON "${cuda[@]}"
 cmake --build --preset release -j "$jobs"
 wait_for_torch
 ctest --preset release -j "$jobs"

@@ -1,4 +1,5 @@
-// The optimizer kernels, written once over a SIMD abstraction V and instantiated per path by kernels_<isa>.cpp.
+// The optimizer kernels' CPU loops, written once over a SIMD abstraction V and instantiated per path by
+// kernels_<isa>.cpp; the per-vector step they run is optim/step_element.hpp's, which the GPU kernels share.
 // V provides: W (lanes), F (float vector), load/store/set1/add/sub/mul/div/sqrt/sign_times, load_bf16/load_fp16,
 // store_bf16_rne/store_bf16_sr/store_fp16_rne, and a double accumulator for the sum of squares.
 //
@@ -11,96 +12,19 @@
 #include <type_traits>
 
 #include "optim/kernels.hpp"
+#include "optim/step_element.hpp"
 
-// The per-vector pieces must inline into the loop.
-#define ZERO_KERNEL_INLINE inline __attribute__((always_inline))
+// The CPU loops' own pieces (host code only) must inline into the loops too.
+#define ZERO_HOST_INLINE inline __attribute__((always_inline))
 
 namespace zero {
 namespace kernel_detail {
-
-template <class V, DType G>
-inline typename V::F load_grad(const void* grad, size_t i) {
-  if constexpr (G == DType::kF32) return V::load(static_cast<const float*>(grad) + i);
-  if constexpr (G == DType::kBF16) return V::load_bf16(static_cast<const uint16_t*>(grad) + i);
-  if constexpr (G == DType::kF16) return V::load_fp16(static_cast<const uint16_t*>(grad) + i);
-}
-
-template <class V, CopyMode C>
-inline void store_copy(void* copy, size_t i, typename V::F p, const KernelArgs& a) {
-  if constexpr (C == CopyMode::kBf16Rne) V::store_bf16_rne(static_cast<uint16_t*>(copy) + i, p);
-  if constexpr (C == CopyMode::kBf16Stochastic)
-    V::store_bf16_sr(static_cast<uint16_t*>(copy) + i, p, a.s.seed, static_cast<uint32_t>(a.first_index + i));
-  if constexpr (C == CopyMode::kFp16Rne) V::store_fp16_rne(static_cast<uint16_t*>(copy) + i, p);
-}
-
-// The sum of squares in fp64 over 16 lanes — element i goes to lane i mod 16 — combined at the end by one fixed
-// tree (lane j plus lane j + 8, then pairwise). Every SIMD path keeps exactly these 16 sums (AVX-512 in two
-// registers, AVX2 in four, the scalar path in an array), so the result is bit-identical whatever the path, and a
-// run's sum depends only on its elements.
-constexpr size_t kSquareLanes = 16;
-
-// Which of the 16 lanes' vectors element i's vector feeds: i counts from the start of a block of the norm.
-template <class V>
-ZERO_KERNEL_INLINE size_t square_part(size_t i) {
-  return (i % kSquareLanes) / V::W;
-}
-
-// SGD's per-step variants, as compile-time flags so that the loop carries no branch: momentum != 0 (a momentum
-// buffer exists), the first step (the buffer starts as the gradient), Nesterov.
-constexpr int kSgdMomentum = 1, kSgdFirstStep = 2, kSgdNesterov = 4;
-
-// One vector of each optimizer. `a` points at the streams; i is the element offset. With kNorm the squares of the
-// gradient as read go to `acc` (vector `part` of its 16 lanes), exactly as sum_squares_kernel adds them.
-template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd, bool kNorm>
-ZERO_KERNEL_INLINE void step_vector(const KernelArgs& a, size_t i, typename V::D& acc, size_t part) {
-  using F = typename V::F;
-  const StepScalars& s = a.s;
-  F p = V::load(a.master + i);
-  const F raw = load_grad<V, G>(a.grad, i);
-  if constexpr (kNorm) acc = V::accumulate_squares(acc, raw, part);
-  F g = V::mul(V::div(raw, V::set1(s.grad_divisor)), V::set1(s.grad_clip));
-  if constexpr (K == OptimizerKind::kAdamW || K == OptimizerKind::kAdamL2) {
-    if constexpr (K == OptimizerKind::kAdamL2) g = V::add(g, V::mul(V::set1(s.h), p));
-    F m = V::add(V::mul(V::set1(s.a), V::load(a.state0 + i)), V::mul(V::set1(s.b), g));
-    F v = V::add(V::mul(V::set1(s.c), V::load(a.state1 + i)), V::mul(V::set1(s.d), V::mul(g, g)));
-    F denom = V::add(V::mul(V::sqrt(v), V::set1(s.f)), V::set1(s.g));
-    if constexpr (K == OptimizerKind::kAdamW) p = V::mul(p, V::set1(s.i));
-    p = V::sub(p, V::mul(V::set1(s.e), V::div(m, denom)));
-    V::store(a.state0 + i, m);
-    V::store(a.state1 + i, v);
-  } else if constexpr (K == OptimizerKind::kAdagrad) {
-    g = V::add(g, V::mul(V::set1(s.c), p));
-    F sum = V::add(V::load(a.state0 + i), V::mul(g, g));
-    F denom = V::add(V::sqrt(sum), V::set1(s.b));
-    p = V::sub(p, V::mul(V::set1(s.a), V::div(g, denom)));
-    V::store(a.state0 + i, sum);
-  } else if constexpr (K == OptimizerKind::kLion) {
-    F m = V::load(a.state0 + i);
-    F update = V::add(V::mul(V::set1(s.a), m), V::mul(V::set1(s.b), g));
-    p = V::mul(p, V::set1(s.f));
-    p = V::sub(p, V::sign_times(update, V::set1(s.e)));
-    m = V::add(V::mul(V::set1(s.c), m), V::mul(V::set1(s.d), g));
-    V::store(a.state0 + i, m);
-  } else if constexpr (K == OptimizerKind::kSgd) {
-    g = V::add(g, V::mul(V::set1(s.d), p));
-    if constexpr ((kSgd & kSgdMomentum) != 0) {
-      F buf = (kSgd & kSgdFirstStep) != 0
-                  ? g
-                  : V::add(V::mul(V::set1(s.a), V::load(a.state0 + i)), V::mul(V::set1(s.b), g));
-      V::store(a.state0 + i, buf);
-      g = (kSgd & kSgdNesterov) != 0 ? V::add(g, V::mul(V::set1(s.a), buf)) : buf;
-    }
-    p = V::sub(p, V::mul(V::set1(s.c), g));
-  }
-  V::store(a.master + i, p);
-  store_copy<V, C>(a.copy, i, p, a);
-}
 
 // Zeroes n gradients from element i, right after the loop read them (their lines are still in L1). The gradient
 // stream is const in KernelArgs because the update only reads it; with clear_grad it is the caller's writable
 // buffer.
 template <DType G>
-ZERO_KERNEL_INLINE void clear_grads(const void* grad, size_t i, size_t n) {
+ZERO_HOST_INLINE void clear_grads(const void* grad, size_t i, size_t n) {
   std::memset(const_cast<char*>(static_cast<const char*>(grad)) + i * dtype_size(G), 0, n * dtype_size(G));
 }
 
@@ -118,7 +42,7 @@ constexpr int kPrefetchLocality = 2;  // __builtin_prefetch's locality: 2 = pref
 constexpr size_t kBlock = 32;  // elements per prefetch block: two lines of a 4-byte stream, one of a 2-byte stream
 
 template <size_t kElemBytes, int kWrite>
-ZERO_KERNEL_INLINE void prefetch_block(const void* stream, size_t j) {
+ZERO_HOST_INLINE void prefetch_block(const void* stream, size_t j) {
   const char* p = static_cast<const char*>(stream) + j * kElemBytes;
   for (size_t line = 0; line < kBlock * kElemBytes; line += 64) __builtin_prefetch(p + line, kWrite, kPrefetchLocality);
 }
@@ -130,7 +54,7 @@ template <OptimizerKind K>
 constexpr bool kUsesState1 = K == OptimizerKind::kAdamW || K == OptimizerKind::kAdamL2;
 
 template <OptimizerKind K, DType G, CopyMode C, int kSgd>
-ZERO_KERNEL_INLINE void prefetch_streams(const KernelArgs& a, size_t j) {
+ZERO_HOST_INLINE void prefetch_streams(const KernelArgs& a, size_t j) {
   prefetch_block<4, 1>(a.master, j);
   prefetch_block<dtype_size(G), 0>(a.grad, j);
   if constexpr (kUsesState0<K, kSgd>) prefetch_block<4, 1>(a.state0, j);
@@ -201,16 +125,15 @@ template <class V, OptimizerKind K, DType G, CopyMode C>
 void step_kernel(const KernelArgs& args) {
   if constexpr (K != OptimizerKind::kSgd) {
     step_loop<V, K, G, C, 0>(args);
-  } else if (args.state0 == nullptr) {
-    step_loop<V, K, G, C, 0>(args);
   } else {
-    const int flags = (args.s.first_step ? kSgdFirstStep : 0) | (args.s.e != 0.0f ? kSgdNesterov : 0);
-    switch (flags) {
+    switch (sgd_variant(K, args)) {
       case 0:
+        return step_loop<V, K, G, C, 0>(args);
+      case kSgdMomentum:
         return step_loop<V, K, G, C, kSgdMomentum>(args);
-      case kSgdFirstStep:
+      case kSgdMomentum | kSgdFirstStep:
         return step_loop<V, K, G, C, kSgdMomentum | kSgdFirstStep>(args);
-      case kSgdNesterov:
+      case kSgdMomentum | kSgdNesterov:
         return step_loop<V, K, G, C, kSgdMomentum | kSgdNesterov>(args);
       default:
         return step_loop<V, K, G, C, kSgdMomentum | kSgdFirstStep | kSgdNesterov>(args);
@@ -242,19 +165,19 @@ double sum_squares_kernel(const void* grad, size_t n) {
 // zero-padded copy (as the step kernels do), so an element's result never depends on where it sits and these files
 // call no scalar conversion (which, compiled here, would carry this file's instruction set).
 template <class V, DType D>
-ZERO_KERNEL_INLINE typename V::F load16(const uint16_t* p) {
+ZERO_HOST_INLINE typename V::F load16(const uint16_t* p) {
   if constexpr (D == DType::kBF16) return V::load_bf16(p);
   return V::load_fp16(p);
 }
 template <class V, DType D>
-ZERO_KERNEL_INLINE void store16(uint16_t* p, typename V::F x) {
+ZERO_HOST_INLINE void store16(uint16_t* p, typename V::F x) {
   if constexpr (D == DType::kBF16)
     V::store_bf16_rne(p, x);
   else
     V::store_fp16_rne(p, x);
 }
 template <class V, DType D>
-ZERO_KERNEL_INLINE typename V::F load_any(const void* p, size_t i) {
+ZERO_HOST_INLINE typename V::F load_any(const void* p, size_t i) {
   if constexpr (D == DType::kF32) return V::load(static_cast<const float*>(p) + i);
   return load16<V, D>(static_cast<const uint16_t*>(p) + i);
 }
