@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "comm/rank_order_sum.hpp"
+#include "hierarchy.hpp"
 #include "message_blocks.hpp"
 #include "mpi_backend.h"
 #include "node_window.hpp"
@@ -92,6 +93,7 @@ struct Peer {
   uint64_t left_after = UINT64_MAX;  // it stopped after completing this collective (UINT64_MAX: still with us)
   uint64_t left_open = UINT64_MAX;   // the first collective it had started and not completed when it stopped
   std::string reason;
+  uint64_t heard = 0;    // the order in which this rank heard of the peers that stopped (1, 2, ...)
   bool replied = false;  // in the current diagnosis round
   CtlMsg reply;
 };
@@ -215,10 +217,12 @@ struct Op {
   std::string label;
   MPI_Request request = MPI_REQUEST_NULL;
   Count count;
-  bool shm = false;
+  bool shm = false;                   // moved through window_queue_ (the node's window, or the hierarchy)
+  bool hier = false;                  // by the hierarchy (several nodes), not by the one-node window
   std::atomic<bool> shm_done{false};  // the window moved every chunk (the op left window_queue_)
   std::string refused;                // not started: a rank stopped before it (the error its wait gives)
   zero_mpi::NodeWindow::Op shm_op;
+  zero_mpi::Hierarchy::Op hier_op;
 };
 
 size_t dtype_bytes(int32_t dtype) {
@@ -262,26 +266,93 @@ size_t shm_half_bytes() {
   return v >= 4096 && v <= (1ull << 30) ? static_cast<size_t>(v) : size_t{512} << 10;
 }
 
+// The node of every rank, as its node communicator and the layout of all of them (collective over `data`).
+struct Topology {
+  MPI_Comm node = MPI_COMM_NULL;  // this rank's node
+  int node_size = 1;              // ranks on this rank's node
+  bool single_node = false;       // every rank on one node
+  bool blocks = false;            // several nodes of L >= 2 ranks each, node k holding ranks kL .. kL + L - 1
+};
+
+// Nodes are MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)'s. The test build of the module can cut one machine into
+// "nodes" instead (ZERO_TEST_MPI_NODES="0,0,1,1": a node number per rank), so that the tests run the hierarchical
+// path on one machine — with real windows inside each and real MPI messages between them.
+Topology find_topology(MPI_Comm data, int rank, int size) {
+  Topology t;
+  bool split = false;
+#ifdef ZERO_TEST_HOOKS
+  if (const char* nodes = std::getenv("ZERO_TEST_MPI_NODES"); nodes != nullptr && *nodes != '\0') {
+    std::vector<int> of_rank;
+    for (const char* p = nodes; *p != '\0';) {
+      char* end = nullptr;
+      of_rank.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+      if (end == p) break;
+      p = *end == ',' ? end + 1 : end;
+    }
+    if (static_cast<int>(of_rank.size()) != size)
+      fail(ZERO_ERR_INVALID_ARGUMENT, "ZERO_TEST_MPI_NODES names " + std::to_string(of_rank.size()) +
+                                          " ranks' nodes, not " + std::to_string(size));
+    check(MPI_Comm_split(data, of_rank[static_cast<size_t>(rank)], rank, &t.node), "MPI_Comm_split");
+    split = true;
+  }
+#endif
+  if (!split)
+    check(MPI_Comm_split_type(data, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &t.node), "MPI_Comm_split_type");
+  int local = 0;
+  check(MPI_Comm_size(t.node, &t.node_size), "MPI_Comm_size");
+  check(MPI_Comm_rank(t.node, &local), "MPI_Comm_rank");
+  // Every rank's (first rank of its node, rank on its node, node size).
+  int first = rank;
+  check(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, t.node), "MPI_Allreduce");
+  int mine[3] = {first, local, t.node_size};
+  std::vector<int> all(3 * static_cast<size_t>(size));
+  check(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, data), "MPI_Allgather");
+  t.single_node = all[2] == size;
+  const int l = all[2];
+  bool blocks = l >= 2 && size % l == 0 && size / l >= 2;
+  for (int r = 0; r < size && blocks; ++r)
+    blocks = all[3 * r] == r / l * l && all[3 * r + 1] == r % l && all[3 * r + 2] == l;
+  t.blocks = blocks;
+  return t;
+}
+
 class Backend {
  public:
   Backend(MPI_Comm data, MPI_Comm ctl) : data_(data), ctl_(ctl) {
     check(MPI_Comm_rank(data_, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(data_, &size_), "MPI_Comm_size");
-    MPI_Comm node = MPI_COMM_NULL;
-    check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-    check(MPI_Comm_size(node, &local_size_), "MPI_Comm_size");
-    MPI_Comm_free(&node);
+    {  // the ranks that share this one's cores (OpenMP threads per rank), whatever the tests call a node
+      MPI_Comm shared = MPI_COMM_NULL;
+      check(MPI_Comm_split_type(data_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared), "MPI_Comm_split_type");
+      check(MPI_Comm_size(shared, &local_size_), "MPI_Comm_size");
+      MPI_Comm_free(&shared);
+    }
+    Topology topology = find_topology(data_, rank_, size_);
     // Collective decision: every rank must agree to make the window (an environment that differs between ranks
     // must not leave some in MPI_Win_allocate_shared).
     const char* shm = std::getenv("ZERO_MPI_SHM");
-    int want = local_size_ == size_ && size_ > 1 && !(shm != nullptr && std::strcmp(shm, "0") == 0) ? 1 : 0;
-    check(MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MIN, data_), "MPI_Allreduce");
-    if (want) window_ = zero_mpi::NodeWindow::create(data_, shm_half_bytes());
+    const bool shm_allowed = !(shm != nullptr && std::strcmp(shm, "0") == 0);
+    int want = size_ > 1 && shm_allowed ? (topology.single_node ? 1 : topology.blocks ? 2 : 0) : 0;
+    int agreed_min = want, agreed_max = want;
+    check(MPI_Allreduce(MPI_IN_PLACE, &agreed_min, 1, MPI_INT, MPI_MIN, data_), "MPI_Allreduce");
+    check(MPI_Allreduce(MPI_IN_PLACE, &agreed_max, 1, MPI_INT, MPI_MAX, data_), "MPI_Allreduce");
+    want = agreed_min == agreed_max ? agreed_min : 0;  // the layout is the same everywhere: only the env may differ
+    if (want == 1) window_ = zero_mpi::NodeWindow::create(data_, shm_half_bytes());
+    if (want == 2) {
+      hierarchy_ = zero_mpi::Hierarchy::create(data_, topology.node, shm_half_bytes());
+      node_ = topology.node;  // the hierarchy's window lives on it
+    } else {
+      MPI_Comm_free(&topology.node);
+    }
+    // The hierarchy's collectives call MPI, which only the caller's thread may: no progress thread with it.
     use_progress_thread_ = window_ != nullptr && want_progress_thread(local_size_);
 #ifdef ZERO_TEST_HOOKS
-    // The tests of the window path make sure it is the path they test.
-    if (want && !window_ && std::getenv("ZERO_TEST_MPI_REQUIRE_SHM") != nullptr)
+    // The tests of the window and hierarchy paths make sure they are the path they test.
+    if (want == 1 && !window_ && std::getenv("ZERO_TEST_MPI_REQUIRE_SHM") != nullptr)
       fail(ZERO_ERR_INTERNAL, "ZERO_TEST_MPI_REQUIRE_SHM: the shared-memory window could not be made");
+    if (shm_allowed && !hierarchy_ && std::getenv("ZERO_TEST_MPI_REQUIRE_HIERARCHY") != nullptr)
+      fail(ZERO_ERR_INTERNAL,
+           "ZERO_TEST_MPI_REQUIRE_HIERARCHY: the collectives are not hierarchical (want " + std::to_string(want) + ")");
 #endif
     peers_.resize(static_cast<size_t>(size_));
     post_inbox();
@@ -326,11 +397,18 @@ class Backend {
     if (!op->refused.empty()) return op.release();
     const bool float_type =
         coll.dtype == ZERO_DTYPE_FP32 || coll.dtype == ZERO_DTYPE_BF16 || coll.dtype == ZERO_DTYPE_FP16;
-    if (window_ && (coll.kind == ZERO_COLL_ALL_GATHER || (coll.kind == ZERO_COLL_REDUCE_SCATTER && float_type))) {
+    if ((window_ || hierarchy_) &&
+        (coll.kind == ZERO_COLL_ALL_GATHER || (coll.kind == ZERO_COLL_REDUCE_SCATTER && float_type))) {
       // Moved chunk by chunk inside any later wait of this communicator, strictly in start order (the same on
       // every rank, whatever order the engine waits in: window_queue_).
       op->shm = true;
-      op->shm_op = window_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
+      op->hier = hierarchy_ != nullptr;
+      if (op->hier)
+        op->hier_op =
+            hierarchy_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
+      else
+        op->shm_op =
+            window_->begin(coll.sequence, coll.kind, coll.dtype, coll.buf, coll.count, dtype_bytes(coll.dtype));
       if (use_progress_thread_) start_progress_thread();  // before queueing: it may fail
       in_flight_[coll.sequence] = InFlight{op->label, Clock::now(), op.get()};
       {
@@ -442,17 +520,40 @@ class Backend {
   }
 
   // Sends NOTICE to every rank still there (once) and pushes it out.
+  // First it passes on the notices it has heard (in the order heard; a notice names the rank it is about), so
+  // that a rank this one stops because of is heard of before this one everywhere: MPI keeps the order of one
+  // sender's messages, not across senders, and the first notice to arrive from the original rank may come after
+  // this one's.
   void say_goodbye(const std::string& reason) {
     if (goodbye_sent_ || finalized_ || mpi_gone_) return;
     goodbye_sent_ = true;
+    std::vector<int> heard;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && peers_[static_cast<size_t>(r)].heard != 0) heard.push_back(r);
+    std::sort(heard.begin(), heard.end(), [&](int x, int y) {
+      return peers_[static_cast<size_t>(x)].heard < peers_[static_cast<size_t>(y)].heard;
+    });
+    std::vector<CtlMsg> notices;
+    for (int r : heard) {
+      const Peer& p = peers_[static_cast<size_t>(r)];
+      CtlMsg relay;
+      relay.type = kNotice;
+      relay.rank = r;
+      relay.a = p.left_after;
+      relay.b = p.left_open;
+      copy_text(relay.text, p.reason);
+      notices.push_back(relay);
+    }
     CtlMsg m;
     m.type = kNotice;
     m.rank = rank_;
     m.a = completed_;
     m.b = lowest_open();
     copy_text(m.text, reason);
+    notices.push_back(m);
     for (int r = 0; r < size_; ++r)
-      if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, m);
+      if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX)
+        for (const CtlMsg& notice : notices) send(r, notice);
     flush_sends(1.0);
   }
 
@@ -523,6 +624,8 @@ class Backend {
       close_control(1.0);
       stop_progress_thread();
       if (window_) window_->free();
+      if (hierarchy_) hierarchy_->free();
+      if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
       MPI_Comm_free(&data_);
       MPI_Comm_free(&ctl_);
     }
@@ -602,11 +705,19 @@ class Backend {
   // earlier ones only, or with an earlier one started and never completed (collectives complete out of order: a
   // prefetch is waited for after later agreements), from which on nothing is certain. Called before a wait tests
   // its own collective, never after it completed here.
+  // Of several such ranks, the one this rank heard of first: usually the cause, the others having stopped because
+  // of it (a rank that learnt of a failure and then destroyed its communicator says only that).
   std::string stopped_peer(uint64_t sequence, const char* label) const {
+    int first = -1;
     for (int r = 0; r < size_; ++r) {
       const Peer& p = peers_[static_cast<size_t>(r)];
       if (r == rank_ || p.left_after == UINT64_MAX) continue;
       if (sequence <= p.left_after && sequence < p.left_open) continue;
+      if (first < 0 || p.heard < peers_[static_cast<size_t>(first)].heard) first = r;
+    }
+    if (first >= 0) {
+      const int r = first;
+      const Peer& p = peers_[static_cast<size_t>(r)];
       const std::string took = sequence > p.left_after
                                    ? "It took part in the collectives up to #" + std::to_string(p.left_after)
                                    : "It left collective #" + std::to_string(p.left_open) +
@@ -635,10 +746,14 @@ class Backend {
     if (window_failure_.empty()) step_window_locked(waiting);
     if (!window_failure_.empty()) {
       const std::string what = window_failure_;
+      const zero_status_t status = window_failure_status_;
       window_queue_.clear();
       lock.unlock();
       abandon(waiting);
-      fail(ZERO_ERR_MISMATCH, what);
+      // In one window every rank checks every descriptor, so every rank finds a mismatch at once. Across nodes a
+      // failure is seen by the ranks it touches: the others learn it from this rank's notice.
+      if (hierarchy_) say_goodbye(what);
+      fail(status, what);
     }
   }
 
@@ -647,15 +762,32 @@ class Backend {
     bool moved = false;
     while (!window_queue_.empty()) {
       Op* front = window_queue_.front();
-      const zero_mpi::NodeWindow::Op before = front->shm_op;
-      const zero_mpi::NodeWindow::Progress p = window_->step(front->shm_op);
-      moved |= front->shm_op.offset != before.offset || front->shm_op.copied != before.copied;
-      if (p == zero_mpi::NodeWindow::Progress::kMismatch) {
-        window_failure_ = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +
-                          "): the ranks are not in the same collective: " + window_->mismatch();
-        return moved;
+      if (front->hier) {
+        using HP = zero_mpi::Hierarchy::Progress;
+        const zero_mpi::Hierarchy::Op before = front->hier_op;
+        const HP p = hierarchy_->step(front->hier_op);
+        moved |= front->hier_op.chunk != before.chunk || front->hier_op.phase != before.phase ||
+                 front->hier_op.finals_done != before.finals_done || front->hier_op.exchanged != before.exchanged;
+        if (p == HP::kMismatch || p == HP::kFailed) {
+          window_failure_status_ = p == HP::kMismatch ? ZERO_ERR_MISMATCH : ZERO_ERR_COMM;
+          window_failure_ = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +
+                            "): " + (p == HP::kMismatch ? "the ranks are not in the same collective: " : "") +
+                            hierarchy_->error();
+          return moved;
+        }
+        if (p == HP::kWaiting) return moved;
+      } else {
+        const zero_mpi::NodeWindow::Op before = front->shm_op;
+        const zero_mpi::NodeWindow::Progress p = window_->step(front->shm_op);
+        moved |= front->shm_op.offset != before.offset || front->shm_op.copied != before.copied;
+        if (p == zero_mpi::NodeWindow::Progress::kMismatch) {
+          window_failure_status_ = ZERO_ERR_MISMATCH;
+          window_failure_ = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +
+                            "): the ranks are not in the same collective: " + window_->mismatch();
+          return moved;
+        }
+        if (p == zero_mpi::NodeWindow::Progress::kWaiting) return moved;
       }
-      if (p == zero_mpi::NodeWindow::Progress::kWaiting) return moved;
       window_queue_.pop_front();
       front->shm_done.store(true, std::memory_order_release);
       moved = true;
@@ -783,6 +915,7 @@ class Backend {
         p.left_after = std::min(p.left_after, m.a);
         p.left_open = std::min(p.left_open, m.b);
         p.reason = std::string(m.text, strnlen(m.text, sizeof m.text));
+        if (p.heard == 0) p.heard = ++heard_;
       } else if (m.type == kQuery) {
         CtlMsg r;
         r.type = kReply;
@@ -825,6 +958,7 @@ class Backend {
   std::list<Outgoing> outbox_;  // MPI_Isend keeps pointing at each message: a list never moves them
   uint64_t completed_ = 0;
   std::string completed_label_;
+  uint64_t heard_ = 0;  // notices of stopped peers heard so far
   // Collectives started and not completed, by sequence (several when the engine starts a group).
   struct InFlight {
     std::string label;
@@ -841,7 +975,12 @@ class Backend {
   std::deque<Op*> window_queue_;
   std::mutex window_mutex_;
   std::condition_variable window_cv_;
-  std::string window_failure_;  // a descriptor mismatch: every later wait fails with it
+  // Several nodes of equal size, each holding consecutive ranks: reduce-scatters and all-gathers through each
+  // node's window and between the nodes over MPI (hierarchy.hpp), on the node communicator node_.
+  std::unique_ptr<zero_mpi::Hierarchy> hierarchy_;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  std::string window_failure_;  // a descriptor mismatch or a failed message: every later wait fails with it
+  zero_status_t window_failure_status_ = ZERO_ERR_MISMATCH;
   bool use_progress_thread_ = false;
   bool stop_progress_ = false;
   std::thread progress_thread_;

@@ -131,13 +131,13 @@ class NodeWindow {
         } else {
           std::memcpy(my_half, op.buf + rank_ * op.block_bytes + op.offset, chunk);
         }
-        if (op.first_chunk) write_descriptor(s, op);
-        __atomic_store_n(counter(rank_), s + 1, __ATOMIC_RELEASE);
+        if (op.first_chunk) write_descriptor(s, op.sequence, op.kind, op.dtype, op.count);
+        arrive(s);
         op.copied = true;
       }
       if (!all_arrived(s + 1)) return Progress::kWaiting;
       if (op.first_chunk) {
-        if (!peers_agree(s, op)) return Progress::kMismatch;
+        if (!peers_agree(s, op.sequence, op.kind, op.dtype, op.count)) return Progress::kMismatch;
         op.first_chunk = false;
       }
       if (op.kind == ZERO_COLL_REDUCE_SCATTER) {
@@ -152,12 +152,56 @@ class NodeWindow {
       }
       op.offset += chunk;
       op.copied = false;
-      next_chunk_ = s + 1;
+      finish_chunk(s);
     }
     return Progress::kDone;
   }
 
   const std::string& mismatch() const { return mismatch_; }
+
+  // ---- The chunk protocol's pieces, for collectives that cut their data differently (hierarchy.hpp): chunk s
+  // (take next_chunk()) waits for all_arrived(s), writes this rank's half(rank(), s), arrive(s), waits for
+  // all_arrived(s + 1), reads the peers' halves, then finish_chunk(s). On a collective's first chunk the rank writes
+  // its descriptor before arriving and checks the peers' after.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  size_t half_bytes() const { return half_; }
+  uint64_t next_chunk() const { return next_chunk_; }
+  void finish_chunk(uint64_t s) { next_chunk_ = s + 1; }
+  char* half(int r, uint64_t s) const { return slots_[static_cast<size_t>(r)] + kLine + (s % 2) * half_; }
+  bool all_arrived(uint64_t s) const {
+    for (int r = 0; r < size_; ++r)
+      if (__atomic_load_n(counter(r), __ATOMIC_ACQUIRE) < s) return false;
+    return true;
+  }
+  void arrive(uint64_t s) { __atomic_store_n(counter(rank_), s + 1, __ATOMIC_RELEASE); }
+  // Beside the counter, two descriptors of the collective whose first chunk is s (slot s % 2, reused two chunks
+  // later, when every peer has read it): its sequence number, kind and dtype, count. Peers check them on the
+  // first chunk, so that ranks out of step fail instead of summing each other's unrelated data.
+  void write_descriptor(uint64_t s, uint64_t sequence, int32_t kind, int32_t dtype, uint64_t count) {
+    uint64_t* d = descriptor(rank_, s);
+    d[0] = sequence;
+    d[1] = (static_cast<uint64_t>(static_cast<uint32_t>(kind)) << 32) | static_cast<uint32_t>(dtype);
+    d[2] = count;
+  }
+  // False (and mismatch() says how) when a peer wrote another descriptor. `describe` names a peer for the message
+  // (its rank in the window by default).
+  bool peers_agree(uint64_t s, uint64_t sequence, int32_t kind, int32_t dtype, uint64_t count,
+                   const std::vector<int>* names = nullptr) {
+    const uint64_t* mine = descriptor(rank_, s);
+    for (int r = 0; r < size_; ++r) {
+      const uint64_t* d = descriptor(r, s);
+      if (d[0] == mine[0] && d[1] == mine[1] && d[2] == mine[2]) continue;
+      const int name = names != nullptr ? (*names)[static_cast<size_t>(r)] : r;
+      mismatch_ = "rank " + std::to_string(name) + " is in collective #" + std::to_string(d[0]) + " (kind " +
+                  std::to_string(d[1] >> 32) + ", dtype " + std::to_string(d[1] & 0xffffffffu) + ", " +
+                  std::to_string(d[2]) + " elements per rank) while this rank is in #" + std::to_string(sequence) +
+                  " (kind " + std::to_string(kind) + ", dtype " + std::to_string(dtype) + ", " + std::to_string(count) +
+                  ")";
+      return false;
+    }
+    return true;
+  }
 
  private:
   static constexpr size_t kLine = 64;  // the arrival counter and two descriptors (56 bytes), at the start of a slot
@@ -166,36 +210,7 @@ class NodeWindow {
 
   NodeWindow() = default;
   uint64_t* counter(int r) const { return reinterpret_cast<uint64_t*>(slots_[static_cast<size_t>(r)]); }
-  // Beside the counter, two descriptors of the collective whose first chunk is s (slot s % 2, reused two chunks
-  // later, when every peer has read it): its sequence number, kind and dtype, count. Peers check them on the
-  // first chunk, so that ranks out of step fail instead of summing each other's unrelated data.
   uint64_t* descriptor(int r, uint64_t s) const { return counter(r) + 1 + 3 * (s % 2); }
-  void write_descriptor(uint64_t s, const Op& op) {
-    uint64_t* d = descriptor(rank_, s);
-    d[0] = op.sequence;
-    d[1] = (static_cast<uint64_t>(static_cast<uint32_t>(op.kind)) << 32) | static_cast<uint32_t>(op.dtype);
-    d[2] = op.count;
-  }
-  bool peers_agree(uint64_t s, const Op& op) {
-    const uint64_t* mine = descriptor(rank_, s);
-    for (int r = 0; r < size_; ++r) {
-      const uint64_t* d = descriptor(r, s);
-      if (d[0] == mine[0] && d[1] == mine[1] && d[2] == mine[2]) continue;
-      mismatch_ = "rank " + std::to_string(r) + " is in collective #" + std::to_string(d[0]) + " (kind " +
-                  std::to_string(d[1] >> 32) + ", dtype " + std::to_string(d[1] & 0xffffffffu) + ", " +
-                  std::to_string(d[2]) + " elements per rank) while this rank is in #" + std::to_string(op.sequence) +
-                  " (kind " + std::to_string(op.kind) + ", dtype " + std::to_string(op.dtype) + ", " +
-                  std::to_string(op.count) + ")";
-      return false;
-    }
-    return true;
-  }
-  char* half(int r, uint64_t s) const { return slots_[static_cast<size_t>(r)] + kLine + (s % 2) * half_; }
-  bool all_arrived(uint64_t s) const {
-    for (int r = 0; r < size_; ++r)
-      if (__atomic_load_n(counter(r), __ATOMIC_ACQUIRE) < s) return false;
-    return true;
-  }
   // A reduce-scatter puts every rank's share of the chunk in a half; an all-gather only its own. Whole elements.
   size_t chunk_bytes(const Op& op) const {
     size_t per = op.kind == ZERO_COLL_REDUCE_SCATTER ? half_ / static_cast<size_t>(size_) : half_;

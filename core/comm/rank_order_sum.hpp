@@ -14,6 +14,14 @@ namespace zero {
 // one of the sources (the sums are stored after they are complete, chunk by chunk).
 void sum_in_rank_order(void* dst, const void* const* src, int n, size_t count, int32_t dtype);
 
+// The same sum continued from a partial one, so that it can be computed in pieces on different ranks with the
+// same bits (the MPI module's hierarchical reduce-scatter: each node adds its ranks to the sum of the nodes before
+// it). `partial`: count fp32 sums of the sources before src[0] (null: src[0] is the first source). With
+// `dst_is_partial` the sums are stored as fp32, unrounded, to be continued; otherwise in `dtype`, as
+// sum_in_rank_order stores them. n may be 0 when `partial` is given.
+void sum_in_rank_order_from(void* dst, bool dst_is_partial, const float* partial, const void* const* src, int n,
+                            size_t count, int32_t dtype);
+
 // `buf` holds `n` blocks of `block` elements of `dtype`, one per rank. Block `into` becomes their element-wise sum
 // (sum_in_rank_order). The other blocks are left as they are.
 void sum_blocks_in_rank_order(void* buf, size_t block, int n, int into, int32_t dtype);
