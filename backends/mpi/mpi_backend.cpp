@@ -337,7 +337,10 @@ class Backend {
     check(MPI_Allreduce(MPI_IN_PLACE, &agreed_min, 1, MPI_INT, MPI_MIN, data_), "MPI_Allreduce");
     check(MPI_Allreduce(MPI_IN_PLACE, &agreed_max, 1, MPI_INT, MPI_MAX, data_), "MPI_Allreduce");
     want = agreed_min == agreed_max ? agreed_min : 0;  // the layout is the same everywhere: only the env may differ
-    if (want == 1) window_ = zero_mpi::NodeWindow::create(data_, shm_half_bytes());
+    // Single copy (node_window.hpp) unless ZERO_MPI_SINGLE_COPY=0; the window agrees on it.
+    const char* single = std::getenv("ZERO_MPI_SINGLE_COPY");
+    const bool single_copy = !(single != nullptr && std::strcmp(single, "0") == 0);
+    if (want == 1) window_ = zero_mpi::NodeWindow::create(data_, shm_half_bytes(), single_copy);
     if (want == 2) {
       hierarchy_ = zero_mpi::Hierarchy::create(data_, topology.node, shm_half_bytes());
       node_ = topology.node;  // the hierarchy's window lives on it
@@ -350,6 +353,11 @@ class Backend {
     // The tests of the window and hierarchy paths make sure they are the path they test.
     if (want == 1 && !window_ && std::getenv("ZERO_TEST_MPI_REQUIRE_SHM") != nullptr)
       fail(ZERO_ERR_INTERNAL, "ZERO_TEST_MPI_REQUIRE_SHM: the shared-memory window could not be made");
+    if (window_ && single_copy && !window_->single_copy() &&
+        std::getenv("ZERO_TEST_MPI_REQUIRE_SINGLE_COPY") != nullptr)
+      fail(ZERO_ERR_INTERNAL,
+           "ZERO_TEST_MPI_REQUIRE_SINGLE_COPY: process_vm_readv between the ranks does not work here (a ptrace or "
+           "seccomp restriction?)");
     if (shm_allowed && !hierarchy_ && std::getenv("ZERO_TEST_MPI_REQUIRE_HIERARCHY") != nullptr)
       fail(ZERO_ERR_INTERNAL,
            "ZERO_TEST_MPI_REQUIRE_HIERARCHY: the collectives are not hierarchical (want " + std::to_string(want) + ")");
@@ -752,7 +760,7 @@ class Backend {
       abandon(waiting);
       // In one window every rank checks every descriptor, so every rank finds a mismatch at once. Across nodes a
       // failure is seen by the ranks it touches: the others learn it from this rank's notice.
-      if (hierarchy_) say_goodbye(what);
+      if (hierarchy_ || status != ZERO_ERR_MISMATCH) say_goodbye(what);
       fail(status, what);
     }
   }
@@ -784,6 +792,12 @@ class Backend {
           window_failure_status_ = ZERO_ERR_MISMATCH;
           window_failure_ = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +
                             "): the ranks are not in the same collective: " + window_->mismatch();
+          return moved;
+        }
+        if (p == zero_mpi::NodeWindow::Progress::kFailed) {
+          window_failure_status_ = ZERO_ERR_COMM;
+          window_failure_ =
+              "collective #" + std::to_string(front->coll.sequence) + " (" + front->label + "): " + window_->failure();
           return moved;
         }
         if (p == zero_mpi::NodeWindow::Progress::kWaiting) return moved;

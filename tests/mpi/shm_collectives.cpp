@@ -10,6 +10,7 @@
 //   mpirun -np N test_shm_collectives
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -62,12 +63,56 @@ int32_t zdtype(zero::ElemType t) { return static_cast<int32_t>(t); }
 
 }  // namespace
 
+// --stop-in-single-copy: the last rank stops in the middle of a single-copy all-gather, then of a reduce-scatter
+// (its buffer published, the peers reading it: the module's test hook). It gets ZERO_ERR_COMM saying so; every
+// other rank ZERO_ERR_REMOTE naming it, within seconds (not at the 60 s timeout).
+int stop_in_single_copy(int rank, int world) {
+  const int last = world - 1;
+  for (zero::CollKind kind : {zero::CollKind::kAllGather, zero::CollKind::kReduceScatter}) {
+    if (rank == last) setenv("ZERO_TEST_MPI_STOP_IN_SINGLE_COPY", std::to_string(last).c_str(), 1);
+    auto comm = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
+    zero::EngineComm c(comm);
+    c.set_timeout(60);
+    std::vector<float> v(static_cast<size_t>(world) << 18, 1.0f);  // 1 MiB per block: the single-copy path
+    zero_status_t status = ZERO_OK;
+    std::string message;
+    const auto begin = std::chrono::steady_clock::now();
+    try {
+      if (kind == zero::CollKind::kAllGather)
+        c.all_gather(v.data(), v.size() / static_cast<size_t>(world), zero::ElemType::kF32, "test: all-gather");
+      else
+        c.reduce_scatter_sum(v.data(), v.size() / static_cast<size_t>(world), zero::ElemType::kF32,
+                             "test: reduce-scatter");
+    } catch (const zero::Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const std::string named = "rank " + std::to_string(last) + " has stopped";
+    if (rank == last)
+      EXPECT(status == ZERO_ERR_COMM && message.find("injected stop") != std::string::npos, "rank %d (%s): %s: %s",
+             rank, zero::coll_kind_name(kind), zero::status_name(status), message.c_str());
+    else
+      EXPECT(status == ZERO_ERR_REMOTE && message.find(named) != std::string::npos && seconds < 20,
+             "rank %d (%s): %s after %.1f s: %s", rank, zero::coll_kind_name(kind), zero::status_name(status), seconds,
+             message.c_str());
+    unsetenv("ZERO_TEST_MPI_STOP_IN_SINGLE_COPY");
+    MPI_Barrier(MPI_COMM_WORLD);  // every rank is out before the communicator goes
+  }
+  int failures = g_failures;
+  MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) std::printf("stop in single copy: %s\n", failures == 0 ? "ok" : "FAILED");
+  MPI_Finalize();
+  return failures == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (argc > 1 && std::strcmp(argv[1], "--stop-in-single-copy") == 0) return stop_in_single_copy(rank, world);
   // Ranks that ask for different chunk buffers get the smallest: the chunking is part of the protocol.
   setenv("ZERO_MPI_SHM_HALF_BYTES", rank == 0 ? "4096" : "65536", 1);
   auto shm = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
