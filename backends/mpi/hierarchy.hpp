@@ -12,10 +12,12 @@
 // by column l (blocks nL + l), reading its local peers' contributions from the window, and sends the M partial sums
 // (fp32, unrounded: a bf16 sum is rounded once, at the end, as on every path) to (k + 1, l); on the last node it
 // sends block nL + l's result to (n, l). Chunk by chunk, so the nodes work as a pipeline; each chunk's message
-// carries the collective's number and the chunk's, checked on arrival.
+// carries a header (the collective's number, the chunk's, the count, kind and dtype), checked with its size on
+// arrival.
 //
-// All-gather. (k, l) first exchanges its own block with the other nodes' (n, l) over MPI, straight into the
-// caller's buffer; then the node's window gives every local rank the M blocks each of its peers holds.
+// All-gather. (k, l) first exchanges its own block with the other nodes' (n, l) over MPI, a header and then the
+// block straight into the caller's buffer; then the node's window gives every local rank the M blocks each of its peers
+// holds.
 //
 // Inter-node traffic per rank: a reduce-scatter sends M x count fp32 partial sums and, from the last node, M - 1
 // blocks; an all-gather M - 1 blocks — where the one-node-at-a-time all-to-all sends N - L raw blocks. MPI calls:
@@ -77,12 +79,15 @@ class Hierarchy {
     for (int r = 0; r < local_size; ++r) h->window_names_.push_back(h->node_ * local_size + r);
     const size_t half = h->window_->half_bytes();
     // The largest messages (see step_reduce_scatter): M partial sums of a piece, or one block's piece.
-    h->partial_bytes_ = kHeader + half / static_cast<size_t>(local_size) * 2 + 64;
-    h->final_bytes_ = kHeader + half / static_cast<size_t>(size) + 64;
+    // Slots start on cache lines (the payloads are read as floats).
+    h->partial_bytes_ = (kHeader + half / static_cast<size_t>(local_size) * 2 + 127) / 64 * 64;
+    h->final_bytes_ = (kHeader + half / static_cast<size_t>(size) + 127) / 64 * 64;
     h->partial_in_.assign(kSlots * h->partial_bytes_, 0);
     h->partial_out_.assign(kSlots * h->partial_bytes_, 0);
     h->final_out_.assign(kSlots * static_cast<size_t>(h->nodes_) * h->final_bytes_, 0);
     h->final_in_.assign(kSlots * h->final_bytes_, 0);
+    h->headers_in_.assign(static_cast<size_t>(h->nodes_) * kHeader, 0);
+    h->header_out_.assign(kHeader, 0);
     h->partial_in_req_.assign(kSlots, MPI_REQUEST_NULL);
     h->partial_out_req_.assign(kSlots, MPI_REQUEST_NULL);
     h->final_out_req_.assign(kSlots * static_cast<size_t>(h->nodes_), MPI_REQUEST_NULL);
@@ -96,7 +101,8 @@ class Hierarchy {
     if (idle()) return;
     // Never destroyed: MPI_Finalize (at exit, after static destructors) may still deliver into it.
     static auto* kept = new std::vector<std::vector<char>>();
-    for (std::vector<char>* v : {&partial_in_, &partial_out_, &final_out_, &final_in_}) kept->push_back(std::move(*v));
+    for (std::vector<char>* v : {&partial_in_, &partial_out_, &final_out_, &final_in_, &headers_in_, &header_out_})
+      kept->push_back(std::move(*v));
   }
 
   // Collective (zero_comm_finalize).
@@ -155,10 +161,16 @@ class Hierarchy {
   const std::string& error() const { return error_; }
 
  private:
-  static constexpr size_t kSlots = 4;        // chunks in flight ahead per direction
-  static constexpr size_t kHeader = 16;      // a message's collective and chunk numbers
+  static constexpr size_t kSlots = 4;  // chunks in flight ahead per direction
+  // Every message starts with (or, for an all-gather's blocks, is preceded by) a header: the collective's number,
+  // the chunk's (kExchange for an all-gather's), the count and the kind and dtype — checked on arrival with the
+  // message's size, so ranks in different collectives fail instead of summing or copying each other's data. One
+  // tag for all of them: a rank in another kind of collective sends a message the receive does not expect, which
+  // fails its check rather than waiting for a message that never comes.
+  static constexpr size_t kHeader = 32;
+  static constexpr uint64_t kExchange = UINT64_MAX;
   static constexpr int kChunksPerCall = 64;  // as node_window.hpp's
-  static constexpr int kPartialTag = 1, kFinalTag = 2, kBlockTag = 3;
+  static constexpr int kTag = 1;
   static constexpr size_t kMaxMessage = size_t{1} << 30;  // an all-gather's block goes in pieces of at most this
   enum Phase { kCopy = 0, kPeers = 1, kFold = 2 };
 
@@ -217,17 +229,31 @@ class Hierarchy {
     return final_out_.data() + ((t % kSlots) * static_cast<size_t>(nodes_) + static_cast<size_t>(node)) * final_bytes_;
   }
   static void write_header(char* m, const Op& op, uint64_t t) {
-    std::memcpy(m, &op.sequence, 8);
-    std::memcpy(m + 8, &t, 8);
+    const uint64_t words[4] = {
+        op.sequence, t, op.count,
+        (static_cast<uint64_t>(static_cast<uint32_t>(op.kind)) << 32) | static_cast<uint32_t>(op.dtype)};
+    std::memcpy(m, words, sizeof words);
   }
-  bool header_matches(const char* m, const Op& op, uint64_t t, int from_node, const char* what) {
-    uint64_t sequence = 0, chunk = 0;
-    std::memcpy(&sequence, m, 8);
-    std::memcpy(&chunk, m + 8, 8);
-    if (sequence == op.sequence && chunk == t) return true;
-    error_ = "rank " + std::to_string(from_node * locals_ + local_) + " sent " + what + " of collective #" +
-             std::to_string(sequence) + " (chunk " + std::to_string(chunk) + ") while this rank is in #" +
-             std::to_string(op.sequence) + " (chunk " + std::to_string(t) + ")";
+  // Whether the message received into `m` (status: its receive's) is chunk t of op, of `bytes` bytes.
+  bool header_matches(const char* m, MPI_Status& status, size_t bytes, const Op& op, uint64_t t, int from_node,
+                      const char* what) {
+    uint64_t words[4];
+    std::memcpy(words, m, sizeof words);
+    int got = 0;
+    const bool size_ok = MPI_Get_count(&status, MPI_BYTE, &got) == MPI_SUCCESS && static_cast<size_t>(got) == bytes;
+    const uint64_t kind_dtype =
+        (static_cast<uint64_t>(static_cast<uint32_t>(op.kind)) << 32) | static_cast<uint32_t>(op.dtype);
+    if (size_ok && words[0] == op.sequence && words[1] == t && words[2] == op.count && words[3] == kind_dtype)
+      return true;
+    const std::string chunk = t == kExchange ? "its block" : "chunk " + std::to_string(t);
+    error_ = "rank " + std::to_string(from_node * locals_ + local_) + " sent " + what + " (" + std::to_string(got) +
+             " bytes";
+    if (static_cast<size_t>(got) >= kHeader)
+      error_ += ": collective #" + std::to_string(words[0]) + ", kind " + std::to_string(words[3] >> 32) + ", dtype " +
+                std::to_string(words[3] & 0xffffffffu) + ", " + std::to_string(words[2]) + " elements per rank";
+    error_ += ") where this rank expected " + std::to_string(bytes) + " bytes of collective #" +
+              std::to_string(op.sequence) + " (" + chunk + ", kind " + std::to_string(op.kind) + ", dtype " +
+              std::to_string(op.dtype) + ", " + std::to_string(op.count) + " elements per rank)";
     return false;
   }
 
@@ -240,7 +266,7 @@ class Hierarchy {
       while (k > 0 && op.partials_posted < op.chunks && op.partials_posted < op.chunk + kSlots) {
         const uint64_t t = op.partials_posted;
         const size_t bytes = kHeader + static_cast<size_t>(nodes_) * chunk_elems(op, t) * 4;
-        if (failed(MPI_Irecv(partial_in(t), static_cast<int>(bytes), MPI_BYTE, k - 1, kPartialTag, column_,
+        if (failed(MPI_Irecv(partial_in(t), static_cast<int>(bytes), MPI_BYTE, k - 1, kTag, column_,
                              &partial_in_req_[t % kSlots]),
                    "MPI_Irecv (partial sums)"))
           return Progress::kFailed;
@@ -250,9 +276,12 @@ class Hierarchy {
       while (k < last && op.finals_done < op.finals_posted) {
         const uint64_t t = op.finals_done;
         bool arrived = false;
-        if (!test(final_in_req_[t % kSlots], arrived, "MPI_Test (a reduced block)")) return test_failure();
+        MPI_Status status;
+        if (!test(final_in_req_[t % kSlots], arrived, "MPI_Test (a reduced block)", &status)) return test_failure();
         if (!arrived) break;
-        if (!header_matches(final_in(t), op, t, last, "a reduced block")) return Progress::kMismatch;
+        if (!header_matches(final_in(t), status, kHeader + chunk_elems(op, t) * op.esize, op, t, last,
+                            "a reduced block"))
+          return Progress::kMismatch;
         std::memcpy(block(op, k, local_, t * op.piece), final_in(t) + kHeader, chunk_elems(op, t) * op.esize);
         ++op.finals_done;
       }
@@ -290,9 +319,12 @@ class Hierarchy {
       // The fold needs node k - 1's partial sums and free message slots.
       if (k > 0) {
         bool arrived = false;
-        if (!test(partial_in_req_[t % kSlots], arrived, "MPI_Test (partial sums)")) return test_failure();
+        MPI_Status status;
+        if (!test(partial_in_req_[t % kSlots], arrived, "MPI_Test (partial sums)", &status)) return test_failure();
         if (!arrived) return Progress::kWaiting;
-        if (!header_matches(partial_in(t), op, t, k - 1, "partial sums")) return Progress::kMismatch;
+        if (!header_matches(partial_in(t), status, kHeader + static_cast<size_t>(nodes_) * m * 4, op, t, k - 1,
+                            "partial sums"))
+          return Progress::kMismatch;
       }
       if (k < last) {
         bool sent = false;
@@ -328,11 +360,11 @@ class Hierarchy {
       if (k < last) {
         write_header(partial_out(t), op, t);
         const size_t bytes = kHeader + static_cast<size_t>(nodes_) * m * 4;
-        if (failed(MPI_Isend(partial_out(t), static_cast<int>(bytes), MPI_BYTE, k + 1, kPartialTag, column_,
+        if (failed(MPI_Isend(partial_out(t), static_cast<int>(bytes), MPI_BYTE, k + 1, kTag, column_,
                              &partial_out_req_[t % kSlots]),
                    "MPI_Isend (partial sums)"))
           return Progress::kFailed;
-        if (failed(MPI_Irecv(final_in(t), static_cast<int>(kHeader + piece_bytes), MPI_BYTE, last, kFinalTag, column_,
+        if (failed(MPI_Irecv(final_in(t), static_cast<int>(kHeader + piece_bytes), MPI_BYTE, last, kTag, column_,
                              &final_in_req_[t % kSlots]),
                    "MPI_Irecv (a reduced block)"))
           return Progress::kFailed;
@@ -340,10 +372,9 @@ class Hierarchy {
       } else {
         for (int n = 0; n < last; ++n) {
           write_header(final_out(t, n), op, t);
-          if (failed(
-                  MPI_Isend(final_out(t, n), static_cast<int>(kHeader + piece_bytes), MPI_BYTE, n, kFinalTag, column_,
-                            &final_out_req_[(t % kSlots) * static_cast<size_t>(nodes_) + static_cast<size_t>(n)]),
-                  "MPI_Isend (a reduced block)"))
+          if (failed(MPI_Isend(final_out(t, n), static_cast<int>(kHeader + piece_bytes), MPI_BYTE, n, kTag, column_,
+                               &final_out_req_[(t % kSlots) * static_cast<size_t>(nodes_) + static_cast<size_t>(n)]),
+                     "MPI_Isend (a reduced block)"))
             return Progress::kFailed;
         }
       }
@@ -368,22 +399,35 @@ class Hierarchy {
     if (!op.exchange_started) {
       op.exchange_started = true;
       exchange_req_.clear();
-      exchange_bytes_.clear();
+      exchange_what_.clear();
+      write_header(header_out_.data(), op, kExchange);
       for (int n = 0; n < nodes_; ++n) {
         if (n == node_) continue;
+        // The header first, then the block in pieces: one sender's messages on one tag arrive in order.
+        exchange_req_.push_back(MPI_REQUEST_NULL);
+        exchange_what_.push_back({n, -1});
+        if (failed(MPI_Irecv(headers_in_.data() + static_cast<size_t>(n) * kHeader, static_cast<int>(kHeader), MPI_BYTE,
+                             n, kTag, column_, &exchange_req_.back()),
+                   "MPI_Irecv (a block's header)"))
+          return Progress::kFailed;
+        exchange_req_.push_back(MPI_REQUEST_NULL);
+        exchange_what_.push_back({n, -2});
+        if (failed(MPI_Isend(header_out_.data(), static_cast<int>(kHeader), MPI_BYTE, n, kTag, column_,
+                             &exchange_req_.back()),
+                   "MPI_Isend (a block's header)"))
+          return Progress::kFailed;
         for (uint64_t at = 0; at < block_bytes; at += kMaxMessage) {
           const int bytes = static_cast<int>(std::min<uint64_t>(kMaxMessage, block_bytes - at));
           exchange_req_.push_back(MPI_REQUEST_NULL);
-          exchange_bytes_.push_back(bytes);
-          if (failed(MPI_Irecv(block(op, n, local_, 0) + at, bytes, MPI_BYTE, n, kBlockTag, column_,
-                               &exchange_req_.back()),
+          exchange_what_.push_back({n, bytes});
+          if (failed(MPI_Irecv(block(op, n, local_, 0) + at, bytes, MPI_BYTE, n, kTag, column_, &exchange_req_.back()),
                      "MPI_Irecv (a block)"))
             return Progress::kFailed;
           exchange_req_.push_back(MPI_REQUEST_NULL);
-          exchange_bytes_.push_back(-1);
-          if (failed(MPI_Isend(block(op, node_, local_, 0) + at, bytes, MPI_BYTE, n, kBlockTag, column_,
-                               &exchange_req_.back()),
-                     "MPI_Isend (a block)"))
+          exchange_what_.push_back({n, -2});
+          if (failed(
+                  MPI_Isend(block(op, node_, local_, 0) + at, bytes, MPI_BYTE, n, kTag, column_, &exchange_req_.back()),
+                  "MPI_Isend (a block)"))
             return Progress::kFailed;
         }
       }
@@ -395,13 +439,19 @@ class Hierarchy {
         MPI_Status status;
         if (!test(exchange_req_[i], done, "MPI_Test (a block)", &status)) return test_failure();
         if (!done) return Progress::kWaiting;
-        int got = 0;
-        if (exchange_bytes_[i] >= 0 &&
-            (MPI_Get_count(&status, MPI_BYTE, &got) != MPI_SUCCESS || got != exchange_bytes_[i])) {
-          error_ = "rank " + std::to_string(status.MPI_SOURCE * locals_ + local_) + " sent " + std::to_string(got) +
-                   " bytes of a block where this rank expected " + std::to_string(exchange_bytes_[i]) +
-                   " (collective #" + std::to_string(op.sequence) + "): the ranks are not in the same collective";
-          return Progress::kMismatch;
+        const Exchange& what = exchange_what_[i];
+        if (what.bytes == -1) {
+          if (!header_matches(headers_in_.data() + static_cast<size_t>(what.node) * kHeader, status, kHeader, op,
+                              kExchange, what.node, "a block's header"))
+            return Progress::kMismatch;
+        } else if (what.bytes >= 0) {
+          int got = 0;
+          if (MPI_Get_count(&status, MPI_BYTE, &got) != MPI_SUCCESS || got != what.bytes) {
+            error_ = "rank " + std::to_string(what.node * locals_ + local_) + " sent " + std::to_string(got) +
+                     " bytes of a block where this rank expected " + std::to_string(what.bytes) + " (collective #" +
+                     std::to_string(op.sequence) + ")";
+            return Progress::kMismatch;
+          }
         }
       }
       op.exchanged = true;
@@ -447,7 +497,12 @@ class Hierarchy {
   size_t partial_bytes_ = 0, final_bytes_ = 0;
   std::vector<char> partial_in_, partial_out_, final_out_, final_in_;
   std::vector<MPI_Request> partial_in_req_, partial_out_req_, final_out_req_, final_in_req_, exchange_req_;
-  std::vector<int> exchange_bytes_;  // per exchange request: the bytes a receive expects (-1: a send)
+  struct Exchange {
+    int node;   // the peer's node
+    int bytes;  // a block's piece received: its size; -1: a header received; -2: a send
+  };
+  std::vector<Exchange> exchange_what_;        // per exchange request
+  std::vector<char> headers_in_, header_out_;  // an all-gather's headers: one from each node, one sent to all
   std::vector<const void*> sources_;
   std::string error_;
   bool truncated_ = false;

@@ -528,25 +528,26 @@ class Backend {
   }
 
   // Sends NOTICE to every rank still there (once) and pushes it out.
-  // First it passes on the notices it has heard (in the order heard; a notice names the rank it is about), so
-  // that a rank this one stops because of is heard of before this one everywhere: MPI keeps the order of one
-  // sender's messages, not across senders, and the first notice to arrive from the original rank may come after
-  // this one's.
+  // First it passes on the first notice it heard (a notice names the rank it is about), so that the rank whose
+  // failure this one most likely stops because of is heard of before this one everywhere: MPI keeps the order of
+  // one sender's messages, not across senders, and that rank's own notice may arrive after this one's. One relay,
+  // not every notice heard: a cascade over N ranks then costs O(N) messages per rank. Only from the thread inside
+  // libzero's calls, which owns the peers' records (abort() from another thread sends its own notice alone).
   void say_goodbye(const std::string& reason) {
     if (goodbye_sent_ || finalized_ || mpi_gone_) return;
     goodbye_sent_ = true;
-    std::vector<int> heard;
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_ && peers_[static_cast<size_t>(r)].heard != 0) heard.push_back(r);
-    std::sort(heard.begin(), heard.end(), [&](int x, int y) {
-      return peers_[static_cast<size_t>(x)].heard < peers_[static_cast<size_t>(y)].heard;
-    });
+    int first = -1;
+    if (std::this_thread::get_id() == caller_)
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_ && peers_[static_cast<size_t>(r)].heard != 0 &&
+            (first < 0 || peers_[static_cast<size_t>(r)].heard < peers_[static_cast<size_t>(first)].heard))
+          first = r;
     std::vector<CtlMsg> notices;
-    for (int r : heard) {
-      const Peer& p = peers_[static_cast<size_t>(r)];
+    if (first >= 0) {
+      const Peer& p = peers_[static_cast<size_t>(first)];
       CtlMsg relay;
       relay.type = kNotice;
-      relay.rank = r;
+      relay.rank = first;
       relay.a = p.left_after;
       relay.b = p.left_open;
       copy_text(relay.text, p.reason);
@@ -757,10 +758,11 @@ class Backend {
       const zero_status_t status = window_failure_status_;
       window_queue_.clear();
       lock.unlock();
-      abandon(waiting);
-      // In one window every rank checks every descriptor, so every rank finds a mismatch at once. Across nodes a
-      // failure is seen by the ranks it touches: the others learn it from this rank's notice.
+      // In one window every rank checks every descriptor, so every rank finds a mismatch at once. Across nodes, or
+      // when a read failed, the ranks it touches see it: the others learn it from this rank's notice — sent before
+      // the collectives are abandoned, so that it names the first this rank leaves unfinished.
       if (hierarchy_ || status != ZERO_ERR_MISMATCH) say_goodbye(what);
+      abandon(waiting);
       fail(status, what);
     }
   }
@@ -787,7 +789,8 @@ class Backend {
       } else {
         const zero_mpi::NodeWindow::Op before = front->shm_op;
         const zero_mpi::NodeWindow::Progress p = window_->step(front->shm_op);
-        moved |= front->shm_op.offset != before.offset || front->shm_op.copied != before.copied;
+        moved |= front->shm_op.offset != before.offset || front->shm_op.copied != before.copied ||
+                 front->shm_op.phase != before.phase || front->shm_op.peer != before.peer;
         if (p == zero_mpi::NodeWindow::Progress::kMismatch) {
           window_failure_status_ = ZERO_ERR_MISMATCH;
           window_failure_ = "collective #" + std::to_string(front->coll.sequence) + " (" + front->label +

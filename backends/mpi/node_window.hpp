@@ -274,8 +274,13 @@ class NodeWindow {
       const ssize_t got = process_vm_readv(pid, &mine, 1, &theirs, 1, 0);
       if (got <= 0) {
         if (got < 0 && errno == EINTR) continue;
+        const int err = got < 0 ? errno : 0;
         failure_ = "process_vm_readv of " + std::to_string(n) + " bytes from rank " + std::to_string(r) + " (pid " +
-                   std::to_string(pid) + ") failed: " + (got < 0 ? std::strerror(errno) : "no bytes");
+                   std::to_string(pid) + ") failed: " + (got < 0 ? std::strerror(err) : "no bytes");
+        if (err == EFAULT)
+          failure_ +=
+              " (memory the kernel cannot share between processes, such as a framework's pinned or device-mapped "
+              "buffers; ZERO_MPI_SINGLE_COPY=0 copies through the shared window instead)";
         return false;
       }
       done += static_cast<size_t>(got);

@@ -159,12 +159,13 @@ int main(int argc, char** argv) {
     }
   }
 
-  // A group: three reduce-scatters started before the first is waited for, then the same one by one.
+  // A group: four reduce-scatters started before the first is waited for (one large enough for the single-copy
+  // path between the window's), then the same one by one.
   {
-    const size_t blocks[3] = {5000, 3, 777};
-    std::vector<std::vector<uint16_t>> g(3), s(3);
+    const size_t blocks[4] = {5000, 3, 100003, 777};
+    std::vector<std::vector<uint16_t>> g(4), s(4);
     std::vector<zero::EngineComm::Planned> planned;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
       std::vector<float> ignored;
       g[i] = make_bits(rank + 10 * i, blocks[i] * static_cast<size_t>(world), zero::ElemType::kF32, ignored);
       s[i] = g[i];
@@ -172,7 +173,7 @@ int main(int argc, char** argv) {
     }
     std::vector<zero::EngineComm::Pending> pending = a.start_group(std::move(planned));
     a.wait_all(pending);
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
       b.reduce_scatter_sum(s[i].data(), blocks[i], zero::ElemType::kF32, "test: one by one");
       EXPECT(std::memcmp(reinterpret_cast<char*>(g[i].data()) + rank * blocks[i] * 4,
                          reinterpret_cast<char*>(s[i].data()) + rank * blocks[i] * 4, blocks[i] * 4) == 0,
@@ -192,9 +193,23 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Ranks in different collectives (different counts): every rank gets ZERO_ERR_MISMATCH, nobody sums the
-  // others' unrelated data. The communicator is unusable afterwards, so it is the last thing done on it.
-  {
+  // Ranks in different collectives (different counts): every rank gets ZERO_ERR_MISMATCH, nobody sums or copies
+  // the others' unrelated data — in an all-gather and in a reduce-scatter, each on a communicator of its own (one
+  // is unusable after it). On one node rank 0 differs (the window's descriptors catch it); across nodes
+  // (ZERO_TEST_MPI_NODES: the hierarchical path) every rank of the first node differs, so only the messages between
+  // the nodes can tell, and the ranks they touch see it while the others learn it from their notice, naming them.
+  const char* nodes = std::getenv("ZERO_TEST_MPI_NODES");
+  bool odd_one = rank == 0;
+  if (nodes != nullptr) {
+    std::vector<long> of_rank;
+    for (const char* p = nodes; *p != '\0';) {
+      char* end = nullptr;
+      of_rank.push_back(std::strtol(p, &end, 10));
+      p = *end == ',' ? end + 1 : end;
+    }
+    odd_one = of_rank[static_cast<size_t>(rank)] == of_rank[0];
+  }
+  for (zero::CollKind kind : {zero::CollKind::kAllGather, zero::CollKind::kReduceScatter}) {
     unsetenv("ZERO_MPI_SHM");
     auto third = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
     zero::EngineComm c(third);
@@ -203,17 +218,19 @@ int main(int argc, char** argv) {
     zero_status_t status = ZERO_OK;
     std::string message;
     try {
-      c.all_gather(v.data(), rank == 0 ? 100 : 200, zero::ElemType::kF32, "test: mismatched all-gather");
+      if (kind == zero::CollKind::kAllGather)
+        c.all_gather(v.data(), odd_one ? 100 : 200, zero::ElemType::kF32, "test: mismatched all-gather");
+      else
+        c.reduce_scatter_sum(v.data(), odd_one ? 100 : 200, zero::ElemType::kF32, "test: mismatched reduce-scatter");
     } catch (const zero::Error& e) {
       status = e.status();
       message = e.what();
     }
-    // In one window every rank sees the mismatch itself. Across nodes (ZERO_TEST_MPI_NODES: the hierarchical
-    // path) the ranks it touches see it, and the others learn it from their notice, naming them.
-    const bool across_nodes = std::getenv("ZERO_TEST_MPI_NODES") != nullptr;
-    const bool told = across_nodes && status == ZERO_ERR_REMOTE && message.find("has stopped") != std::string::npos;
+    const bool told = nodes != nullptr && status == ZERO_ERR_REMOTE && message.find("has stopped") != std::string::npos;
     EXPECT((status == ZERO_ERR_MISMATCH || told) && message.find("not in the same collective") != std::string::npos,
-           "rank %d: mismatched collectives gave %s: %s", rank, zero::status_name(status), message.c_str());
+           "rank %d: mismatched %s gave %s: %s", rank, zero::coll_kind_name(kind), zero::status_name(status),
+           message.c_str());
+    MPI_Barrier(MPI_COMM_WORLD);  // every rank is out before the communicator goes
   }
 
   a.backend().finalize();
