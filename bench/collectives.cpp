@@ -58,7 +58,7 @@ double median_time(int reps, const std::function<void()>& body) {
 // n floats set to `value`, 2 MiB-aligned with huge pages advised from 2 MiB up, as the engine's buffers are.
 class Buffer {
  public:
-  Buffer(size_t n, float value) : n_(n) {
+  Buffer(size_t n, float value) {
     const size_t bytes = (std::max<size_t>(n, 1) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
     p_ = static_cast<float*>(std::aligned_alloc(kHuge, bytes));
     if (p_ == nullptr) std::abort();
@@ -73,7 +73,6 @@ class Buffer {
  private:
   static constexpr size_t kHuge = size_t{2} << 20;
   float* p_ = nullptr;
-  size_t n_ = 0;
 };
 
 std::vector<double> parse_list(const char* text) {
