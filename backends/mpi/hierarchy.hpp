@@ -257,6 +257,17 @@ class Hierarchy {
     return false;
   }
 
+  // On a collective's first chunk, once every local rank has arrived: whether they all wrote this descriptor.
+  bool local_peers_agree(Op& op) {
+    if (!op.first) return true;
+    if (!window_->peers_agree(op.s, op.sequence, op.kind, op.dtype, op.count, &window_names_)) {
+      error_ = window_->mismatch();
+      return false;
+    }
+    op.first = false;
+    return true;
+  }
+
   // Reduce-scatter: chunk t's partial sums from node k - 1 are posted kSlots chunks ahead; its final block from
   // node M - 1 after this rank's fold of it. Progress::kWaiting whenever a peer is behind.
   Progress step_reduce_scatter(Op& op) {
@@ -307,13 +318,7 @@ class Hierarchy {
       }
       if (op.phase == kPeers) {
         if (!window_->all_arrived(op.s + 1)) return Progress::kWaiting;
-        if (op.first) {
-          if (!window_->peers_agree(op.s, op.sequence, op.kind, op.dtype, op.count, &window_names_)) {
-            error_ = window_->mismatch();
-            return Progress::kMismatch;
-          }
-          op.first = false;
-        }
+        if (!local_peers_agree(op)) return Progress::kMismatch;
         op.phase = kFold;
       }
       // The fold needs node k - 1's partial sums and free message slots.
@@ -471,13 +476,7 @@ class Hierarchy {
         op.phase = kPeers;
       }
       if (!window_->all_arrived(op.s + 1)) return Progress::kWaiting;
-      if (op.first) {
-        if (!window_->peers_agree(op.s, op.sequence, op.kind, op.dtype, op.count, &window_names_)) {
-          error_ = window_->mismatch();
-          return Progress::kMismatch;
-        }
-        op.first = false;
-      }
+      if (!local_peers_agree(op)) return Progress::kMismatch;
       for (int peer = 0; peer < locals_; ++peer)
         if (peer != local_)
           for (int n = 0; n < nodes_; ++n)

@@ -534,8 +534,7 @@ class Backend {
   // not every notice heard: a cascade over N ranks then costs O(N) messages per rank. Only from the thread inside
   // libzero's calls, which owns the peers' records (abort() from another thread sends its own notice alone).
   void say_goodbye(const std::string& reason) {
-    if (goodbye_sent_ || finalized_ || mpi_gone_) return;
-    goodbye_sent_ = true;
+    if (finalized_ || mpi_gone_ || goodbye_sent_.exchange(true)) return;
     int first = -1;
     if (std::this_thread::get_id() == caller_)
       for (int r = 0; r < size_; ++r)
@@ -699,9 +698,11 @@ class Backend {
     if (abort_requested_.load() && !goodbye_sent_) say_goodbye(abort_reason());
   }
 
+  // Never while the thread inside libzero's calls is in one, whatever the thread level: its wait loop sees the
+  // abort and sends the notice itself, and the control state (peers, outbox) stays that thread's.
   bool may_call_mpi_now() const {
-    if (g_provided == MPI_THREAD_MULTIPLE) return true;
     if (in_call_.load()) return false;
+    if (g_provided == MPI_THREAD_MULTIPLE) return true;
     if (g_provided == MPI_THREAD_FUNNELED) {
       int main_thread = 0;
       MPI_Is_thread_main(&main_thread);
@@ -893,7 +894,9 @@ class Backend {
     check(MPI_Irecv(&inbox_, sizeof inbox_, MPI_BYTE, MPI_ANY_SOURCE, MPI_ANY_TAG, ctl_, &inbox_request_), "MPI_Irecv");
   }
 
+  // The outbox has its own lock: an abort() from another thread may send while this rank's thread enters a call.
   void send(int to, const CtlMsg& m) {
+    std::lock_guard<std::mutex> lock(outbox_mutex_);
     outbox_.emplace_back();
     Outgoing& o = outbox_.back();
     o.msg = m;
@@ -902,19 +905,21 @@ class Backend {
 
   void flush_sends(double timeout_s) {
     const auto begin = Clock::now();
-    while (!outbox_.empty()) {
-      complete_sends();
-      if (outbox_.empty() || seconds_since(begin) >= timeout_s) break;
+    while (!complete_sends()) {
+      if (seconds_since(begin) >= timeout_s) break;
       sched_yield();
     }
   }
 
-  void complete_sends() {
+  // Whether the outbox is empty afterwards.
+  bool complete_sends() {
+    std::lock_guard<std::mutex> lock(outbox_mutex_);
     for (auto it = outbox_.begin(); it != outbox_.end();) {
       int done = 0;
       MPI_Test(&it->request, &done, MPI_STATUS_IGNORE);
       it = done ? outbox_.erase(it) : std::next(it);
     }
+    return outbox_.empty();
   }
 
   void poll_control() {
@@ -973,6 +978,7 @@ class Backend {
   CtlMsg inbox_;
   MPI_Request inbox_request_ = MPI_REQUEST_NULL;
   std::list<Outgoing> outbox_;  // MPI_Isend keeps pointing at each message: a list never moves them
+  std::mutex outbox_mutex_;
   uint64_t completed_ = 0;
   std::string completed_label_;
   uint64_t heard_ = 0;  // notices of stopped peers heard so far
@@ -1007,7 +1013,8 @@ class Backend {
   std::string abort_reason_;
   std::atomic<bool> in_call_{false};
   std::thread::id caller_;
-  bool goodbye_sent_ = false, control_closed_ = false, finalized_ = false, mpi_gone_ = false;
+  std::atomic<bool> goodbye_sent_{false};  // by whichever thread says it first
+  bool control_closed_ = false, finalized_ = false, mpi_gone_ = false;
 };
 
 void say_goodbye_all(const std::string& reason) {
