@@ -198,7 +198,7 @@ void parse_offload(const Section& z, int64_t sub_group_size, Config& cfg) {
     o.param_buffer_size = off.get_int("buffer_size", o.param_buffer_size, 1, kMaxInt);
     off.get_int("buffer_count", 5, 1, 1 << 20);
     off.get_int("max_in_cpu", 1000000000, 0, kMaxInt);
-    off.get_bool("pin_memory", false);
+    o.pin_params = off.get_bool("pin_memory", false);
     if (o.params_nvme()) {
       if (o.param_nvme_path.empty())
         fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") + "' is \"nvme\" but '" +
@@ -216,7 +216,8 @@ void parse_offload(const Section& z, int64_t sub_group_size, Config& cfg) {
     const Section off = z.child("offload_optimizer");
     o.nvme_path = off.get_string("nvme_path", "");
     o.buffer_count = static_cast<int>(off.get_int("buffer_count", o.buffer_count, 1, 1 << 20));
-    for (const char* k : {"pin_memory", "fast_init", "pipeline_read", "pipeline_write"}) off.get_bool(k, false);
+    o.pin_optimizer = off.get_bool("pin_memory", false);
+    for (const char* k : {"fast_init", "pipeline_read", "pipeline_write"}) off.get_bool(k, false);
     if (o.nvme()) {
       if (o.nvme_path.empty())
         fail(ZERO_ERR_CONFIG, "config key '" + off.qualified("device") + "' is \"nvme\" but '" +

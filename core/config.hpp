@@ -55,6 +55,9 @@ struct OffloadConfig {
   std::string param_nvme_path;
   int64_t param_buffer_size = 100000000;  // DeepSpeed's default (1e8 elements)
   bool params_nvme() const { return params == Device::kNvme; }
+  // pin_memory of either block: on a GPU engine, state offloaded to "cpu" lives in page-locked host memory, which
+  // the copy engines read and write without a bounce through pageable memory (the CPU engine has nothing to pin).
+  bool pin_optimizer = false, pin_params = false;
 };
 
 struct Config {

@@ -5,6 +5,7 @@
 
 #include "error.hpp"
 #include "log.hpp"
+#include "plan_spec.hpp"
 #include "test_hooks.hpp"
 
 namespace zero {
@@ -37,27 +38,9 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
   }
 }
 
+// The CPU engine keeps its model states in host memory; offload to "nvme" moves some of them to a file.
 PlanSpec Engine::plan_spec() const {
-  PlanSpec spec;
-  spec.stage = config_.stage;
-  spec.compute_dtype = config_.compute_dtype;
-  spec.grad_accum_dtype = config_.grad_accum_dtype;
-  spec.optimizer_states = state_count(config_.optimizer);
-  spec.persistence_threshold = config_.param_persistence_threshold;
-  spec.bucket_elems = config_.reduce_bucket_size;
-  spec.space = MemorySpace::kHost;
-  if (config_.offload.params_nvme()) {
-    spec.params_space = MemorySpace::kNvme;
-    spec.param_buffer_elems = config_.offload.param_buffer_size;
-  }
-  if (config_.offload.nvme()) {
-    spec.optimizer_space = MemorySpace::kNvme;
-    spec.offload_chunk_elems = config_.offload.chunk_elems;
-    spec.offload_buffers = config_.offload.buffer_count;
-  }
-  spec.world_size = comm_.size();
-  spec.rank = comm_.rank();
-  return spec;
+  return plan_spec_for(config_, config_.stage, comm_.size(), comm_.rank(), MemorySpace::kHost);
 }
 
 void Engine::set_num_threads(int threads) {

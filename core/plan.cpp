@@ -18,6 +18,33 @@ Placement place(Extent extent, MemorySpace space, DType dtype, size_t elems) {
   return p;
 }
 
+// ZeRO-Offload's host staging. One transfer carries this rank's shard of one reduction: of a bucket at stages 2-3
+// (reduced during backward and copied to the host as it completes), of a unit at stage 1 (reduced in zero_step).
+// Two slots each way, so that one piece crosses the bus while the CPU works on the other: gradient pieces go
+// device to host, and the new params of a piece host to device (only those whose params live on the device:
+// offload_param at stage 3 leaves the persistent units there).
+void plan_offload_staging(const PlanSpec& spec, Plan& plan) {
+  size_t grad_piece = 0, param_piece = 0;
+  auto add_piece = [&](const std::vector<int>& units) {
+    size_t grads = 0, params = 0;
+    for (int u : units) {
+      const UnitPlan& up = plan.units[static_cast<size_t>(u)];
+      grads += up.update_elems;
+      params += up.params.space == MemorySpace::kDevice ? up.update_elems : 0;
+    }
+    grad_piece = std::max(grad_piece, grads);
+    param_piece = std::max(param_piece, params);
+  };
+  if (plan.bucketed()) {
+    for (const Bucket& b : plan.buckets) add_piece(b.units);
+  } else {
+    for (size_t u = 0; u < plan.units.size(); ++u) add_piece({static_cast<int>(u)});
+  }
+  constexpr size_t kSlots = 2;
+  plan.offload_grad_staging = place(Extent::kFull, spec.optimizer_space, spec.grad_accum_dtype, kSlots * grad_piece);
+  plan.offload_param_staging = place(Extent::kFull, spec.optimizer_space, spec.compute_dtype, kSlots * param_piece);
+}
+
 }  // namespace
 
 const char* extent_name(Extent e) {
@@ -54,6 +81,21 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
                                      : GradReduction::kAllReduceInStep;
 
   const MemorySpace space = spec.space;
+  // ZeRO-Offload (a GPU engine with offload to "cpu"): the fp32 master, the optimizer state and, from stage 2, the
+  // gradient shards live in host memory, where the CPU's kernels step them; the device keeps the 16-bit params
+  // (stage 3: their shards, or none of them with the params offloaded too), the buckets and the gathered units.
+  const bool optimizer_on_host = space == MemorySpace::kDevice && host_addressable(spec.optimizer_space);
+  const bool params_on_host = space == MemorySpace::kDevice && host_addressable(spec.params_space);
+  if (optimizer_on_host && !shard_optimizer)
+    fail(ZERO_ERR_CONFIG,
+         "offloading the optimizer state to the CPU needs ZeRO stage 1, 2 or 3 (stage 0 updates every element on "
+         "every rank)");
+  if (params_on_host && !shard_params)
+    fail(ZERO_ERR_CONFIG, "offloading the params to the CPU needs ZeRO stage 3 (stages 0-2 keep every param)");
+  // Offloaded to host memory, the master is separate even for fp32 params: the device's copy is what the
+  // framework computes with, the host's is what the CPU updates.
+  plan.master_separate = spec.compute_dtype != DType::kF32 || optimizer_on_host;
+  const MemorySpace grads_space = optimizer_on_host && shard_grads ? spec.optimizer_space : space;
   size_t largest_gathered = 0;
   uint64_t element_base = 0, global_offset = 0;
   plan.units.resize(layout.units.size());
@@ -66,13 +108,12 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     const bool sharded = shard_params && !up.persistent;
     up.params = place(sharded ? Extent::kShard : Extent::kFull, sharded ? spec.params_space : space, spec.compute_dtype,
                       sharded ? shard : full);
-    up.grads =
-        place(shard_grads ? Extent::kShard : Extent::kFull, space, spec.grad_accum_dtype, shard_grads ? shard : full);
+    up.grads = place(shard_grads ? Extent::kShard : Extent::kFull, grads_space, spec.grad_accum_dtype,
+                     shard_grads ? shard : full);
     up.update_begin = shard_optimizer ? own : 0;
     up.update_elems = shard_optimizer ? shard : full;
     const Extent updated = shard_optimizer ? Extent::kShard : Extent::kFull;
-    if (spec.compute_dtype != DType::kF32)
-      up.master = place(updated, spec.optimizer_space, DType::kF32, up.update_elems);
+    if (plan.master_separate) up.master = place(updated, spec.optimizer_space, DType::kF32, up.update_elems);
     for (int s = 0; s < spec.optimizer_states && s < 2; ++s)
       up.state[s] = place(updated, spec.optimizer_space, DType::kF32, up.update_elems);
     up.update_in_params = sharded ? 0 : up.update_begin;
@@ -139,23 +180,35 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     }
     plan.bucket = place(Extent::kFull, space, spec.grad_accum_dtype, largest_bucket);
   }
+  if (optimizer_on_host) plan_offload_staging(spec, plan);
   return plan;
 }
 
 MemoryStats Plan::bytes(size_t buckets_held, size_t units_gathered) const {
   MemoryStats m;
+  uint64_t in_space[kNumMemorySpaces] = {};
+  auto add = [&](const Placement& p, uint64_t& kind, uint64_t times = 1) {
+    kind += p.bytes() * times;
+    in_space[static_cast<int>(p.space)] += p.bytes() * times;
+  };
   for (const UnitPlan& up : units) {
-    m.param_bytes += up.params.bytes();
-    m.grad_bytes += up.grads.bytes();
-    m.master_param_bytes += up.master.bytes();
-    m.optimizer_state_bytes += up.state[0].bytes() + up.state[1].bytes();
+    add(up.params, m.param_bytes);
+    add(up.grads, m.grad_bytes);
+    add(up.master, m.master_param_bytes);
+    add(up.state[0], m.optimizer_state_bytes);
+    add(up.state[1], m.optimizer_state_bytes);
   }
-  m.bucket_bytes = bucket.bytes() * buckets_held;
-  m.gathered_bytes = gathered.bytes() * units_gathered;
-  m.staging_bytes = offload.staging_bytes + param_offload.buffer_bytes + param_offload.copy_bytes;
+  add(bucket, m.bucket_bytes, buckets_held);
+  add(gathered, m.gathered_bytes, units_gathered);
+  add(offload_grad_staging, m.staging_bytes);
+  add(offload_param_staging, m.staging_bytes);
+  // NVMe offload streams through host memory; the file pads each unit (its bytes are the file's, not the kinds').
+  m.staging_bytes += offload.staging_bytes + param_offload.buffer_bytes + param_offload.copy_bytes;
   m.nvme_bytes = offload.file_bytes + param_offload.file_bytes;
-  m.host_bytes = m.total() + m.staging_bytes - (offloaded() ? m.master_param_bytes + m.optimizer_state_bytes : 0) -
-                 param_offload.offloaded_bytes;
+  m.pinned_bytes = in_space[static_cast<int>(MemorySpace::kPinnedHost)];
+  m.host_bytes = in_space[static_cast<int>(MemorySpace::kHost)] + m.pinned_bytes + offload.staging_bytes +
+                 param_offload.buffer_bytes + param_offload.copy_bytes;
+  m.device_bytes = in_space[static_cast<int>(MemorySpace::kDevice)];
   return m;
 }
 
@@ -176,6 +229,14 @@ std::string Plan::describe() const {
     os << ", optimizer state " << (sharded_optimizer ? "sharded" : "full");
     if (separate_master()) os << ", fp32 master beside " << dtype_name(compute_dtype) << " params";
     os << " (" << space_name(first->params.space) << ")";
+    if (first->master.extent != Extent::kNone && first->master.space != first->params.space &&
+        host_addressable(first->master.space))
+      os << "; fp32 master, optimizer state" << (first->grads.space == first->master.space ? ", gradient shards" : "")
+         << " offloaded to " << space_name(first->master.space) << " memory (two " << offload_grad_staging.bytes() / 2
+         << "-byte gradient transfer slots)";
+    bool params_on_host = false;
+    for (const UnitPlan& up : units) params_on_host |= up.sharded_params() && host_addressable(up.params.space);
+    if (params_on_host && first->params.space != MemorySpace::kHost) os << "; param shards offloaded to host memory";
     if (param_offload.enabled)
       os << "; param shards offloaded to NVMe (" << param_offload.file_bytes << " bytes in a file)";
     if (offloaded())

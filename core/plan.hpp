@@ -77,7 +77,9 @@ struct UnitPlan {
 struct MemoryStats {
   uint64_t param_bytes = 0, grad_bytes = 0, master_param_bytes = 0, optimizer_state_bytes = 0, bucket_bytes = 0,
            gathered_bytes = 0;
-  uint64_t staging_bytes = 0, host_bytes = 0, nvme_bytes = 0;
+  // staging: the windows offloaded state streams through (NVMe) and ZeRO-Offload's transfer slots. host: host
+  // memory, pinned included; pinned: the part of it that is page-locked; device: GPU memory.
+  uint64_t staging_bytes = 0, host_bytes = 0, pinned_bytes = 0, device_bytes = 0, nvme_bytes = 0;
   uint64_t total() const {
     return param_bytes + grad_bytes + master_param_bytes + optimizer_state_bytes + bucket_bytes + gathered_bytes;
   }
@@ -85,7 +87,7 @@ struct MemoryStats {
     return param_bytes == o.param_bytes && grad_bytes == o.grad_bytes && master_param_bytes == o.master_param_bytes &&
            optimizer_state_bytes == o.optimizer_state_bytes && bucket_bytes == o.bucket_bytes &&
            gathered_bytes == o.gathered_bytes && staging_bytes == o.staging_bytes && host_bytes == o.host_bytes &&
-           nvme_bytes == o.nvme_bytes;
+           pinned_bytes == o.pinned_bytes && device_bytes == o.device_bytes && nvme_bytes == o.nvme_bytes;
   }
 };
 
@@ -97,14 +99,17 @@ struct PlanSpec {
   int optimizer_states = 2;                // 0-2 fp32 buffers per updated element
   int64_t persistence_threshold = 100000;  // elements (stage 3)
   int64_t bucket_elems = 500000000;        // reduce_bucket_size (stages 2-3)
-  MemorySpace space = MemorySpace::kHost;  // where the model states live
-  // Where the fp32 master and the optimizer state live: `space`, or kNvme (offload_optimizer device nvme, stages
-  // 1-3), streamed through buffer_count chunks of chunk_elems elements.
+  MemorySpace space = MemorySpace::kHost;  // where the model states live (host: the CPU engine; device: a GPU's)
+  // Where the fp32 master and the optimizer state live: `space`; kNvme (offload_optimizer device nvme, stages
+  // 1-3), streamed through buffer_count chunks of chunk_elems elements; or, when `space` is the device, host or
+  // pinned host memory (offload_optimizer device cpu, stages 1-3: ZeRO-Offload), with the gradient shards beside
+  // them from stage 2. plan_spec_for (plan_spec.hpp) sets these three spaces from a config.
   MemorySpace optimizer_space = MemorySpace::kHost;
   int64_t offload_chunk_elems = 0;
   int offload_buffers = 0;
   // Where stage 3's param shards live (units that do not stay resident): `space`, or kNvme (offload_param device
-  // nvme), read and written through a buffer of param_buffer_elems.
+  // nvme), read and written through a buffer of param_buffer_elems, or host or pinned host memory when `space` is
+  // the device (offload_param device cpu).
   MemorySpace params_space = MemorySpace::kHost;
   int64_t param_buffer_elems = 0;
   int world_size = 1, rank = 0;
@@ -142,9 +147,14 @@ struct Plan {
   Placement gathered;  // one transient gathered unit: the largest sharded one (kNone without sharded units)
   OffloadPlan offload;
   ParamOffloadPlan param_offload;
+  // ZeRO-Offload (the optimizer in host memory, the params on the device): two slots each of gradient pieces going
+  // to the host and new params going back, each piece one reduction's shard (kNone otherwise).
+  Placement offload_grad_staging, offload_param_staging;
   DType compute_dtype = DType::kF32, grad_accum_dtype = DType::kF32;
+  // A separate fp32 master: with 16-bit params, and with any params when the optimizer is offloaded to the host.
+  bool master_separate = false;
 
-  bool separate_master() const { return compute_dtype != DType::kF32; }
+  bool separate_master() const { return master_separate; }
   bool bucketed() const { return reduction == GradReduction::kBucketsInBackward; }
   bool offloaded() const { return offload.arrays > 0; }
   // The plan's bytes with `buckets_held` gradient buckets and `units_gathered` sharded units gathered at once

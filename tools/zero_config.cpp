@@ -3,7 +3,7 @@
 // the bytes zero_memory_stats reports after finalize, for the same layout.
 //
 //   zero-config check CONFIG.json [--world-size N]
-//   zero-config estimate --params P [--world-size N] [--units U] [--config CONFIG.json]
+//   zero-config estimate --params P [--world-size N] [--units U] [--config CONFIG.json] [--device cpu|cuda]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +16,7 @@
 #include "error.hpp"
 #include "layout.hpp"
 #include "plan.hpp"
+#include "plan_spec.hpp"
 
 namespace {
 
@@ -26,11 +27,15 @@ int usage(FILE* out) {
                "      Validates a DeepSpeed config as libzero reads it and prints the resolved settings.\n"
                "      Exit status 0 if libzero accepts it, 1 otherwise (the message names the key).\n"
                "  zero-config estimate --params P [--world-size N] [--units U] [--config CONFIG.json]\n"
+               "                      [--device cpu|cuda]\n"
                "      Per-rank bytes of the model states at ZeRO stages 0-3, as libzero's placement plan\n"
                "      allocates them (what zero_memory_stats reports after finalize): params, gradients, fp32\n"
                "      master, optimizer state, one gradient bucket and one gathered unit, for P params in U\n"
                "      equal units (default 1), with the config's dtypes, optimizer, reduce_bucket_size and\n"
-               "      stage3_param_persistence_threshold (fp32 AdamW and DeepSpeed's defaults without one).\n");
+               "      stage3_param_persistence_threshold (fp32 AdamW and DeepSpeed's defaults without one).\n"
+               "      --device cuda plans a GPU engine: the model states in device memory, and with the config's\n"
+               "      offload_optimizer / offload_param \"cpu\" (ZeRO-Offload) the offloaded ones in host memory\n"
+               "      (page-locked with pin_memory); two more columns split the total by where it lives.\n");
   return out == stdout ? 0 : 2;
 }
 
@@ -68,7 +73,7 @@ void print_bytes(double b) {
   std::printf(" %10.2f %-3s", b, units[u]);
 }
 
-int estimate(double params, int world, int64_t units, const std::string& config_path) {
+int estimate(double params, int world, int64_t units, const std::string& config_path, bool cuda) {
   zero::Config config;
   if (!config_path.empty()) {
     std::string text;
@@ -100,33 +105,19 @@ int estimate(double params, int world, int64_t units, const std::string& config_
     std::fprintf(stderr, "zero-config: %s\n", e.what());
     return 1;
   }
-  std::printf("per-rank model states of %.0f params in %lld unit(s) on %d ranks: %s params, %s gradients, %s\n", params,
-              static_cast<long long>(units), world, zero::dtype_name(config.compute_dtype),
-              zero::dtype_name(config.grad_accum_dtype), zero::optimizer_name(config.optimizer.kind));
-  // offload_optimizer to NVMe: the master and the optimizer state go to a file (stages 1-3); two more columns say
-  // what stays in host memory (the window included) and what the file holds.
-  const bool nvme = config.offload.nvme() || config.offload.params_nvme();
-  std::printf("stage       params          grads    fp32 master      optimizer  bucket+gather          total%s\n",
-              nvme ? "   host memory      NVMe file" : "");
+  const zero::OffloadConfig& o = config.offload;
+  std::printf("per-rank model states of %.0f params in %lld unit(s) on %d ranks%s: %s params, %s gradients, %s\n",
+              params, static_cast<long long>(units), world, cuda ? " (GPU engine)" : "",
+              zero::dtype_name(config.compute_dtype), zero::dtype_name(config.grad_accum_dtype),
+              zero::optimizer_name(config.optimizer.kind));
+  // Offload to NVMe (stages 1-3 for the optimizer, 3 for the params) puts some kinds in a file; on a GPU engine,
+  // offload to "cpu" puts them in host memory. The extra columns split the total by where it lives.
+  const bool nvme = o.nvme() || o.params_nvme();
+  std::printf("stage       params          grads    fp32 master      optimizer  bucket+gather          total%s%s%s\n",
+              cuda ? "  device memory" : "", cuda || nvme ? "    host memory" : "", nvme ? "      NVMe file" : "");
   for (int stage = 0; stage < 4; ++stage) {
-    zero::PlanSpec spec;
-    spec.stage = stage;
-    spec.compute_dtype = config.compute_dtype;
-    spec.grad_accum_dtype = config.grad_accum_dtype;
-    spec.optimizer_states = zero::state_count(config.optimizer);
-    spec.persistence_threshold = config.param_persistence_threshold;
-    spec.bucket_elems = config.reduce_bucket_size;
-    spec.world_size = world;
-    spec.rank = 0;
-    if (config.offload.nvme() && stage > 0) {
-      spec.optimizer_space = zero::MemorySpace::kNvme;
-      spec.offload_chunk_elems = config.offload.chunk_elems;
-      spec.offload_buffers = config.offload.buffer_count;
-    }
-    if (config.offload.params_nvme() && stage == 3) {
-      spec.params_space = zero::MemorySpace::kNvme;
-      spec.param_buffer_elems = config.offload.param_buffer_size;
-    }
+    const zero::PlanSpec spec =
+        zero::plan_spec_for(config, stage, world, 0, cuda ? zero::MemorySpace::kDevice : zero::MemorySpace::kHost);
     const zero::MemoryStats m = zero::make_plan(spec, layout).bytes();
     std::printf("%-1d%-4s", stage, !config_path.empty() && stage == config.stage ? " *" : "");
     print_bytes(static_cast<double>(m.param_bytes));
@@ -135,24 +126,34 @@ int estimate(double params, int world, int64_t units, const std::string& config_
     print_bytes(static_cast<double>(m.optimizer_state_bytes));
     print_bytes(static_cast<double>(m.bucket_bytes + m.gathered_bytes));
     print_bytes(static_cast<double>(m.total()));
-    const bool offloads = (config.offload.nvme() && stage > 0) || (config.offload.params_nvme() && stage == 3);
-    if (nvme && !offloads) std::printf("   (no offload at stage %d)", stage);
-    if (offloads) {
+    const bool to_nvme = (o.nvme() && stage > 0) || (o.params_nvme() && stage == 3);
+    if (cuda) {
+      print_bytes(static_cast<double>(m.device_bytes));
       print_bytes(static_cast<double>(m.host_bytes));
-      print_bytes(static_cast<double>(m.nvme_bytes));
+    } else if (nvme && to_nvme) {
+      print_bytes(static_cast<double>(m.host_bytes));
     }
+    if (nvme && to_nvme) print_bytes(static_cast<double>(m.nvme_bytes));
+    if (nvme && !to_nvme && !cuda) std::printf("   (no offload at stage %d)", stage);
+    if (cuda && m.pinned_bytes > 0)
+      std::printf("   (%.2f GiB pinned)", static_cast<double>(m.pinned_bytes) / (1 << 30));
     std::printf("\n");
   }
-  if (config.offload.params_nvme())
+  if (cuda && (o.optimizer == zero::OffloadConfig::Device::kCpu || o.params == zero::OffloadConfig::Device::kCpu))
+    std::printf(
+        "offload to \"cpu\" (ZeRO-Offload): the fp32 master and optimizer state (stages 1-3) and the gradient shards "
+        "(2-3)%s are in host memory; host memory includes two transfer slots each way (one reduction's shard each)\n",
+        o.params == zero::OffloadConfig::Device::kCpu ? ", and at stage 3 the param shards," : "");
+  if (o.params_nvme())
     std::printf(
         "offload_param to NVMe (stage 3): the param shards of units above the persistence threshold are in "
         "the file, read through a buffer of up to %lld elements (at most one shard)\n",
-        static_cast<long long>(config.offload.param_buffer_size));
-  if (config.offload.nvme())
+        static_cast<long long>(o.param_buffer_size));
+  if (o.nvme())
     std::printf(
         "offload_optimizer to NVMe: host memory includes the window the state streams through (at most %d chunks "
         "of %lld elements per array); the file pads each unit to 4 KiB\n",
-        config.offload.buffer_count, static_cast<long long>(config.offload.chunk_elems));
+        o.buffer_count, static_cast<long long>(o.chunk_elems));
   std::printf(
       "rank 0's bytes%s; units padded to 16 x N elements; a stage-3 unit below the persistence\n"
       "threshold stays whole; gathering several units at once adds one buffer each\n",
@@ -169,7 +170,7 @@ int main(int argc, char** argv) {
   int world = 1;
   double params = -1;
   int64_t units = 1;
-  std::string file, config_path;
+  std::string file, config_path, device = "cpu";
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--world-size" && i + 1 < argc) {
@@ -180,6 +181,8 @@ int main(int argc, char** argv) {
       units = std::strtoll(argv[++i], nullptr, 10);
     } else if (a == "--config" && i + 1 < argc) {
       config_path = argv[++i];
+    } else if (a == "--device" && i + 1 < argc) {
+      device = argv[++i];
     } else if (file.empty() && a[0] != '-') {
       file = a;
     } else {
@@ -191,6 +194,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command == "check" && !file.empty()) return check(file, world);
-  if (command == "estimate" && params > 0) return estimate(params, world, units, config_path);
+  if (device != "cpu" && device != "cuda") {
+    std::fprintf(stderr, "zero-config: --device is \"cpu\" or \"cuda\", not \"%s\"\n", device.c_str());
+    return 2;
+  }
+  if (command == "estimate" && params > 0) return estimate(params, world, units, config_path, device == "cuda");
   return usage(stderr);
 }

@@ -21,6 +21,8 @@ file:
   config_keys       every ds_config key DeepSpeed reads: top level (probed),
                     per section, pydantic fields with defaults/aliases/
                     deprecations, optimizer and scheduler constructor params
+  memory_estimates  DeepSpeed's stage-2 and stage-3 model-state memory
+                    estimators, with and without offload to the CPU
 
 Run (from the repository root):
 
@@ -1155,11 +1157,47 @@ def to_json(v, indent=0):
     return json.dumps(v)
 
 
+# DeepSpeed's model-state memory estimators (deepspeed.runtime.zero.stage_1_and_2 and .stage3), called as a user
+# would call them before choosing a stage: bytes per GPU and per node's CPU, with and without ZeRO-Offload.  The
+# cases are P params in layers of L = P / 8, on N = 8 GPUs in one node, 6 in two nodes and 3 in one, with L a
+# multiple of 16 x N so that libzero's padding adds nothing and the two estimates can be compared byte for byte.
+MEMORY_ESTIMATE_CASES = [
+    {"total_params": 25165824, "largest_layer_params": 3145728, "num_gpus_per_node": 8, "num_nodes": 1},
+    {"total_params": 25165824, "largest_layer_params": 3145728, "num_gpus_per_node": 3, "num_nodes": 2},
+    {"total_params": 25165824, "largest_layer_params": 3145728, "num_gpus_per_node": 3, "num_nodes": 1},
+]
+
+
+def record_memory_estimates():
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    cases = []
+    for case in MEMORY_ESTIMATE_CASES:
+        per_gpu = {"num_gpus_per_node": case["num_gpus_per_node"], "num_nodes": case["num_nodes"]}
+        out = dict(case)
+        for cpu_offload in (False, True):
+            cpu, gpu = estimate_zero2_model_states_mem_needs(case["total_params"], cpu_offload=cpu_offload,
+                                                             **per_gpu)
+            out[f"zero2_offload_{str(cpu_offload).lower()}"] = {"cpu_mem": cpu, "gpu_mem": gpu}
+        for cpu_offload, cpu_offload_params in ((False, False), (True, False), (True, True)):
+            cpu, gpu, largest = estimate_zero3_model_states_mem_needs(
+                case["total_params"], case["largest_layer_params"], cpu_offload=cpu_offload,
+                cpu_offload_params=cpu_offload_params, zero_init=True, **per_gpu)
+            key = "zero3_" + ("offload_both" if cpu_offload_params else "offload_optimizer" if cpu_offload
+                              else "no_offload")
+            out[key] = {"cpu_mem": cpu, "gpu_mem": gpu, "largest_layer_memory": largest}
+        cases.append(out)
+    return {"_how": "estimate_zero2_model_states_mem_needs / estimate_zero3_model_states_mem_needs (zero_init=True, "
+                    "additional_buffer_factor=1.5, their defaults) for each case",
+            "cases": cases}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="where to write the JSON fixtures")
     ap.add_argument("--only", choices=["lr_schedules", "loss_scaling", "nonfinite_steps", "optimizers",
-                                       "config_keys"],
+                                       "config_keys", "memory_estimates"],
                     action="append", help="record only these parts (default: all); the other parts of an "
                                           "existing --out file are kept")
     args = ap.parse_args()
@@ -1175,6 +1213,7 @@ def main():
         "nonfinite_steps": record_nonfinite_steps,
         "optimizers": record_optimizers,
         "config_keys": record_config_keys,
+        "memory_estimates": record_memory_estimates,
     }
     result = {
         "generator": "tests/deepspeed/make_fixtures.py",

@@ -1,0 +1,270 @@
+// The placement plan of a GPU engine (issue 16): model states in device memory, and ZeRO-Offload (offload to
+// "cpu") putting the fp32 master, the optimizer state and the gradient shards in host memory, with two transfer
+// slots each way. The plan is host logic: these tests pin it on a machine without a GPU, and compare its bytes
+// with DeepSpeed's own memory estimators (tests/deepspeed/fixtures.json) where the two count the same things.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "config.hpp"
+#include "error.hpp"
+#include "plan.hpp"
+#include "plan_spec.hpp"
+
+namespace zero {
+namespace {
+
+using json = nlohmann::json;
+
+// Units interleaved with registration order and of odd sizes; units 1 and 2 (3 and 77 elements) persist at stage 3.
+std::vector<ParamShape> model() {
+  return {{"a", {37, 5}, 0, 0}, {"b", {3}, 1, 0}, {"c", {7, 11}, 2, 0}, {"d", {129}, 0, 0}};
+}
+
+PlanSpec device_spec(int stage, DType compute, int world, int rank, MemorySpace optimizer, MemorySpace params) {
+  PlanSpec s;
+  s.stage = stage;
+  s.compute_dtype = compute;
+  s.grad_accum_dtype = DType::kF32;
+  s.world_size = world;
+  s.rank = rank;
+  s.persistence_threshold = 100;
+  s.bucket_elems = 200;
+  s.space = MemorySpace::kDevice;
+  s.optimizer_space = optimizer;
+  s.params_space = params;
+  return s;
+}
+
+constexpr MemorySpace kDev = MemorySpace::kDevice, kPinned = MemorySpace::kPinnedHost, kHost = MemorySpace::kHost;
+
+TEST(DevicePlan, WithoutOffloadEverythingIsInDeviceMemory) {
+  const Layout layout = build_layout(model(), 3);
+  for (int stage = 0; stage <= 3; ++stage)
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      const Plan plan = make_plan(device_spec(stage, compute, 3, 1, kDev, kDev), layout);
+      for (const UnitPlan& up : plan.units) {
+        EXPECT_EQ(up.params.space, kDev);
+        EXPECT_EQ(up.grads.space, kDev);
+        if (up.master.extent != Extent::kNone) {
+          EXPECT_EQ(up.master.space, kDev);
+        }
+        EXPECT_EQ(up.master.extent == Extent::kNone, compute == DType::kF32);
+        EXPECT_EQ(up.state[0].space, kDev);
+      }
+      EXPECT_EQ(plan.separate_master(), compute != DType::kF32);
+      EXPECT_EQ(plan.offload_grad_staging.extent, Extent::kNone);
+      const MemoryStats m = plan.bytes();
+      EXPECT_EQ(m.device_bytes, m.total()) << "stage " << stage;
+      EXPECT_EQ(m.host_bytes, 0u);
+      EXPECT_EQ(m.staging_bytes, 0u);
+      // The same kinds and sizes as the CPU engine's plan, in another space.
+      PlanSpec host = device_spec(stage, compute, 3, 1, kHost, kHost);
+      host.space = kHost;
+      const MemoryStats h = make_plan(host, layout).bytes();
+      EXPECT_EQ(h.total(), m.total());
+      EXPECT_EQ(h.host_bytes, m.device_bytes);
+    }
+}
+
+TEST(DevicePlan, OffloadedOptimizerKeepsMasterStateAndGradShardsOnTheHost) {
+  const int world = 3;
+  const Layout layout = build_layout(model(), world);
+  for (int stage = 1; stage <= 3; ++stage)
+    for (int rank = 0; rank < world; ++rank) {
+      const Plan plan = make_plan(device_spec(stage, DType::kBF16, world, rank, kPinned, kDev), layout);
+      uint64_t host = 0;
+      for (size_t u = 0; u < plan.units.size(); ++u) {
+        const UnitPlan& up = plan.units[u];
+        EXPECT_EQ(up.params.space, kDev);
+        EXPECT_EQ(up.master.space, kPinned);
+        EXPECT_EQ(up.state[0].space, kPinned);
+        EXPECT_EQ(up.state[1].space, kPinned);
+        // Stage 1 reduces in zero_step into the framework's full gradients on the device; from stage 2 the
+        // reduced shards accumulate in host memory.
+        EXPECT_EQ(up.grads.space, stage >= 2 ? kPinned : kDev) << "stage " << stage << " unit " << u;
+        EXPECT_EQ(up.master.elems, layout.units[u].shard_elems);
+        host += up.master.bytes() + up.state[0].bytes() + up.state[1].bytes() + (stage >= 2 ? up.grads.bytes() : 0);
+      }
+      // One transfer carries one reduction's shard: a unit's at stage 1, a bucket's at stages 2-3; two slots.
+      size_t piece = 0, param_piece = 0;
+      if (plan.bucketed()) {
+        ASSERT_GE(plan.buckets.size(), 2u);  // the test means something only with several buckets
+        for (const Bucket& b : plan.buckets) {
+          size_t n = 0, p = 0;
+          for (int u : b.units) {
+            n += layout.units[u].shard_elems;
+            p += plan.units[u].params.space == kDev ? layout.units[u].shard_elems : 0;
+          }
+          piece = std::max(piece, n), param_piece = std::max(param_piece, p);
+        }
+      } else {
+        for (const UnitLayout& ul : layout.units) piece = std::max(piece, ul.shard_elems);
+        param_piece = piece;
+      }
+      EXPECT_EQ(plan.offload_grad_staging.elems, 2 * piece);
+      EXPECT_EQ(plan.offload_grad_staging.dtype, DType::kF32);
+      EXPECT_EQ(plan.offload_param_staging.elems, 2 * param_piece);
+      EXPECT_EQ(plan.offload_param_staging.dtype, DType::kBF16);
+      const MemoryStats m = plan.bytes();
+      const uint64_t staging = plan.offload_grad_staging.bytes() + plan.offload_param_staging.bytes();
+      EXPECT_EQ(m.staging_bytes, staging);
+      EXPECT_EQ(m.host_bytes, host + staging);
+      EXPECT_EQ(m.pinned_bytes, m.host_bytes);
+      EXPECT_EQ(m.device_bytes + m.host_bytes, m.total() + staging);
+      EXPECT_NE(plan.describe().find(stage >= 2 ? "optimizer state, gradient shards offloaded to pinned host memory"
+                                                : "optimizer state offloaded to pinned host memory"),
+                std::string::npos)
+          << plan.describe();
+    }
+}
+
+TEST(DevicePlan, Fp32ParamsOffloadedGetAHostMaster) {
+  // On the CPU engine fp32 params are the master; on the device they are what the framework computes with, so
+  // the CPU updates a master of its own and sends the new values back.
+  const Layout layout = build_layout(model(), 2);
+  const Plan plan = make_plan(device_spec(2, DType::kF32, 2, 0, kHost, kDev), layout);
+  EXPECT_TRUE(plan.separate_master());
+  for (const UnitPlan& up : plan.units) {
+    EXPECT_EQ(up.master.space, kHost);
+    EXPECT_EQ(up.master.elems, up.update_elems);
+  }
+  EXPECT_EQ(plan.offload_param_staging.dtype, DType::kF32);
+  const MemoryStats m = plan.bytes();
+  EXPECT_EQ(m.pinned_bytes, 0u);  // pin_memory false: pageable host memory
+  EXPECT_GT(m.host_bytes, 0u);
+}
+
+TEST(DevicePlan, OffloadedParamsLeavePersistentUnitsAndTheGatheredUnitOnTheDevice) {
+  const int world = 3;
+  const Layout layout = build_layout(model(), world);
+  const Plan plan = make_plan(device_spec(3, DType::kBF16, world, 2, kPinned, kPinned), layout);
+  size_t persistent_piece = 0;
+  uint64_t persistent_bytes = 0;
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const UnitPlan& up = plan.units[u];
+    EXPECT_EQ(up.params.space, up.persistent ? kDev : kPinned) << "unit " << u;
+    if (up.persistent) persistent_piece += up.update_elems, persistent_bytes += up.params.bytes();
+  }
+  ASSERT_GT(persistent_piece, 0u);  // units 1 and 2 persist
+  EXPECT_EQ(plan.gathered.space, kDev);
+  EXPECT_EQ(plan.bucket.space, kDev);
+  // New params go back to the device only for the persistent units: the others' shards are updated in place.
+  EXPECT_LE(plan.offload_param_staging.elems, 2 * persistent_piece);
+  EXPECT_GT(plan.offload_param_staging.elems, 0u);
+  const MemoryStats m = plan.bytes();
+  EXPECT_EQ(m.device_bytes, m.bucket_bytes + m.gathered_bytes + persistent_bytes);
+}
+
+TEST(DevicePlan, OffloadWhereTheStageCannotIsAConfigError) {
+  const Layout layout = build_layout(model(), 2);
+  try {
+    make_plan(device_spec(0, DType::kBF16, 2, 0, kPinned, kDev), layout);
+    FAIL() << "stage 0 offload accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), ZERO_ERR_CONFIG);
+    EXPECT_NE(std::string(e.what()).find("stage 1, 2 or 3"), std::string::npos) << e.what();
+  }
+  try {
+    make_plan(device_spec(2, DType::kBF16, 2, 0, kPinned, kPinned), layout);
+    FAIL() << "stage 2 param offload accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), ZERO_ERR_CONFIG);
+    EXPECT_NE(std::string(e.what()).find("stage 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DevicePlan, TheSpecComesFromTheConfigAsDeepSpeedReadsIt) {
+  const Config c = parse_config(
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true}, "offload_param": {"device": "cpu"}}})",
+      4);
+  const PlanSpec gpu = plan_spec_for(c, 3, 4, 1, kDev);
+  EXPECT_EQ(gpu.space, kDev);
+  EXPECT_EQ(gpu.optimizer_space, kPinned);
+  EXPECT_EQ(gpu.params_space, kHost);  // offload_param without pin_memory
+  // The blocks apply only where their stage can: the optimizer from stage 1, the params at stage 3.
+  EXPECT_EQ(plan_spec_for(c, 0, 4, 1, kDev).optimizer_space, kDev);
+  EXPECT_EQ(plan_spec_for(c, 2, 4, 1, kDev).params_space, kDev);
+  EXPECT_EQ(plan_spec_for(c, 2, 4, 1, kDev).optimizer_space, kPinned);
+  // The CPU engine keeps everything in host memory already: "cpu" changes nothing there.
+  const PlanSpec cpu = plan_spec_for(c, 3, 4, 1, kHost);
+  EXPECT_EQ(cpu.optimizer_space, kHost);
+  EXPECT_EQ(cpu.params_space, kHost);
+  EXPECT_EQ(cpu.world_size, 4);
+  EXPECT_EQ(cpu.rank, 1);
+}
+
+// DeepSpeed's estimators (stage_1_and_2.estimate_zero2_model_states_mem_needs, stage3.estimate_zero3_...) for
+// P fp16 params in layers of L, with Adam, on N GPUs; libzero's plan for the same model (P/L units of L, fp16
+// params, fp32 gradient accumulation, AdamW). What both count the same way must agree byte for byte; the rest is
+// a stated difference:
+// - DeepSpeed's "largest layer" term (4 L: the gathered 16-bit layer and its 16-bit gradients) is libzero's
+//   transient buffers, the gathered unit and the gradient bucket, compared without them;
+// - stage 2 without offload: DeepSpeed counts a 16-bit gradient partition (2 P / N) before the fp32 one; libzero's
+//   buckets reduce straight into the fp32 shard, so it keeps 2 P / N less;
+// - the CPU figures are per node with a 1.5 "buffer factor" (zero_init): per rank, without it, they are the
+//   model states the plan puts in host memory at stage 3. Stage 2's CPU figure with offload (P x max(4 N, 16)) is
+//   the peak of DeepSpeed's initialization, not a model state, and is not compared.
+json ds_estimates() {
+  std::ifstream in(ZERO_DEEPSPEED_FIXTURES);
+  if (!in) throw std::runtime_error("cannot open " + std::string(ZERO_DEEPSPEED_FIXTURES));
+  return json::parse(in).at("memory_estimates");
+}
+
+Plan ds_model_plan(const json& c, int stage, MemorySpace optimizer, MemorySpace params) {
+  const int64_t p = c.at("total_params"), l = c.at("largest_layer_params");
+  const int world = c.at("num_gpus_per_node").get<int>() * c.at("num_nodes").get<int>();
+  std::vector<ParamShape> shapes;
+  for (int64_t u = 0; u < p / l; ++u) shapes.push_back({"layer" + std::to_string(u), {l}, static_cast<int>(u), 0});
+  PlanSpec s = device_spec(stage, DType::kF16, world, 0, optimizer, params);
+  s.persistence_threshold = 100000;  // DeepSpeed's default; every layer is above it
+  s.bucket_elems = 500000000;
+  return make_plan(s, build_layout(shapes, world));
+}
+
+TEST(DevicePlan, AgreesWithDeepSpeedsMemoryEstimators) {
+  const json cases = ds_estimates().at("cases");
+  ASSERT_EQ(cases.size(), 3u);
+  for (const json& c : cases) {
+    const uint64_t p = c.at("total_params");
+    const int per_node = c.at("num_gpus_per_node"), nodes = c.at("num_nodes");
+    const uint64_t n = static_cast<uint64_t>(per_node * nodes);
+    ASSERT_EQ(p % (16 * n), 0u);  // no padding: the estimators know none
+    const std::string where = "N = " + std::to_string(n) + " (" + std::to_string(nodes) + " nodes)";
+    auto device_states = [](const Plan& plan) {
+      const MemoryStats m = plan.bytes();
+      return m.device_bytes - m.bucket_bytes - m.gathered_bytes;
+    };
+    auto host_states = [](const Plan& plan) {
+      const MemoryStats m = plan.bytes();
+      return m.host_bytes - m.staging_bytes;
+    };
+    auto ds_gpu_states = [&](const char* key) {
+      const json& e = c.at(key);
+      return e.at("gpu_mem").get<uint64_t>() - e.value("largest_layer_memory", uint64_t{0});
+    };
+    // Per rank, without the buffer factor: cpu_mem = P x K / nodes x 1.5 for the node's per_node ranks.
+    auto ds_cpu_per_rank = [&](const char* key) {
+      return static_cast<uint64_t>(c.at(key).at("cpu_mem").get<double>() / 1.5 / per_node);
+    };
+
+    const Plan s3 = ds_model_plan(c, 3, kDev, kDev);
+    EXPECT_EQ(device_states(s3), ds_gpu_states("zero3_no_offload")) << where;  // 18 P / N
+    const Plan s3_opt = ds_model_plan(c, 3, kPinned, kDev);
+    EXPECT_EQ(device_states(s3_opt), ds_gpu_states("zero3_offload_optimizer")) << where;  // 2 P / N
+    EXPECT_EQ(host_states(s3_opt), ds_cpu_per_rank("zero3_offload_optimizer")) << where;  // 16 P / N
+    const Plan s3_both = ds_model_plan(c, 3, kPinned, kPinned);
+    EXPECT_EQ(device_states(s3_both), ds_gpu_states("zero3_offload_both")) << where;  // 0
+    EXPECT_EQ(host_states(s3_both), ds_cpu_per_rank("zero3_offload_both")) << where;  // 18 P / N
+    const Plan s2_opt = ds_model_plan(c, 2, kPinned, kDev);
+    EXPECT_EQ(device_states(s2_opt), ds_gpu_states("zero2_offload_true")) << where;  // 2 P
+    EXPECT_EQ(host_states(s2_opt), 16 * p / n) << where;
+    const Plan s2 = ds_model_plan(c, 2, kDev, kDev);
+    EXPECT_EQ(device_states(s2) + 2 * p / n, ds_gpu_states("zero2_offload_false")) << where;  // 2 P + 18 P / N
+  }
+}
+
+}  // namespace
+}  // namespace zero
