@@ -21,8 +21,8 @@ Placement place(Extent extent, MemorySpace space, DType dtype, size_t elems) {
 // ZeRO-Offload's host staging. One transfer carries this rank's shard of one reduction: of a bucket at stages 2-3
 // (reduced during backward and copied to the host as it completes), of a unit at stage 1 (reduced in zero_step).
 // Two slots each way, so that one piece crosses the bus while the CPU works on the other: gradient pieces go
-// device to host, and the new params of a piece host to device (only those whose params live on the device:
-// offload_param at stage 3 leaves the persistent units there).
+// device to host, and the new 16-bit params of a piece host to device (only those whose params live on the
+// device: offload_param at stage 3 leaves the persistent units there; fp32 params are sent from the master).
 void plan_offload_staging(const PlanSpec& spec, Plan& plan) {
   size_t grad_piece = 0, param_piece = 0;
   auto add_piece = [&](const std::vector<int>& units) {
@@ -30,7 +30,8 @@ void plan_offload_staging(const PlanSpec& spec, Plan& plan) {
     for (int u : units) {
       const UnitPlan& up = plan.units[static_cast<size_t>(u)];
       grads += up.update_elems;
-      params += up.params.space == MemorySpace::kDevice ? up.update_elems : 0;
+      // fp32 params go to the device from the updated master itself: no slot.
+      params += up.params.space == MemorySpace::kDevice && spec.compute_dtype != DType::kF32 ? up.update_elems : 0;
     }
     grad_piece = std::max(grad_piece, grads);
     param_piece = std::max(param_piece, params);
