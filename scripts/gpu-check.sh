@@ -20,7 +20,7 @@ echo "== building with CUDA for sm_$arch"
 cmake -S . -B build/cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
 cmake --build build/cuda -j "$(nproc)" --target test_gpu_kernels test_gpu_offload zero_unit_tests \
-  bench_gpu_kernels
+  bench_gpu_kernels bench_offload_pipeline
 echo "== GPU tests (they must run: a skip here is a failure)"
 log=$(mktemp)
 ./build/cuda/tests/test_gpu_kernels 2>&1 | tee "$log"
@@ -29,3 +29,5 @@ if grep -q "SKIPPED" "$log"; then echo "gpu-check: GPU tests skipped on a GPU ma
 ./build/cuda/tests/zero_unit_tests --gtest_filter='LaunchTable.*:Kernels.*:OffloadPipeline.*:DevicePlan.*' --gtest_brief=1
 echo "== kernel benchmark (each kernel against a device copy of the same bytes, same run)"
 ./build/cuda/bench_gpu_kernels --sizes 16,64,256 --segments 1,64 --reps "$reps"
+echo "== ZeRO-Offload pipeline (device memory, pinned slots, CUDA streams) against the bus and the CPU alone"
+./build/cuda/bench_offload_pipeline --queue cuda --params 256 --piece 16 --reps 5
