@@ -1,10 +1,12 @@
 #include "memory/ops.hpp"
 
+#include <atomic>
 #include <cstring>
 #include <string>
 
 #include "convert.hpp"
 #include "error.hpp"
+#include "memory/device_ops.hpp"
 #include "optim/kernels.hpp"
 
 namespace zero {
@@ -46,23 +48,44 @@ void host_accumulate_into_zero(void* acc, DType acc_type, const void* src, DType
   accumulate_into_zero(acc, acc_type, src, src_type, n);
 }
 
+std::atomic<const DeviceMemoryOps*> g_device_ops{nullptr};
+
+// The device's operations for a space the CPU cannot address, or ZERO_ERR_UNSUPPORTED.
+const DeviceMemoryOps& device_ops_for(MemorySpace space, const char* what) {
+  const DeviceMemoryOps* ops = space == MemorySpace::kDevice ? g_device_ops.load() : nullptr;
+  if (ops == nullptr) require_host(space, what);  // throws: not host memory, and no device operations for it
+  return *ops;
+}
+
 }  // namespace
 
+void set_device_memory_ops(const DeviceMemoryOps* ops) { g_device_ops.store(ops); }
+const DeviceMemoryOps* device_memory_ops() { return g_device_ops.load(); }
+
 void copy_bytes(MemorySpace dst_space, void* dst, MemorySpace src_space, const void* src, size_t bytes) {
-  require_host(dst_space, "a copy");
-  require_host(src_space, "a copy");
-  if (bytes != 0) std::memcpy(dst, src, bytes);
+  if (host_addressable(dst_space) && host_addressable(src_space)) {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+    return;
+  }
+  // Device memory on either side (an NVMe space on either is an error: the file's state has its own streams).
+  if (!host_addressable(dst_space)) device_ops_for(dst_space, "a copy");
+  const DeviceMemoryOps& ops = device_ops_for(host_addressable(src_space) ? dst_space : src_space, "a copy");
+  if (bytes != 0) ops.copy(dst, src, bytes);
 }
 
 void fill_zero(MemorySpace space, void* p, size_t bytes) {
-  require_host(space, "zeroing");
-  if (bytes != 0) std::memset(p, 0, bytes);
+  if (host_addressable(space)) {
+    if (bytes != 0) std::memset(p, 0, bytes);
+    return;
+  }
+  const DeviceMemoryOps& ops = device_ops_for(space, "zeroing");
+  if (bytes != 0) ops.fill_zero(p, bytes);
 }
 
 const ElementOps& element_ops(MemorySpace space) {
   static const ElementOps host{host_convert, host_accumulate, host_accumulate_into_zero, round_from_f32};
-  require_host(space, "element conversions");
-  return host;
+  if (host_addressable(space)) return host;
+  return device_ops_for(space, "element conversions").element;
 }
 
 }  // namespace zero
