@@ -654,15 +654,23 @@ MemoryStats ParameterStore::memory_stats(size_t buckets_held) const {
 
 MemoryStats ParameterStore::allocated_bytes(uint64_t bucket_bytes) const {
   MemoryStats s;
+  uint64_t device = 0;  // what lives in device memory (a GPU engine's plan); the rest is host memory
   for (const auto& ub : units_) {
     s.param_bytes += ub.params.n_bytes();
     s.grad_bytes += ub.grads.n_bytes();
     s.master_param_bytes += ub.master.n_bytes();
     s.optimizer_state_bytes += ub.state[0].n_bytes() + ub.state[1].n_bytes();
+    for (const Buffer* b : {&ub.params, &ub.grads, &ub.master, &ub.state[0], &ub.state[1]}) {
+      if (b->space() == MemorySpace::kDevice) device += b->n_bytes();
+      if (b->space() == MemorySpace::kPinnedHost) s.pinned_bytes += b->n_bytes();
+    }
   }
   s.bucket_bytes = bucket_bytes;
   s.gathered_bytes = gathered_pool_.allocated_bytes();
-  s.host_bytes = s.total() + param_copy_.size();
+  if (plan_.bucket.space == MemorySpace::kDevice) device += bucket_bytes;
+  if (gathered_pool_.space() == MemorySpace::kDevice) device += s.gathered_bytes;
+  s.device_bytes = device;
+  s.host_bytes = s.total() - device + param_copy_.size();
   s.staging_bytes = param_copy_.size();
   if (nvme_params_ != nullptr) {  // the offloaded param shards, as the file holds them
     const io::NvmeState::Geometry& g = nvme_params_->geometry();

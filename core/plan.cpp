@@ -41,9 +41,12 @@ void plan_offload_staging(const PlanSpec& spec, Plan& plan) {
   } else {
     for (size_t u = 0; u < plan.units.size(); ++u) add_piece({static_cast<int>(u)});
   }
+  // The slots are page-locked whatever pin_memory says: they are small, and a copy from pageable memory would block
+  // the CPU instead of running beside it.
   constexpr size_t kSlots = 2;
-  plan.offload_grad_staging = place(Extent::kFull, spec.optimizer_space, spec.grad_accum_dtype, kSlots * grad_piece);
-  plan.offload_param_staging = place(Extent::kFull, spec.optimizer_space, spec.compute_dtype, kSlots * param_piece);
+  plan.offload_grad_staging =
+      place(Extent::kFull, MemorySpace::kPinnedHost, spec.grad_accum_dtype, kSlots * grad_piece);
+  plan.offload_param_staging = place(Extent::kFull, MemorySpace::kPinnedHost, spec.compute_dtype, kSlots * param_piece);
 }
 
 }  // namespace
@@ -65,6 +68,7 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     fail(ZERO_ERR_INVALID_ARGUMENT, "ZeRO stage " + std::to_string(spec.stage) + " does not exist (0-3)");
   Plan plan;
   plan.stage = spec.stage;
+  plan.space = spec.space;
   plan.world_size = spec.world_size;
   plan.rank = spec.rank;
   plan.compute_dtype = spec.compute_dtype;
@@ -93,6 +97,19 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
          "every rank)");
   if (params_on_host && !shard_params)
     fail(ZERO_ERR_CONFIG, "offloading the params to the CPU needs ZeRO stage 3 (stages 0-2 keep every param)");
+  if (params_on_host && !optimizer_on_host)
+    fail(ZERO_ERR_UNSUPPORTED,
+         "offload_param \"cpu\" without offload_optimizer \"cpu\": the device would update param shards that live "
+         "in host memory; offload the optimizer too (as ZeRO-Infinity does) or keep the params on the device");
+  if (params_on_host && spec.compute_dtype == DType::kF32)
+    fail(ZERO_ERR_UNSUPPORTED,
+         "offload_param \"cpu\" with fp32 params: libzero offloads 16-bit param shards beside the fp32 master "
+         "(bf16.enabled or fp16.enabled); with fp32, offload_optimizer alone keeps the master in host memory");
+  if (space == MemorySpace::kDevice &&
+      (spec.optimizer_space == MemorySpace::kNvme || spec.params_space == MemorySpace::kNvme))
+    fail(ZERO_ERR_UNSUPPORTED,
+         "NVMe offload on a GPU engine is not planned yet (the state would stream NVMe -> host -> device); offload "
+         "to \"cpu\" instead");
   // Offloaded to host memory, the master is separate even for fp32 params: the device's copy is what the
   // framework computes with, the host's is what the CPU updates.
   plan.master_separate = spec.compute_dtype != DType::kF32 || optimizer_on_host;
@@ -229,15 +246,21 @@ std::string Plan::describe() const {
     os << ", grads " << extent_name(first->grads.extent) << " " << dtype_name(grad_accum_dtype);
     os << ", optimizer state " << (sharded_optimizer ? "sharded" : "full");
     if (separate_master()) os << ", fp32 master beside " << dtype_name(compute_dtype) << " params";
-    os << " (" << space_name(first->params.space) << ")";
-    if (first->master.extent != Extent::kNone && first->master.space != first->params.space &&
-        host_addressable(first->master.space))
-      os << "; fp32 master, optimizer state" << (first->grads.space == first->master.space ? ", gradient shards" : "")
-         << " offloaded to " << space_name(first->master.space) << " memory (two " << offload_grad_staging.bytes() / 2
-         << "-byte gradient transfer slots)";
-    bool params_on_host = false;
-    for (const UnitPlan& up : units) params_on_host |= up.sharded_params() && host_addressable(up.params.space);
-    if (params_on_host && first->params.space != MemorySpace::kHost) os << "; param shards offloaded to host memory";
+    os << " (" << space_name(space) << ")";
+    // Spaces from every unit: unit 0 may be a persistent one, or its params offloaded.
+    const Placement* offloaded_state = nullptr;
+    bool params_on_host = false, grads_on_host = false;
+    for (const UnitPlan& up : units) {
+      for (const Placement* p : {&up.master, &up.state[0], &up.state[1]})
+        if (p->extent != Extent::kNone && p->space != space && host_addressable(p->space)) offloaded_state = p;
+      params_on_host |= space == MemorySpace::kDevice && up.sharded_params() && host_addressable(up.params.space);
+      grads_on_host |= space == MemorySpace::kDevice && host_addressable(up.grads.space);
+    }
+    if (offloaded_state != nullptr)
+      os << "; fp32 master, optimizer state" << (grads_on_host ? ", gradient shards" : "") << " offloaded to "
+         << space_name(offloaded_state->space) << " memory (two " << offload_grad_staging.bytes() / 2
+         << "-byte gradient transfer slots, pinned)";
+    if (params_on_host) os << "; param shards offloaded to host memory";
     if (param_offload.enabled)
       os << "; param shards offloaded to NVMe (" << param_offload.file_bytes << " bytes in a file)";
     if (offloaded())

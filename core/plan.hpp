@@ -135,6 +135,7 @@ struct ParamOffloadPlan {
 
 struct Plan {
   int stage = 0;
+  MemorySpace space = MemorySpace::kHost;  // where the model states live unless offloaded (PlanSpec::space)
   int world_size = 1, rank = 0;
   GradReduction reduction = GradReduction::kAllReduceInStep;
   bool sharded_optimizer = false;  // each rank updates its shard (stage 1 on) rather than every element

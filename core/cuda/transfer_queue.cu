@@ -17,8 +17,14 @@ class StreamTransferQueue final : public TransferQueue {
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   }
   ~StreamTransferQueue() override {
-    // The copies already queued finish first (their buffers belong to the caller, who waited or gave up).
-    cudaStreamSynchronize(stream_);
+    // The copies already queued finish first, within the timeout; a stream still busy after it (a device that
+    // stopped) is left as it is, never destroyed under a running copy.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady) {
+      if (std::chrono::steady_clock::now() > deadline) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    cudaGetLastError();
     for (const InFlight& f : in_flight_) cudaEventDestroy(f.event);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
@@ -53,12 +59,17 @@ class StreamTransferQueue final : public TransferQueue {
 
   void wait(Ticket t) override {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
-    while (!done(t)) {
+    for (int polls = 0; !done(t); ++polls) {
       if (std::chrono::steady_clock::now() > deadline)
         fail(ZERO_ERR_TIMEOUT, "copy " + std::to_string(in_flight_.front().ticket) + " (" + in_flight_.front().what +
                                    ") did not complete within " + exact_decimal(timeout_s_) +
                                    " s (libzero.timeout_s); the device may have stopped");
-      std::this_thread::yield();
+      // Spin briefly (a piece's copy takes tens of microseconds to milliseconds), then back off.
+      if (polls < 1000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
     }
   }
 

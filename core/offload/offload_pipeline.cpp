@@ -1,5 +1,6 @@
 #include "offload/offload_pipeline.hpp"
 
+#include <cstring>
 #include <string>
 
 #include "error.hpp"
@@ -30,9 +31,12 @@ OffloadPipeline::OffloadPipeline(std::vector<OffloadPiece> pieces, DType transfe
       state_(pieces_.size(), kNotReady),
       stepped_(pieces_.size(), false) {
   for (size_t p = 0; p < pieces_.size(); ++p) {
+    size_t staged = 0;  // elements whose new params go through a slot: 16-bit params on the device
+    for (const OffloadSegment& seg : pieces_[p].segments)
+      staged += seg.device_params != nullptr && compute_ != DType::kF32 ? seg.args.n : 0;
     const size_t n = pieces_[p].elems();
-    const size_t param_bytes = compute_ == DType::kF32 ? 0 : n * dtype_size(compute_);  // fp32: from the master
-    if (n * dtype_size(transfer_) > buffers_.grad_slot_bytes || param_bytes > buffers_.param_slot_bytes)
+    if (n * dtype_size(transfer_) > buffers_.grad_slot_bytes ||
+        staged * dtype_size(compute_) > buffers_.param_slot_bytes)
       fail(ZERO_ERR_INTERNAL, "offload piece " + std::to_string(p) + " (" + std::to_string(n) +
                                   " elements) does not fit the staging slots the plan allocated");
   }
@@ -70,12 +74,12 @@ void OffloadPipeline::accumulate(size_t slot) {
   s.piece = -1;
 }
 
-void OffloadPipeline::gradients_ready(size_t p) {
+TransferQueue::Ticket OffloadPipeline::gradients_ready(size_t p) {
   if (p >= pieces_.size() || state_[p] != kNotReady)
     fail(ZERO_ERR_INTERNAL, "offload piece " + std::to_string(p) + " made ready twice in one micro-step");
   const size_t slot = next_grad_slot_;
+  if (grad_slots_[slot].piece >= 0) accumulate(slot);  // the older piece in it goes first (may throw: nothing moved)
   next_grad_slot_ = (next_grad_slot_ + 1) % 2;
-  if (grad_slots_[slot].piece >= 0) accumulate(slot);  // the older piece in it goes first
   char* dst = static_cast<char*>(buffers_.grad_slots[slot]);
   const std::string what = "the gradients of offload piece " + std::to_string(p) + " to the host";
   TransferQueue::Ticket last = 0;
@@ -86,6 +90,7 @@ void OffloadPipeline::gradients_ready(size_t p) {
   }
   grad_slots_[slot] = Slot{static_cast<long>(p), last};
   state_[p] = kOnItsWay;
+  return last;
 }
 
 void OffloadPipeline::finish_gradients() {
@@ -105,27 +110,31 @@ void OffloadPipeline::step(size_t p, StepKernel kernel, const std::vector<StepSc
   }
   if (state_[p] != kAccumulated)
     fail(ZERO_ERR_INTERNAL, "offload piece " + std::to_string(p) + " stepped before its gradients were ready");
+  for (const OffloadSegment& seg : pieces_[p].segments)
+    if (seg.group < 0 || static_cast<size_t>(seg.group) >= per_group.size())
+      fail(ZERO_ERR_INTERNAL, "offload segment of group " + std::to_string(seg.group) + " without step scalars");
   const size_t slot = next_param_slot_;
-  next_param_slot_ = (next_param_slot_ + 1) % 2;
   Slot& ps = param_slots_[slot];
   if (ps.piece >= 0) to_device_.wait(ps.last);  // its new params have left the slot
+  next_param_slot_ = (next_param_slot_ + 1) % 2;
   char* out = static_cast<char*>(buffers_.param_slots[slot]);
   const std::string what = "the new params of offload piece " + std::to_string(p) + " to the device";
   TransferQueue::Ticket last = 0;
   for (const OffloadSegment& seg : pieces_[p].segments) {
-    if (static_cast<size_t>(seg.group) >= per_group.size())
-      fail(ZERO_ERR_INTERNAL, "offload segment of group " + std::to_string(seg.group) + " without step scalars");
     KernelArgs a = seg.args;
     a.grad = seg.host_grad;
     a.s = per_group[static_cast<size_t>(seg.group)];
-    // 16-bit params are written into the slot; fp32 params are the updated master itself, which stays unchanged
-    // until the next step (finish_params comes first), so it goes to the device from where it is.
+    // 16-bit params on the device are written into the slot; fp32 params are the updated master itself, which
+    // stays unchanged until the next step (finish_params comes first), so it goes to the device from where it is.
     const bool staged = seg.device_params != nullptr && compute_ != DType::kF32;
     if (staged) a.copy = out;
     parallel_step(kernel, a, threads);
     const size_t bytes = seg.args.n * dtype_size(compute_);
     if (seg.device_params != nullptr && bytes > 0)
       last = to_device_.copy(seg.device_params, staged ? static_cast<const void*>(out) : a.master, bytes, what);
+    // fp32 params in host memory apart from the master (the kernel writes no copy in fp32): copied here.
+    if (seg.device_params == nullptr && compute_ == DType::kF32 && seg.args.copy != nullptr && bytes > 0)
+      std::memcpy(seg.args.copy, a.master, bytes);
     if (staged) out += bytes;
   }
   ps = Slot{static_cast<long>(p), last};

@@ -24,8 +24,8 @@ namespace zero {
 struct OffloadSegment {
   const void* device_grad = nullptr;  // the reduced gradients on the device, in the transfer dtype
   void* host_grad = nullptr;          // their accumulator in host memory, in the gradient dtype
-  // Where the new params go on the device (compute dtype); null when args.copy already points at host params
-  // (offload_param at stage 3) or there is no copy (kNone).
+  // Where the new params go on the device (compute dtype); null when they live in host memory (offload_param at
+  // stage 3: args.copy points at them; with fp32 params the master is copied there) or there is no copy.
   void* device_params = nullptr;
   int group = 0;    // the param group whose StepScalars it is stepped with
   KernelArgs args;  // master, state0/1, n, first_index on the host; grad, copy (with device_params) and s are set here
@@ -58,8 +58,9 @@ class OffloadPipeline {
   // A micro-step begins: its gradients are written into the accumulators (first) or added to them.
   void begin_micro_step(bool first);
   // Piece p's reduction has completed on the device: its gradients start for the host, into the next slot (when
-  // both are taken, the older piece is waited for and accumulated first). Once per piece per micro-step.
-  void gradients_ready(size_t p);
+  // both are taken, the older piece is waited for and accumulated first). Once per piece per micro-step. Returns
+  // the ticket of its last copy on `to_host`: the device's reduced gradients may be overwritten once it is done.
+  TransferQueue::Ticket gradients_ready(size_t p);
   // Every piece made ready so far is accumulated (the micro-step's end; the step's norm reads the accumulators).
   void finish_gradients();
   // Steps piece p (accumulating it first if it is still on its way) with `kernel` and each group's scalars; its

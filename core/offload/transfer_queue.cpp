@@ -30,8 +30,9 @@ TransferQueue::Ticket HostTransferQueue::copy(void* dst, const void* src, size_t
 
 bool HostTransferQueue::done(Ticket t) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (completed_ >= t) return true;  // even after a later copy failed, as a CUDA event would say
   rethrow_failure_locked();
-  return completed_ >= t;
+  return false;
 }
 
 void HostTransferQueue::wait(Ticket t) {
@@ -45,7 +46,7 @@ void HostTransferQueue::wait(Ticket t) {
                                  " s (libzero.timeout_s); the copy engine may have stopped");
     }
   }
-  rethrow_failure_locked();
+  if (completed_ < t) rethrow_failure_locked();
 }
 
 void HostTransferQueue::rethrow_failure_locked() const {

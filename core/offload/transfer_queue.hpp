@@ -25,7 +25,7 @@ class TransferQueue {
   // Enqueues `bytes` bytes from src to dst and returns their ticket; both must stay valid until it is done.
   // `what` names the copy in errors ("the gradients of piece 3 to the host").
   virtual Ticket copy(void* dst, const void* src, size_t bytes, const std::string& what) = 0;
-  // Whether ticket t has completed (throws the error of a failed copy).
+  // Whether ticket t has completed (throws the error of a failed copy at or before t).
   virtual bool done(Ticket t) = 0;
   // Until ticket t has completed: ZERO_ERR_TIMEOUT naming the oldest unfinished copy after the queue's timeout,
   // or the error of a copy that failed. No caller waits forever on a copy engine that stopped.
@@ -35,7 +35,8 @@ class TransferQueue {
 class HostTransferQueue final : public TransferQueue {
  public:
   // Called on the queue's thread before each copy with its ticket: tests delay, stall or fail copies with it
-  // (a throw fails that copy and every later wait).
+  // (a throw fails that copy and every wait for it or a later one). It must return: the destructor joins the
+  // thread.
   using BeforeCopy = std::function<void(Ticket)>;
   explicit HostTransferQueue(double timeout_s, BeforeCopy before_copy = nullptr);
   // Finishes the copies already queued, then stops the thread.

@@ -59,19 +59,26 @@ TEST_F(GpuOffload, SameBitsAsTheStepWithoutOffload) {
       Model want = make_model(c.transfer, c.grad, c.compute, micro_steps, 21);
       reference(want, steps, micro_steps);
       Model got = make_model(c.transfer, c.grad, c.compute, micro_steps, 21);
-      // The device side: every micro-step's reduced gradients and the params.
+      // The device side: each segment's bucket (its reduced gradients, rewritten every micro-step) and params.
       struct DeviceSegment {
-        std::vector<std::unique_ptr<DeviceBuffer<char>>> grads;
-        std::unique_ptr<DeviceBuffer<char>> params;
+        std::unique_ptr<DeviceBuffer<char>> bucket, params;
       };
       std::vector<std::vector<DeviceSegment>> device(got.pieces.size());
       size_t largest = 0;
+      std::vector<OffloadPiece> pieces(got.pieces.size());
       for (size_t p = 0; p < got.pieces.size(); ++p) {
         size_t n = 0;
         for (SegmentData& s : got.pieces[p]) {
           DeviceSegment d;
-          for (const auto& g : s.device_grads) d.grads.push_back(std::make_unique<DeviceBuffer<char>>(g));
+          d.bucket = std::make_unique<DeviceBuffer<char>>(s.device_grads[0].size());
           d.params = std::make_unique<DeviceBuffer<char>>(s.device_params);
+          OffloadSegment seg;
+          seg.device_grad = d.bucket->get();
+          seg.host_grad = s.host_grad.data();
+          seg.device_params = d.params->get();
+          seg.group = s.group;
+          seg.args = host_args(s, c.grad);
+          pieces[p].segments.push_back(seg);
           device[p].push_back(std::move(d));
           n += s.n;
         }
@@ -86,29 +93,25 @@ TEST_F(GpuOffload, SameBitsAsTheStepWithoutOffload) {
       buffers.grad_slot_bytes = largest * dtype_size(c.transfer);
       buffers.param_slot_bytes = param_bytes;
       auto to_host = cuda::make_transfer_queue(60.0), to_device = cuda::make_transfer_queue(60.0);
-      for (int step = 1; step <= steps; ++step)
-        for (int k = 0; k < micro_steps; ++k) {
-          std::vector<OffloadPiece> pieces(got.pieces.size());
-          for (size_t p = 0; p < got.pieces.size(); ++p)
-            for (size_t i = 0; i < got.pieces[p].size(); ++i) {
-              SegmentData& s = got.pieces[p][i];
-              OffloadSegment seg;
-              seg.device_grad = device[p][i].grads[static_cast<size_t>(k)]->get();
-              seg.host_grad = s.host_grad.data();
-              seg.device_params = device[p][i].params->get();
-              seg.group = s.group;
-              seg.args = host_args(s, c.grad);
-              pieces[p].segments.push_back(seg);
+      {
+        // One pipeline over every micro-step and step, as an engine keeps it.
+        OffloadPipeline pipe(std::move(pieces), c.transfer, c.grad, c.compute, buffers, *to_host, *to_device);
+        for (int step = 1; step <= steps; ++step)
+          for (int k = 0; k < micro_steps; ++k) {
+            for (size_t p = 0; p < got.pieces.size(); ++p)
+              for (size_t i = 0; i < got.pieces[p].size(); ++i)
+                device[p][i].bucket->upload(got.pieces[p][i].device_grads[static_cast<size_t>(k)]);
+            // The "reduction" (an upload on the legacy stream) is complete before the copy stream reads it.
+            cuda_ok(cudaDeviceSynchronize(), "the micro-step's gradients");
+            pipe.begin_micro_step(k == 0);
+            for (size_t p = pipe.pieces(); p-- > 0;) pipe.gradients_ready(p);  // backward order
+            pipe.finish_gradients();
+            if (k == micro_steps - 1) {
+              for (size_t p = 0; p < pipe.pieces(); ++p) pipe.step(p, kernel_for(c.grad, c.compute), scalars(step), 1);
+              pipe.finish_params();
             }
-          OffloadPipeline pipe(std::move(pieces), c.transfer, c.grad, c.compute, buffers, *to_host, *to_device);
-          pipe.begin_micro_step(k == 0);
-          for (size_t p = pipe.pieces(); p-- > 0;) pipe.gradients_ready(p);  // backward order
-          pipe.finish_gradients();
-          if (k == micro_steps - 1) {
-            for (size_t p = 0; p < pipe.pieces(); ++p) pipe.step(p, kernel_for(c.grad, c.compute), scalars(step), 1);
-            pipe.finish_params();
           }
-        }
+      }
       for (size_t p = 0; p < got.pieces.size(); ++p)
         for (size_t i = 0; i < got.pieces[p].size(); ++i)
           got.pieces[p][i].device_params = device[p][i].params->download();

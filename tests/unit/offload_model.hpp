@@ -28,6 +28,7 @@ struct SegmentData {
   int group = 0;
   uint64_t first_index = 0;
   std::vector<std::vector<char>> device_grads;  // per micro-step, transfer dtype
+  std::vector<char> bucket;                     // the device's reduced gradients of the current micro-step
   std::vector<char> device_params;              // compute dtype
   std::vector<char> host_grad;                  // grad dtype
   std::vector<float> master, state0, state1;
@@ -61,6 +62,7 @@ inline Model make_model(DType transfer, DType grad, DType compute, int micro_ste
         s.device_grads.emplace_back(n * dtype_size(transfer));
         convert(s.device_grads.back().data(), transfer, g.data(), DType::kF32, n);
       }
+      s.bucket.resize(n * dtype_size(transfer));
       s.master.resize(n);
       for (float& x : s.master) x = normal(rng);
       s.state0.assign(n, 0.0f);

@@ -26,34 +26,53 @@ using namespace offload_test;
 
 enum class Order { kReadyThenStep, kStepAsReady, kBackwardOrder };
 
-OffloadPipeline make_pipeline(Model& m, Staging& st, TransferQueue& to_host, TransferQueue& to_device, int micro) {
+// Where a segment's new params go: to the "device" (through a param slot, or from the master with fp32), or
+// straight into host memory (offload_param: args.copy is the params, no slot).
+enum class Params { kOnDevice, kOnHost };
+
+// One pipeline over every micro-step, as an engine keeps it: each segment's gradients arrive in one "device"
+// buffer (its bucket) rewritten before each micro-step.
+OffloadPipeline make_pipeline(Model& m, Staging& st, TransferQueue& to_host, TransferQueue& to_device,
+                              Params params = Params::kOnDevice) {
   std::vector<OffloadPiece> pieces;
   for (auto& piece : m.pieces) {
     pieces.emplace_back();
     for (SegmentData& s : piece) {
       OffloadSegment seg;
-      seg.device_grad = s.device_grads[static_cast<size_t>(micro)].data();
+      seg.device_grad = s.bucket.data();
       seg.host_grad = s.host_grad.data();
-      seg.device_params = s.device_params.data();
       seg.group = s.group;
       seg.args = host_args(s, m.grad);
+      if (params == Params::kOnDevice) {
+        seg.device_params = s.device_params.data();
+      } else {
+        seg.args.copy = s.device_params.data();
+      }
       pieces.back().segments.push_back(seg);
     }
   }
   return OffloadPipeline(std::move(pieces), m.transfer, m.grad, m.compute, st.buffers, to_host, to_device);
 }
 
-// The pipeline over `steps` steps of `micro_steps` micro-steps; each micro-step's pieces point at that
-// micro-step's device gradients (a real engine reuses one bucket; here each micro-step has its own arrays).
-void offloaded(Model& m, int steps, int micro_steps, Order order, TransferQueue& to_host, TransferQueue& to_device) {
+// The reduction of micro-step k lands in the buckets (after the previous micro-step's copies are done).
+void reduce_into_buckets(Model& m, int k) {
+  for (auto& piece : m.pieces)
+    for (SegmentData& s : piece) s.bucket = s.device_grads[static_cast<size_t>(k)];
+}
+
+// `steps` steps of `micro_steps` micro-steps through one pipeline.
+void offloaded(Model& m, int steps, int micro_steps, Order order, TransferQueue& to_host, TransferQueue& to_device,
+               Params params = Params::kOnDevice) {
   Staging st = staging_for(m);
+  if (params == Params::kOnHost) st.buffers.param_slot_bytes = 0;  // no param is staged: the plan gives no slot
+  OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device, params);
   const size_t n = m.pieces.size();
   std::vector<size_t> ready(n);
   for (size_t p = 0; p < n; ++p) ready[p] = order == Order::kBackwardOrder ? n - 1 - p : p;
   for (int step = 1; step <= steps; ++step) {
     const auto per_group = scalars(step);
     for (int k = 0; k < micro_steps; ++k) {
-      OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device, k);
+      reduce_into_buckets(m, k);
       pipe.begin_micro_step(k == 0);
       const bool last = k == micro_steps - 1;
       for (size_t p : ready) {
@@ -62,7 +81,7 @@ void offloaded(Model& m, int steps, int micro_steps, Order order, TransferQueue&
         // next piece's transfer.
         if (last && order == Order::kStepAsReady) pipe.step(p, kernel_for(m.grad, m.compute), per_group, 1);
       }
-      pipe.finish_gradients();
+      pipe.finish_gradients();  // the buckets may be rewritten now
       if (last && order != Order::kStepAsReady)
         for (size_t p = 0; p < n; ++p) pipe.step(p, kernel_for(m.grad, m.compute), per_group, 1);
       if (last) pipe.finish_params();
@@ -87,6 +106,10 @@ TEST(OffloadPipeline, SameBitsAsTheStepInPlaceInEveryOrder) {
         HostTransferQueue to_host(30.0), to_device(30.0);
         offloaded(got, 2, micro_steps, order, to_host, to_device);
         expect_same(want, got, what);
+        // The params in host memory instead (offload_param): written by the step itself, no slot.
+        Model on_host = make_model(c.transfer, c.grad, c.compute, micro_steps, 7);
+        offloaded(on_host, 2, micro_steps, order, to_host, to_device, Params::kOnHost);
+        expect_same(want, on_host, what + ", params in host memory");
       }
 }
 
@@ -120,7 +143,8 @@ TEST(OffloadPipeline, TwoPiecesCrossTheBusWhileTheCpuWaitsForNone) {
     while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   HostTransferQueue to_device(30.0);
-  OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device, 0);
+  reduce_into_buckets(m, 0);
+  OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device);
   pipe.begin_micro_step(true);
   pipe.gradients_ready(0);
   pipe.gradients_ready(1);  // returns: no copy has run yet
@@ -144,8 +168,13 @@ TEST(OffloadPipeline, AStalledCopyIsATimeoutNamingIt) {
   HostTransferQueue to_host(0.2, [&](TransferQueue::Ticket t) {
     while (t == 2 && !release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
+  // However the test ends, the stalled copy is let go before the queue joins its thread.
+  struct Release {
+    std::atomic<bool>& flag;
+    ~Release() { flag = true; }
+  } guard{release};
   HostTransferQueue to_device(30.0);
-  OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device, 0);
+  OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device);
   pipe.begin_micro_step(true);
   pipe.gradients_ready(0);  // piece 0: copies 1 and 2 (two segments)
   pipe.gradients_ready(1);
@@ -157,7 +186,6 @@ TEST(OffloadPipeline, AStalledCopyIsATimeoutNamingIt) {
     EXPECT_NE(std::string(e.what()).find("the gradients of offload piece 0 to the host"), std::string::npos)
         << e.what();
   }
-  release = true;  // the queue's thread finishes before it is destroyed
 }
 
 TEST(OffloadPipeline, AFailedCopyFailsTheStepWithItsStatus) {
@@ -167,7 +195,7 @@ TEST(OffloadPipeline, AFailedCopyFailsTheStepWithItsStatus) {
   HostTransferQueue to_device(30.0, [](TransferQueue::Ticket t) {
     if (t == 3) fail(ZERO_ERR_INTERNAL, "cudaMemcpyAsync: an illegal memory access was encountered");
   });
-  OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device, 0);
+  OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device);
   pipe.begin_micro_step(true);
   for (size_t p = 0; p < pipe.pieces(); ++p) pipe.gradients_ready(p);
   pipe.finish_gradients();
@@ -182,12 +210,32 @@ TEST(OffloadPipeline, AFailedCopyFailsTheStepWithItsStatus) {
   }
 }
 
+TEST(HostTransferQueue, ACompletedCopyStaysDoneAfterALaterOneFails) {
+  std::vector<char> a(64, 1), b(64, 0);
+  HostTransferQueue q(30.0, [](TransferQueue::Ticket t) {
+    if (t == 2) fail(ZERO_ERR_IO, "the second copy fails");
+  });
+  const TransferQueue::Ticket first = q.copy(b.data(), a.data(), 64, "first");
+  q.wait(first);
+  const TransferQueue::Ticket second = q.copy(b.data(), a.data(), 64, "second");
+  EXPECT_THROW(q.wait(second), Error);
+  EXPECT_TRUE(q.done(first));  // as a CUDA event of an earlier copy would say
+  EXPECT_NO_THROW(q.wait(first));
+  try {
+    q.copy(b.data(), a.data(), 64, "third");
+    FAIL() << "a queue that failed took another copy";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), ZERO_ERR_IO);
+    EXPECT_NE(std::string(e.what()).find("second"), std::string::npos) << e.what();
+  }
+}
+
 TEST(OffloadPipeline, MisuseIsAnInternalErrorNotCorruption) {
   Model m = make_model(DType::kF32, DType::kF32, DType::kBF16, 1, 13);
   Staging st = staging_for(m);
   HostTransferQueue to_host(30.0), to_device(30.0);
   {
-    OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device, 0);
+    OffloadPipeline pipe = make_pipeline(m, st, to_host, to_device);
     pipe.begin_micro_step(true);
     EXPECT_THROW(pipe.step(0, kernel_for(DType::kF32, DType::kBF16), scalars(1), 1), Error);  // not ready
     pipe.gradients_ready(0);
@@ -196,7 +244,7 @@ TEST(OffloadPipeline, MisuseIsAnInternalErrorNotCorruption) {
   }
   Staging small = staging_for(m);
   small.buffers.grad_slot_bytes = 16;
-  EXPECT_THROW(make_pipeline(m, small, to_host, to_device, 0), Error);  // a piece larger than its slot
+  EXPECT_THROW(make_pipeline(m, small, to_host, to_device), Error);  // a piece larger than its slot
 }
 
 }  // namespace

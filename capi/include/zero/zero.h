@@ -571,7 +571,8 @@ typedef struct zero_memory_stats {
   size_t struct_size;
   uint64_t param_bytes;           /* compute-dtype params: full (stages 0-2) or shards + persistent units (3) */
   uint64_t grad_bytes;            /* full gradients (stages 0-1) or fp32 shard accumulators (stages 2-3) */
-  uint64_t master_param_bytes;    /* separate fp32 master copy; 0 when params are fp32 (the master aliases them) */
+  uint64_t master_param_bytes;    /* separate fp32 master copy; 0 when params are fp32 (the CPU engine's master
+                                   * aliases them) */
   uint64_t optimizer_state_bytes; /* e.g. Adam's m and v */
   uint64_t bucket_bytes;          /* gradient buckets (stages 2-3) */
   uint64_t gathered_bytes;        /* buffers for gathered units (stage 3) */
