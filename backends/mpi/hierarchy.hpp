@@ -31,10 +31,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/rank_order_sum.hpp"
@@ -92,6 +94,12 @@ class Hierarchy {
     h->partial_out_req_.assign(kSlots, MPI_REQUEST_NULL);
     h->final_out_req_.assign(kSlots * static_cast<size_t>(h->nodes_), MPI_REQUEST_NULL);
     h->final_in_req_.assign(kSlots, MPI_REQUEST_NULL);
+#ifdef ZERO_TEST_HOOKS
+    // The last node folds each chunk this much later, so that the nodes before it wait for their reduced blocks
+    // with their next partial sums already arrived (the state a retest of a completed receive went wrong in).
+    if (const char* slow = std::getenv("ZERO_TEST_MPI_SLOW_LAST_NODE_US"); slow != nullptr)
+      h->slow_last_node_us_ = std::atoi(slow);
+#endif
     return h;
   }
 
@@ -131,6 +139,10 @@ class Hierarchy {
     bool first = true;    // the first chunk (descriptors are written and checked)
     // Reduce-scatter: partial sums received ahead, final blocks received and copied in.
     uint64_t partials_posted = 0, finals_posted = 0, finals_done = 0;
+    // The chunk's partial sums from node k - 1 have arrived and been checked. Their receive's request is null
+    // from then on, and MPI_Test of a null request reports an empty message: it must not be tested again when the
+    // fold waits for something else.
+    bool partial_ready = false;
     // All-gather: the exchange over the column, started and completed.
     bool exchange_started = false, exchanged = false;
   };
@@ -321,16 +333,8 @@ class Hierarchy {
         if (!local_peers_agree(op)) return Progress::kMismatch;
         op.phase = kFold;
       }
-      // The fold needs node k - 1's partial sums and free message slots.
-      if (k > 0) {
-        bool arrived = false;
-        MPI_Status status;
-        if (!test(partial_in_req_[t % kSlots], arrived, "MPI_Test (partial sums)", &status)) return test_failure();
-        if (!arrived) return Progress::kWaiting;
-        if (!header_matches(partial_in(t), status, kHeader + static_cast<size_t>(nodes_) * m * 4, op, t, k - 1,
-                            "partial sums"))
-          return Progress::kMismatch;
-      }
+      // The fold needs free message slots and node k - 1's partial sums. (Testing a send that completed again is
+      // harmless; a receive is tested until it arrives, once: see Op::partial_ready.)
       if (k < last) {
         bool sent = false;
         if (!test(partial_out_req_[t % kSlots], sent, "MPI_Test (partial sums sent)")) return Progress::kFailed;
@@ -344,6 +348,18 @@ class Hierarchy {
           if (!sent) return Progress::kWaiting;
         }
       }
+      if (k > 0 && !op.partial_ready) {
+        bool arrived = false;
+        MPI_Status status;
+        if (!test(partial_in_req_[t % kSlots], arrived, "MPI_Test (partial sums)", &status)) return test_failure();
+        if (!arrived) return Progress::kWaiting;
+        if (!header_matches(partial_in(t), status, kHeader + static_cast<size_t>(nodes_) * m * 4, op, t, k - 1,
+                            "partial sums"))
+          return Progress::kMismatch;
+        op.partial_ready = true;
+      }
+      if (k == last && slow_last_node_us_ > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(slow_last_node_us_));
       // Block nL + local_ for every node n: the node's ranks in order, after node k - 1's sum.
       const float* prefix = k > 0 ? reinterpret_cast<const float*>(partial_in(t) + kHeader) : nullptr;
       float* partials = reinterpret_cast<float*>(partial_out(t) + kHeader);
@@ -384,6 +400,7 @@ class Hierarchy {
         }
       }
       op.phase = kCopy;
+      op.partial_ready = false;
       ++op.chunk;
       ++done;
     }
@@ -505,6 +522,7 @@ class Hierarchy {
   std::vector<const void*> sources_;
   std::string error_;
   bool truncated_ = false;
+  int slow_last_node_us_ = 0;  // test hook (ZERO_TEST_MPI_SLOW_LAST_NODE_US)
 };
 
 }  // namespace zero_mpi
