@@ -5,6 +5,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_kernels.hpp"
 #include "dtype.hpp"
+#include "memory/ops.hpp"
 #include "optim/element_ops.hpp"
 
 namespace zero {
@@ -50,9 +51,7 @@ unsigned grid_for(size_t n) {
 }
 
 void require_disjoint(const void* a, size_t a_bytes, const void* b, size_t b_bytes, const char* what) {
-  const char* x = static_cast<const char*>(a);
-  const char* y = static_cast<const char*>(b);
-  if (x < y + b_bytes && y < x + a_bytes)
+  if (ranges_overlap(a, a_bytes, b, b_bytes))
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(what) + ": on the GPU, source and destination must not overlap");
 }
 

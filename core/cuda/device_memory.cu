@@ -121,21 +121,18 @@ void device_fill_zero(void* p, size_t bytes) {
   sync("zeroing device memory");
 }
 
-bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 [[noreturn]] void unsupported(const std::string& what) {
   fail(ZERO_ERR_UNSUPPORTED, what +
-                                 " on device memory is not implemented (the engine's device paths need only "
-                                 "fp32 <-> bf16/fp16 conversions and accumulation into fp32, apart)");
+                                 " on device memory is refused: the device runs fp32 <-> bf16/fp16 conversions "
+                                 "and accumulation into fp32 between separate buffers, which is all the engine's "
+                                 "device paths ask of it");
 }
 
 void device_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
   if (n == 0) return;
   if (dst_type == src_type) return dst == src ? void() : device_copy(dst, src, n * dtype_size(dst_type));
-  if (overlap(dst, n * dtype_size(dst_type), src, n * dtype_size(src_type))) unsupported("an in-place conversion");
+  if (ranges_overlap(dst, n * dtype_size(dst_type), src, n * dtype_size(src_type)))
+    unsupported("an in-place conversion");
   if (src_type == DType::kF32) {
     launch_narrow(dst_type, dst, static_cast<const float*>(src), n, nullptr);
   } else if (dst_type == DType::kF32) {
@@ -149,7 +146,7 @@ void device_convert(void* dst, DType dst_type, const void* src, DType src_type, 
 void device_accumulate_impl(void* acc, DType acc_type, const void* src, DType src_type, size_t n, bool into_zero) {
   if (n == 0) return;
   if (acc_type != DType::kF32) unsupported(std::string("accumulation into ") + dtype_name(acc_type));
-  if (overlap(acc, n * 4, src, n * dtype_size(src_type))) unsupported("an accumulation into its own source");
+  if (ranges_overlap(acc, n * 4, src, n * dtype_size(src_type))) unsupported("an accumulation into its own source");
   launch_accumulate(src_type, static_cast<float*>(acc), src, n, into_zero, nullptr);
   sync("an accumulation on the device");
 }

@@ -18,16 +18,11 @@ void require_host(MemorySpace space, const char* what) {
                                    " memory: this build of libzero has no implementation for that space");
 }
 
-bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
-  return x < y + b_bytes && y < x + a_bytes;
-}
-
 // Host memory: the SIMD conversion kernels where the dtypes and the overlap allow them (fp32 <-> bf16/fp16, the
 // gradient paths of mixed precision), core/convert.hpp otherwise; the same bits either way.
 void host_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
   const size_t dst_bytes = n * dtype_size(dst_type), src_bytes = n * dtype_size(src_type);
-  const bool apart = !overlap(dst, dst_bytes, src, src_bytes);
+  const bool apart = !ranges_overlap(dst, dst_bytes, src, src_bytes);
   const KernelTable& k = kernels(active_isa());
   if (src_type == DType::kF32 && dst_type != DType::kF32 && (apart || dst <= src))
     return k.narrow[static_cast<int>(dst_type)](dst, src, n);
@@ -37,13 +32,13 @@ void host_convert(void* dst, DType dst_type, const void* src, DType src_type, si
 }
 
 void host_accumulate(void* acc, DType acc_type, const void* src, DType src_type, size_t n) {
-  if (acc_type == DType::kF32 && !overlap(acc, n * 4, src, n * dtype_size(src_type)))
+  if (acc_type == DType::kF32 && !ranges_overlap(acc, n * 4, src, n * dtype_size(src_type)))
     return kernels(active_isa()).accumulate[static_cast<int>(src_type)](acc, src, n);
   accumulate(acc, acc_type, src, src_type, n);
 }
 
 void host_accumulate_into_zero(void* acc, DType acc_type, const void* src, DType src_type, size_t n) {
-  if (acc_type == DType::kF32 && !overlap(acc, n * 4, src, n * dtype_size(src_type)))
+  if (acc_type == DType::kF32 && !ranges_overlap(acc, n * 4, src, n * dtype_size(src_type)))
     return kernels(active_isa()).accumulate_into_zero[static_cast<int>(src_type)](acc, src, n);
   accumulate_into_zero(acc, acc_type, src, src_type, n);
 }

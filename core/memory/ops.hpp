@@ -11,6 +11,12 @@
 
 namespace zero {
 
+// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+inline bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char *x = static_cast<const char*>(a), *y = static_cast<const char*>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
 // Copies `bytes` from src to dst (they must not overlap).
 void copy_bytes(MemorySpace dst_space, void* dst, MemorySpace src_space, const void* src, size_t bytes);
 void fill_zero(MemorySpace space, void* p, size_t bytes);
