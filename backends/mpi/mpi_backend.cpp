@@ -533,8 +533,12 @@ class Backend {
   // one sender's messages, not across senders, and that rank's own notice may arrive after this one's. One relay,
   // not every notice heard: a cascade over N ranks then costs O(N) messages per rank. Only from the thread inside
   // libzero's calls, which owns the peers' records (abort() from another thread sends its own notice alone).
-  void say_goodbye(const std::string& reason) {
-    if (finalized_ || mpi_gone_ || goodbye_sent_.exchange(true)) return;
+  // An abort requested earlier is the reason whatever the occasion (a destructor, an exit hook, a failure): its
+  // notice may not have left yet (the thread that called zero_engine_abort may not call MPI, and the libzero
+  // thread may have left its call before it saw the request).
+  void say_goodbye(const std::string& occasion) {
+    if (finalized_ || mpi_gone_ || ctl_ == MPI_COMM_NULL || goodbye_sent_.exchange(true)) return;
+    const std::string reason = abort_requested_.load() ? abort_reason() : occasion;
     int first = -1;
     if (std::this_thread::get_id() == caller_)
       for (int r = 0; r < size_; ++r)
@@ -676,9 +680,19 @@ class Backend {
 
  private:
   // Marks the thread inside the backend, so that abort() from another thread knows not to call MPI.
+  // Leaving, it sends the notice of an abort requested meanwhile by a thread that saw in_call_ and left it to this
+  // one (its wait loop may have returned before it saw the request). in_call_ and abort_requested_ are sequentially
+  // consistent, each thread writing its own and then reading the other's, so one of the two threads sends it.
   struct InCall {
     explicit InCall(Backend* b) : b_(b) { b_->in_call_.store(true); }
-    ~InCall() { b_->in_call_.store(false); }
+    ~InCall() {
+      b_->in_call_.store(false);
+      if (!b_->abort_requested_.load() || b_->goodbye_sent_.load()) return;
+      try {
+        b_->say_goodbye(b_->abort_reason());
+      } catch (...) {  // a destructor: the next call or the teardown sends it
+      }
+    }
     Backend* b_;
   };
 

@@ -24,6 +24,10 @@
  *   abort-thread     rank 0 waits in zero_step for a rank that is late; another thread of rank 0 calls
  *                    zero_engine_abort: the waiting call returns ZERO_ERR_ABORTED within a second, and the late rank
  *                    gets ZERO_ERR_REMOTE when it arrives.
+ *   abort-idle       another thread of rank 0 calls zero_engine_abort while rank 0 is in no libzero call (at
+ *                    MPI_THREAD_SERIALIZED that thread may not call MPI, so the notice waits for rank 0's thread);
+ *                    rank 0 then destroys its engine and communicator: the others' zero_step names the abort, not
+ *                    only the destruction that followed it.
  *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
  *                    and loads it back.
  *   fail-in-group    stage 2: the last rank fails after a bucket's reduce-scatters were started together (a
@@ -467,6 +471,29 @@ static void abort_thread(zero_comm_t* comm) {
   zero_engine_destroy(engine);
 }
 
+static void* abort_now(void* engine) {
+  zero_engine_abort((zero_engine_t*)engine);
+  return NULL;
+}
+
+static void abort_idle(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
+  micro_step(engine, ids);
+  if (g_rank == 0) {
+    pthread_t thread;
+    pthread_create(&thread, NULL, abort_now, engine);
+    pthread_join(thread, NULL);
+    zero_engine_destroy(engine);
+    return;
+  }
+  const double t = now();
+  const zero_status_t s = zero_step(NULL, engine);
+  expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t, 5.0,
+                "zero_step after rank 0 aborted and left");
+  zero_engine_destroy(engine);
+}
+
 static void wrong_call(zero_comm_t* comm, const char* scenario) {
   int32_t ids[kNumParams];
   zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
@@ -575,6 +602,8 @@ int main(int argc, char** argv) {
     stall(comm);
   else if (strcmp(g_scenario, "abort-thread") == 0)
     abort_thread(comm);
+  else if (strcmp(g_scenario, "abort-idle") == 0)
+    abort_idle(comm);
   else if (strcmp(g_scenario, "emergency-save") == 0)
     emergency_save(comm);
   else if (strcmp(g_scenario, "bad-unit") == 0 || strcmp(g_scenario, "early-step") == 0)
