@@ -37,8 +37,9 @@ void CallGuard::agree(const char* call, const CallTag& tag, const Error* local, 
 }
 
 void CallGuard::abort() {
-  aborted_.store(true);
+  // The communicator first: a call failing for aborted_ then finds the backend told (see Communicator::abort).
   comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));  // the rank, for the others
+  aborted_.store(true);
 }
 
 }  // namespace zero

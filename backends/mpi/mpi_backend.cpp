@@ -501,7 +501,17 @@ class Backend {
         abandon(op);
         throw;
       }
-      if (seconds_since(begin) >= timeout_s) return false;
+      if (seconds_since(begin) >= timeout_s) {
+#ifdef ZERO_TEST_HOOKS
+        // The moment an abort from another thread can fall into: after the loop's last look, before the return.
+        static const int late_return_us = [] {
+          const char* env = std::getenv("ZERO_TEST_MPI_WAIT_LATE_RETURN_US");
+          return env != nullptr ? std::atoi(env) : 0;
+        }();
+        if (late_return_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(late_return_us));
+#endif
+        return false;
+      }
       sched_yield();  // ranks may outnumber cores: let the others run
     }
   }
@@ -537,10 +547,10 @@ class Backend {
   // notice may not have left yet (the thread that called zero_engine_abort may not call MPI, and the libzero
   // thread may have left its call before it saw the request).
   void say_goodbye(const std::string& occasion) {
-    if (finalized_ || mpi_gone_ || ctl_ == MPI_COMM_NULL || goodbye_sent_.exchange(true)) return;
+    if (finalized_ || mpi_gone_ || ctl_ == MPI_COMM_NULL || goodbye_sent_.load()) return;
     const std::string reason = abort_requested_.load() ? abort_reason() : occasion;
     int first = -1;
-    if (std::this_thread::get_id() == caller_)
+    if (std::this_thread::get_id() == caller_.load())
       for (int r = 0; r < size_; ++r)
         if (r != rank_ && peers_[static_cast<size_t>(r)].heard != 0 &&
             (first < 0 || peers_[static_cast<size_t>(r)].heard < peers_[static_cast<size_t>(first)].heard))
@@ -563,6 +573,7 @@ class Backend {
     m.b = lowest_open();
     copy_text(m.text, reason);
     notices.push_back(m);
+    if (goodbye_sent_.exchange(true)) return;  // only now: had building the notices thrown, a later call sends them
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX)
         for (const CtlMsg& notice : notices) send(r, notice);
@@ -633,6 +644,8 @@ class Backend {
     {
       InCall in(this);
       poll_control();
+      // An abort from another thread since enter(): its notice goes before the control channel closes.
+      if (abort_requested_.load()) say_goodbye(abort_reason());
       close_control(1.0);
       stop_progress_thread();
       if (window_) window_->free();
@@ -681,8 +694,11 @@ class Backend {
  private:
   // Marks the thread inside the backend, so that abort() from another thread knows not to call MPI.
   // Leaving, it sends the notice of an abort requested meanwhile by a thread that saw in_call_ and left it to this
-  // one (its wait loop may have returned before it saw the request). in_call_ and abort_requested_ are sequentially
-  // consistent, each thread writing its own and then reading the other's, so one of the two threads sends it.
+  // one (the wait loop may have returned just before the request). in_call_ and abort_requested_ are sequentially
+  // consistent, each thread writing its own and then reading the other's: if abort() saw in_call_ set, this
+  // destructor sees its request. An abort() that saw in_call_ clear and may not call MPI (another thread below
+  // MPI_THREAD_MULTIPLE) leaves the notice to this thread's next call, its destroy or the exit hooks, which
+  // send it with the abort's reason; the core fails no call for the abort before this backend has heard of it.
   struct InCall {
     explicit InCall(Backend* b) : b_(b) { b_->in_call_.store(true); }
     ~InCall() {
@@ -708,7 +724,7 @@ class Backend {
              "and this libzero call comes from another thread; initialise MPI with MPI_THREAD_SERIALIZED to call "
              "libzero from any one thread at a time");
     }
-    caller_ = std::this_thread::get_id();
+    caller_.store(std::this_thread::get_id());
     if (abort_requested_.load() && !goodbye_sent_) say_goodbye(abort_reason());
   }
 
@@ -722,7 +738,8 @@ class Backend {
       MPI_Is_thread_main(&main_thread);
       return main_thread != 0;
     }
-    return caller_ == std::this_thread::get_id() || caller_ == std::thread::id();
+    const std::thread::id caller = caller_.load();
+    return caller == std::this_thread::get_id() || caller == std::thread::id();
   }
 
   // Why collective `sequence` can never complete: a rank stopped before it (empty: none) — after completing
@@ -1026,7 +1043,7 @@ class Backend {
   mutable std::mutex abort_mutex_;
   std::string abort_reason_;
   std::atomic<bool> in_call_{false};
-  std::thread::id caller_;
+  std::atomic<std::thread::id> caller_{};  // read by abort() from other threads
   std::atomic<bool> goodbye_sent_{false};  // by whichever thread says it first
   bool control_closed_ = false, finalized_ = false, mpi_gone_ = false;
 };

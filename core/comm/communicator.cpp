@@ -64,11 +64,12 @@ Request Communicator::start(Collective& c) {
 void Communicator::abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(abort_mutex_);
-    if (aborted_.load()) return;
+    if (abort_started_) return;
+    abort_started_ = true;
     abort_reason_ = reason;
-    aborted_.store(true);
   }
   do_abort(reason);
+  aborted_.store(true);
 }
 
 std::string Communicator::abort_reason() const {

@@ -24,6 +24,10 @@
  *   abort-thread     rank 0 waits in zero_step for a rank that is late; another thread of rank 0 calls
  *                    zero_engine_abort: the waiting call returns ZERO_ERR_ABORTED within a second, and the late rank
  *                    gets ZERO_ERR_REMOTE when it arrives.
+ *   abort-late-return  the same, with the MPI module's wait loop returning late from its slice (test hook
+ *                    ZERO_TEST_MPI_WAIT_LATE_RETURN_US): the abort falls after the loop's last look, and the
+ *                    notice must still leave as rank 0's call returns — the late rank hears of it while rank 0
+ *                    is still there (it destroys its engine 4 s later).
  *   abort-idle       another thread of rank 0 calls zero_engine_abort while rank 0 is in no libzero call (at
  *                    MPI_THREAD_SERIALIZED that thread may not call MPI, so the notice waits for rank 0's thread);
  *                    rank 0 then destroys its engine and communicator: the others' zero_step names the abort, not
@@ -449,7 +453,7 @@ static void* abort_later(void* engine) {
   return NULL;
 }
 
-static void abort_thread(zero_comm_t* comm) {
+static void abort_thread(zero_comm_t* comm, int late_return) {
   int32_t ids[kNumParams];
   zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
   micro_step(engine, ids);
@@ -458,14 +462,16 @@ static void abort_thread(zero_comm_t* comm) {
     pthread_create(&thread, NULL, abort_later, engine);
     const double t = now();
     const zero_status_t s = zero_step(NULL, engine); /* the others are late */
-    expect_status(engine, s, ZERO_ERR_ABORTED, "aborted", t, 1.5, "zero_step aborted from another thread");
+    expect_status(engine, s, ZERO_ERR_ABORTED, "aborted", t, late_return ? 2.5 : 1.5,
+                  "zero_step aborted from another thread");
     pthread_join(thread, NULL);
     EXPECT(zero_step(NULL, engine) == ZERO_ERR_ABORTED, "later calls: %s", zero_last_error());
+    if (late_return) sleep(4); /* the notice must not wait for the destroy */
   } else {
     sleep(2);
     const double t = now();
     const zero_status_t s = zero_step(NULL, engine);
-    expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t, 2.0,
+    expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t, late_return ? 1.0 : 2.0,
                   "zero_step after rank 0 aborted");
   }
   zero_engine_destroy(engine);
@@ -600,8 +606,8 @@ int main(int argc, char** argv) {
     fail_in_group(comm);
   } else if (strcmp(g_scenario, "stall") == 0)
     stall(comm);
-  else if (strcmp(g_scenario, "abort-thread") == 0)
-    abort_thread(comm);
+  else if (strcmp(g_scenario, "abort-thread") == 0 || strcmp(g_scenario, "abort-late-return") == 0)
+    abort_thread(comm, strcmp(g_scenario, "abort-late-return") == 0);
   else if (strcmp(g_scenario, "abort-idle") == 0)
     abort_idle(comm);
   else if (strcmp(g_scenario, "emergency-save") == 0)

@@ -383,7 +383,8 @@ public final class Engine implements AutoCloseable {
 
   /**
    * Makes the engine unusable now: a call blocked in a collective on another thread returns {@link
-   * ZeroException.Aborted}, and the other ranks' collectives fail naming this rank. Any thread; never blocks.
+   * ZeroException.Aborted}, and the other ranks' collectives fail naming this rank. Any thread; waits for no
+   * other rank.
    */
   public void abort() {
     synchronized (abortLock) {
