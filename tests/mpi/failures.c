@@ -453,50 +453,40 @@ static void* abort_later(void* engine) {
   return NULL;
 }
 
-static void abort_thread(zero_comm_t* comm, int late_return) {
-  int32_t ids[kNumParams];
-  zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
-  micro_step(engine, ids);
-  if (g_rank == 0) {
-    pthread_t thread;
-    pthread_create(&thread, NULL, abort_later, engine);
-    const double t = now();
-    const zero_status_t s = zero_step(NULL, engine); /* the others are late */
-    expect_status(engine, s, ZERO_ERR_ABORTED, "aborted", t, late_return ? 2.5 : 1.5,
-                  "zero_step aborted from another thread");
-    pthread_join(thread, NULL);
-    EXPECT(zero_step(NULL, engine) == ZERO_ERR_ABORTED, "later calls: %s", zero_last_error());
-    if (late_return) sleep(4); /* the notice must not wait for the destroy */
-  } else {
-    sleep(2);
-    const double t = now();
-    const zero_status_t s = zero_step(NULL, engine);
-    expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t, late_return ? 1.0 : 2.0,
-                  "zero_step after rank 0 aborted");
-  }
-  zero_engine_destroy(engine);
-}
-
 static void* abort_now(void* engine) {
   zero_engine_abort((zero_engine_t*)engine);
   return NULL;
 }
 
-static void abort_idle(zero_comm_t* comm) {
+/* abort-thread, abort-late-return, abort-idle: another thread of rank 0 aborts, while rank 0 waits in zero_step for
+ * the late others or (idle) while it is in no call and destroys its engine right after. */
+static void abort_from_thread(zero_comm_t* comm, const char* scenario) {
+  const int late_return = strcmp(scenario, "abort-late-return") == 0, idle = strcmp(scenario, "abort-idle") == 0;
   int32_t ids[kNumParams];
   zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
   micro_step(engine, ids);
   if (g_rank == 0) {
     pthread_t thread;
-    pthread_create(&thread, NULL, abort_now, engine);
+    pthread_create(&thread, NULL, idle ? abort_now : abort_later, engine);
+    if (!idle) {
+      const double t = now();
+      const zero_status_t s = zero_step(NULL, engine); /* the others are late */
+      expect_status(engine, s, ZERO_ERR_ABORTED, "aborted", t, late_return ? 2.5 : 1.5,
+                    "zero_step aborted from another thread");
+    }
     pthread_join(thread, NULL);
-    zero_engine_destroy(engine);
-    return;
+    EXPECT(zero_step(NULL, engine) == ZERO_ERR_ABORTED, "later calls: %s", zero_last_error());
+    if (late_return) sleep(4); /* the notice must not wait for the destroy */
+  } else {
+    if (!idle) sleep(2);
+    const double t = now();
+    const zero_status_t s = zero_step(NULL, engine);
+    expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t,
+                  idle          ? 5.0
+                  : late_return ? 1.0
+                                : 2.0,
+                  "zero_step after rank 0 aborted");
   }
-  const double t = now();
-  const zero_status_t s = zero_step(NULL, engine);
-  expect_status(engine, s, ZERO_ERR_REMOTE, "zero_engine_abort was called on rank 0", t, 5.0,
-                "zero_step after rank 0 aborted and left");
   zero_engine_destroy(engine);
 }
 
@@ -606,10 +596,9 @@ int main(int argc, char** argv) {
     fail_in_group(comm);
   } else if (strcmp(g_scenario, "stall") == 0)
     stall(comm);
-  else if (strcmp(g_scenario, "abort-thread") == 0 || strcmp(g_scenario, "abort-late-return") == 0)
-    abort_thread(comm, strcmp(g_scenario, "abort-late-return") == 0);
-  else if (strcmp(g_scenario, "abort-idle") == 0)
-    abort_idle(comm);
+  else if (strcmp(g_scenario, "abort-thread") == 0 || strcmp(g_scenario, "abort-late-return") == 0 ||
+           strcmp(g_scenario, "abort-idle") == 0)
+    abort_from_thread(comm, g_scenario);
   else if (strcmp(g_scenario, "emergency-save") == 0)
     emergency_save(comm);
   else if (strcmp(g_scenario, "bad-unit") == 0 || strcmp(g_scenario, "early-step") == 0)
