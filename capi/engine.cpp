@@ -47,7 +47,7 @@ ZERO_API zero_status_t zero_engine_create(zero_engine_t** out_engine, const char
 
 ZERO_API void zero_engine_destroy(zero_engine_t* engine) {
   if (engine == nullptr) return;
-  { std::lock_guard<std::mutex> wait_for_abort(handle(engine)->abort_mutex); }
+  { std::lock_guard<std::recursive_mutex> wait_for_abort(handle(engine)->abort_mutex); }
   delete handle(engine);
 }
 
@@ -58,7 +58,7 @@ ZERO_API const char* zero_engine_last_error(const zero_engine_t* engine) {
 
 ZERO_API void zero_engine_abort(zero_engine_t* engine) {
   if (engine == nullptr) return;
-  std::lock_guard<std::mutex> lock(handle(engine)->abort_mutex);
+  std::lock_guard<std::recursive_mutex> lock(handle(engine)->abort_mutex);
   try {
     handle(engine)->impl->abort();
   } catch (...) {  // abort must not fail; the engine is unusable either way

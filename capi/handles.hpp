@@ -21,7 +21,8 @@ struct EngineHandle {
   mutable std::string last_error;  // zero_engine_last_error: the engine's, whichever thread failed
   // Held by zero_engine_abort for its whole call, taken by zero_engine_destroy: a call that failed because of the
   // abort may return (and the program destroy the engine) while the aborting thread is still telling the others.
-  std::mutex abort_mutex;
+  // Recursive: a framework's communicator abort op may call zero_engine_abort on the same engine.
+  std::recursive_mutex abort_mutex;
 };
 
 inline CommHandle* handle(zero_comm_t* c) { return reinterpret_cast<CommHandle*>(c); }

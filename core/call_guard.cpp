@@ -38,8 +38,11 @@ void CallGuard::agree(const char* call, const CallTag& tag, const Error* local, 
 
 void CallGuard::abort() {
   // The communicator first: a call failing for aborted_ then finds the backend told (see Communicator::abort).
+  struct MarkAborted {  // also when building the reason or the abort throws
+    std::atomic<bool>& flag;
+    ~MarkAborted() { flag.store(true); }
+  } mark{aborted_};
   comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));  // the rank, for the others
-  aborted_.store(true);
 }
 
 }  // namespace zero

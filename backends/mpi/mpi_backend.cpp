@@ -697,8 +697,8 @@ class Backend {
   // one (the wait loop may have returned just before the request). in_call_ and abort_requested_ are sequentially
   // consistent, each thread writing its own and then reading the other's: if abort() saw in_call_ set, this
   // destructor sees its request. An abort() that saw in_call_ clear and may not call MPI (another thread below
-  // MPI_THREAD_MULTIPLE) leaves the notice to this thread's next call, its destroy or the exit hooks, which
-  // send it with the abort's reason; the core fails no call for the abort before this backend has heard of it.
+  // MPI_THREAD_MULTIPLE) leaves the notice to this thread's next entry here, the destroy or the exit hooks (an
+  // aborted engine's calls fail in the core, so in practice the last two), which send it with the abort's reason.
   struct InCall {
     explicit InCall(Backend* b) : b_(b) { b_->in_call_.store(true); }
     ~InCall() {

@@ -56,7 +56,8 @@ const char* coll_kind_name(CollKind kind) {
 
 Request Communicator::start(Collective& c) {
   if (finalized_) fail(ZERO_ERR_INVALID_STATE, "the communicator was finalized (zero_comm_finalize)");
-  if (aborted_.load()) fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
+  // abort_started_, not aborted_: no collective starts while the backend is being aborted (an ncclCommAbort).
+  if (abort_started_.load()) fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
   c.sequence = next_sequence_++;
   return do_start(c);
 }
@@ -64,12 +65,15 @@ Request Communicator::start(Collective& c) {
 void Communicator::abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(abort_mutex_);
-    if (abort_started_) return;
-    abort_started_ = true;
-    abort_reason_ = reason;
+    if (abort_started_.load()) return;
+    abort_reason_ = reason;  // first: should the copy throw, no abort is left half-started
+    abort_started_.store(true);
   }
+  struct MarkAborted {  // also when do_abort throws: every later call must fail
+    std::atomic<bool>& flag;
+    ~MarkAborted() { flag.store(true); }
+  } mark{aborted_};
   do_abort(reason);
-  aborted_.store(true);
 }
 
 std::string Communicator::abort_reason() const {

@@ -92,9 +92,10 @@ class Communicator {
   // Waits up to timeout_s for a started collective: true when it completed (the request is gone). Throws on
   // failure (the request is gone too).
   virtual bool wait(Request request, double timeout_s) = 0;
-  // This rank stops taking part: pending and later collectives fail, and other ranks learn it. Any thread. The
-  // backend hears of it before aborted() turns true, so that no call fails here for the abort before the backend
-  // knows why (it tells the others, with this reason).
+  // This rank stops taking part: pending and later collectives fail, and other ranks learn it. Any thread.
+  // start() refuses from the moment an abort begins; aborted(), which the waits check between their slices, turns
+  // true only once the backend has been told, so that a wait never gives up for the abort before the backend
+  // knows (a wait inside the backend then fails there, and the backend tells the others with this reason).
   void abort(const std::string& reason);
   bool aborted() const { return aborted_.load(); }
   std::string abort_reason() const;
@@ -117,8 +118,8 @@ class Communicator {
   int rank_, size_, local_size_;
   bool deterministic_;
   uint64_t next_sequence_ = 1;
-  std::atomic<bool> aborted_{false};
-  bool abort_started_ = false;  // under abort_mutex_: the first abort's reason wins
+  std::atomic<bool> aborted_{false};        // the backend has been told (do_abort returned or threw)
+  std::atomic<bool> abort_started_{false};  // set under abort_mutex_, after abort_reason_: the first reason wins
   mutable std::mutex abort_mutex_;
   std::string abort_reason_;
   bool finalized_ = false;

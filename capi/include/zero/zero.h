@@ -316,8 +316,9 @@ ZERO_API const char* zero_engine_last_error(const zero_engine_t* engine);
  * promptly, every later call fails with ZERO_ERR_ABORTED, and other ranks learn of it (their collectives fail
  * with ZERO_ERR_REMOTE naming this rank). Aborts the engine's communicator, so every engine on it, as
  * ncclCommAbort does. For a job that must go down now. Local (it waits for no other rank), callable from any
- * thread (not from a signal handler). zero_engine_destroy waits for a zero_engine_abort still running on another
- * thread, so the engine may be destroyed as soon as a call returns ZERO_ERR_ABORTED. Accepts NULL. */
+ * thread (not from a signal handler). zero_engine_destroy waits for a zero_engine_abort that is already running
+ * on another thread, so the engine may be destroyed as soon as a call returns ZERO_ERR_ABORTED; an abort that
+ * starts after the destroy began is a use after free, as for any call. Accepts NULL. */
 ZERO_API void zero_engine_abort(zero_engine_t* engine);
 
 /* Optimizer threads of this rank: `threads` > 0 uses that many (e.g. the framework's torch.get_num_threads()),
