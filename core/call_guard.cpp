@@ -37,11 +37,9 @@ void CallGuard::agree(const char* call, const CallTag& tag, const Error* local, 
 }
 
 void CallGuard::abort() {
-  // The communicator first: a call failing for aborted_ then finds the backend told (see Communicator::abort).
-  struct MarkAborted {  // also when building the reason or the abort throws
-    std::atomic<bool>& flag;
-    ~MarkAborted() { flag.store(true); }
-  } mark{aborted_};
+  // Calls fail from now on, before the backend has heard (as Communicator::start refuses once an abort began); the
+  // waits, which must not give up before the backend knows, check the communicator's aborted().
+  aborted_.store(true);
   comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));  // the rank, for the others
 }
 

@@ -644,8 +644,7 @@ class Backend {
     {
       InCall in(this);
       poll_control();
-      // An abort from another thread since enter(): its notice goes before the control channel closes.
-      if (abort_requested_.load()) say_goodbye(abort_reason());
+      tell_pending_abort();  // an abort from another thread since enter(): before the control channel closes
       close_control(1.0);
       stop_progress_thread();
       if (window_) window_->free();
@@ -703,9 +702,8 @@ class Backend {
     explicit InCall(Backend* b) : b_(b) { b_->in_call_.store(true); }
     ~InCall() {
       b_->in_call_.store(false);
-      if (!b_->abort_requested_.load() || b_->goodbye_sent_.load()) return;
       try {
-        b_->say_goodbye(b_->abort_reason());
+        b_->tell_pending_abort();
       } catch (...) {  // a destructor: the next call or the teardown sends it
       }
     }
@@ -725,7 +723,12 @@ class Backend {
              "libzero from any one thread at a time");
     }
     caller_.store(std::this_thread::get_id());
-    if (abort_requested_.load() && !goodbye_sent_) say_goodbye(abort_reason());
+    tell_pending_abort();
+  }
+
+  // The notice of an abort requested from another thread that could not send it (once: say_goodbye).
+  void tell_pending_abort() {
+    if (abort_requested_.load() && !goodbye_sent_.load()) say_goodbye(abort_reason());
   }
 
   // Never while the thread inside libzero's calls is in one, whatever the thread level: its wait loop sees the
