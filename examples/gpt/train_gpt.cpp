@@ -40,7 +40,7 @@ struct Options {
   int compare_steps = 10, warmup = 30;
   bool redraw = false;
   double lr = 2e-3, weight_decay = 0.1, clip = 1.0;
-  bool checkpointing = false, bf16 = false, compare = false, decay = false;
+  bool checkpointing = false, bf16 = false, compare = false, decay = false, digest = false;
   uint64_t seed = 1234;
   std::string config_file, data_file, csv_file;
 };
@@ -77,6 +77,8 @@ output
   --print-every N         with --progress lines, a line every N steps (default 10)
   --eval-every N          held-out evaluation every N steps (default: at the end)
   --csv FILE              step, loss, tokens/s, ms/step, lr, grad norm per step (rank 0)
+  --digest                a digest of the trained weights (FNV-1a over every param's bytes, in registration
+                          order): equal digests are equal weights, bit for bit
   --compare-stages        train --compare-steps steps (default 10) at stages 0-3 and print per-rank memory next
                           to the ZeRO formula, and tokens/s per stage
 )";
@@ -142,6 +144,8 @@ Options parse(int argc, char** argv, int rank) {
       o.csv_file = next();
     else if (a == "--compare-stages")
       o.compare = true;
+    else if (a == "--digest")
+      o.digest = true;
     else if (a == "--compare-steps")
       o.compare_steps = std::stoi(next());
     else {
@@ -251,6 +255,21 @@ class ZeroSource : public gpt::ParamSource<float> {
     embedding_grads_.clear();
   }
 
+  // FNV-1a over the bytes of every param, unit by unit in registration order.
+  uint64_t digest(int units) {
+    uint64_t h = 1469598103934665603ull;
+    for (int unit = 0; unit < units; ++unit) {
+      ZCHECK(zero_gather(e_, unit));
+      for (size_t i = 0; i < ids_[static_cast<size_t>(unit)].size(); ++i) {
+        void* data = nullptr;
+        ZCHECK(zero_param_data(&data, e_, ids_[static_cast<size_t>(unit)][i]));
+        const size_t bytes = numel(unit, i) * (bf16_ ? 2 : 4);
+        for (size_t b = 0; b < bytes; ++b) h = (h ^ static_cast<const unsigned char*>(data)[b]) * 1099511628211ull;
+      }
+      ZCHECK(zero_release(e_, unit));
+    }
+    return h;
+  }
  private:
   // Gathers a unit; in bf16 the values are widened into a float copy for the float math.
   std::vector<const float*> gather(int unit) {
@@ -527,6 +546,10 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
         for (const auto& line : ev.samples) std::printf("  %s\n", line.c_str());
       }
     }
+  }
+  if (verbose && o.digest) {
+    const uint64_t d = src.digest(o.model.layers + 1);
+    if (rank == 0) std::printf("weights digest %016llx\n", static_cast<unsigned long long>(d));
   }
   ZCHECK(zero_memory_stats(&result.mem, e));
   result.activation_bytes = runner.activation_bytes();
