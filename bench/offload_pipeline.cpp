@@ -1,4 +1,4 @@
-// ZeRO-Offload's pipeline (core/offload/offload_pipeline.hpp) against its two limits, measured in the same run
+// ZeRO-Offload's pipeline (core/cpu_offload/offload_pipeline.hpp) against its two limits, measured in the same run
 // (bench/README.md "ZeRO-Offload pipeline"): the bus alone (every piece's gradients to the host and new params
 // back, both directions at once, nothing computed) and the CPU alone (every piece accumulated and stepped from the
 // slots, nothing copied). The pipeline overlaps them; issue 16's goal is a step within 1.3x the larger limit.
@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "dtype.hpp"
-#include "error.hpp"
+#include "cpu_offload/offload_pipeline.hpp"
+#include "cpu_offload/transfer_queue.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/optimizer.hpp"
 #include "memory/ops.hpp"
-#include "offload/offload_pipeline.hpp"
-#include "offload/transfer_queue.hpp"
-#include "optim/hyper.hpp"
-#include "optim/kernels.hpp"
+#include "numeric/dtype.hpp"
+#include "util/error.hpp"
 #ifdef ZERO_BENCH_CUDA
 #include <cuda_runtime.h>
 

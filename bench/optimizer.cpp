@@ -33,9 +33,9 @@
 #include <string>
 #include <vector>
 
-#include "optim/hyper.hpp"
-#include "optim/kernel_body.hpp"
-#include "optim/kernels.hpp"
+#include "kernels/cpu_loops.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/optimizer.hpp"
 
 namespace {
 
@@ -69,7 +69,7 @@ struct Pattern {
   bool copy;          // writes a 2-byte copy
 };
 
-// Software prefetch as in the kernels (core/optim/kernel_body.hpp): per block of 32 elements, one prefetch per
+// Software prefetch as in the kernels (core/kernels/cpu_loops.hpp): per block of 32 elements, one prefetch per
 // 64-byte line of every stream, kPrefetchAhead elements ahead. kLocality 2 is the kernels' (prefetcht1, into L2);
 // the memory-only loops also try 3 (prefetcht0, into L1) and no software prefetch at all.
 constexpr size_t kBlock = 32;

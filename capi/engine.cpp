@@ -2,9 +2,9 @@
 #define ZERO_EXPERIMENTAL_API
 #include <cstring>
 
-#include "config.hpp"
+#include "config/config.hpp"
 #include "guard.hpp"
-#include "struct_io.hpp"
+#include "util/struct_io.hpp"
 
 using zero::capi::EngineHandle;
 using zero::capi::guard;

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "guard.hpp"
-#include "log.hpp"
+#include "util/log.hpp"
 
 namespace zero {
 namespace capi {

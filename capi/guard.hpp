@@ -6,8 +6,8 @@
 #include <new>
 #include <string>
 
-#include "error.hpp"
 #include "handles.hpp"
+#include "util/error.hpp"
 #include "zero/zero.h"
 
 namespace zero {

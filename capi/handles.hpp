@@ -7,7 +7,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
-#include "engine.hpp"
+#include "engine/engine.hpp"
 
 namespace zero {
 namespace capi {

@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "config.hpp"
+#include "config/config.hpp"
 #include "guard.hpp"
-#include "struct_io.hpp"
+#include "util/struct_io.hpp"
 
 using zero::capi::guard;
 using zero::capi::handle;

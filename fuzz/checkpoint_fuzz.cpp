@@ -21,7 +21,7 @@
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/safetensors.hpp"
-#include "error.hpp"
+#include "util/error.hpp"
 #include "zero/zero.h"
 
 namespace {

@@ -16,8 +16,8 @@
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/safetensors.hpp"
-#include "convert.hpp"
-#include "error.hpp"
+#include "numeric/convert.hpp"
+#include "util/error.hpp"
 
 namespace {
 

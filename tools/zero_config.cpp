@@ -1,5 +1,5 @@
 // zero-config: checks a DeepSpeed config the way libzero will read it, before a job starts, and estimates the
-// per-rank memory of the model states for each ZeRO stage from the engine's own placement plan (core/plan.hpp):
+// per-rank memory of the model states for each ZeRO stage from the engine's own placement plan (core/plan/plan.hpp):
 // the bytes zero_memory_stats reports after finalize, for the same layout.
 //
 //   zero-config check CONFIG.json [--world-size N]
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "config.hpp"
-#include "error.hpp"
-#include "layout.hpp"
-#include "plan.hpp"
-#include "plan_spec.hpp"
+#include "config/config.hpp"
+#include "plan/layout.hpp"
+#include "plan/plan.hpp"
+#include "plan/plan_spec.hpp"
+#include "util/error.hpp"
 
 namespace {
 

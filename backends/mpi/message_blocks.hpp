@@ -1,5 +1,5 @@
 // How a message of more elements than MPI's int count is sent: as count / block elements of a contiguous type of
-// `block` elements. libzero pads huge unit shards so that such a block exists (core/layout.hpp, kMaxMessageElems).
+// `block` elements. libzero pads huge unit shards so that such a block exists (core/plan/layout.hpp, kMaxMessageElems).
 #pragma once
 
 #include <cstdint>

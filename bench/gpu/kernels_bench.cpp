@@ -19,9 +19,9 @@
 
 #include "cuda/device_kernels.hpp"
 #include "cuda/launch_table.hpp"
-#include "error.hpp"
-#include "optim/hyper.hpp"
-#include "optim/kernels.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/optimizer.hpp"
+#include "util/error.hpp"
 
 namespace {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
-#include "io/aio.hpp"
+#include "nvme/aio.hpp"
+#include "util/error.hpp"
 
 int main(int argc, char** argv) {
   using zero::io::AioSettings;

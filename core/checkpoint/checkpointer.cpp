@@ -20,10 +20,10 @@
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/safetensors.hpp"
-#include "error.hpp"
-#include "log.hpp"
 #include "memory/ops.hpp"
-#include "test_hooks.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "util/test_hooks.hpp"
 #include "zero/zero_version.h"
 
 namespace zero {

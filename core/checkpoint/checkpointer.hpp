@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "call_guard.hpp"
+#include "comm/call_guard.hpp"
 #include "comm/engine_comm.hpp"
-#include "config.hpp"
-#include "param_store.hpp"
-#include "registration.hpp"
-#include "stepper.hpp"
+#include "config/config.hpp"
+#include "params/param_store.hpp"
+#include "params/registration.hpp"
+#include "step/stepper.hpp"
 
 namespace zero {
 

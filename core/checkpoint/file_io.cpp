@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace ckpt {

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.hpp"
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace ckpt {

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace ckpt {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "checkpoint/file_io.hpp"
-#include "dtype.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 namespace ckpt {

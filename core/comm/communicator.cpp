@@ -1,6 +1,6 @@
 #include "comm/communicator.hpp"
 
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 

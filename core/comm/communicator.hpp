@@ -11,7 +11,7 @@
 #include <mutex>
 #include <string>
 
-#include "dtype.hpp"
+#include "numeric/dtype.hpp"
 #include "zero/zero.h"
 
 namespace zero {

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <vector>
 
-#include "error.hpp"
-#include "struct_io.hpp"
+#include "util/error.hpp"
+#include "util/struct_io.hpp"
 
 namespace zero {
 namespace {

@@ -8,8 +8,8 @@
 #include <sstream>
 #include <utility>
 
-#include "config.hpp"
-#include "test_hooks.hpp"
+#include "config/config.hpp"
+#include "util/test_hooks.hpp"
 
 namespace zero {
 namespace {

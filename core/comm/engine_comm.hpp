@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 

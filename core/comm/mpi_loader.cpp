@@ -8,7 +8,7 @@
 
 #include "../../backends/mpi/mpi_backend.h"
 #include "comm/custom_communicator.hpp"
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "dtype.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 

@@ -4,9 +4,9 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_kernels.hpp"
-#include "dtype.hpp"
+#include "kernels/element_ops.hpp"
 #include "memory/ops.hpp"
-#include "optim/element_ops.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 namespace cuda {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace cuda {

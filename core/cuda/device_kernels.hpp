@@ -13,8 +13,8 @@
 #include <string>
 
 #include "cuda/launch_table.hpp"
-#include "dtype.hpp"
-#include "optim/kernels.hpp"
+#include "kernels/kernels.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 namespace cuda {

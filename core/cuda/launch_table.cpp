@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <string>
 
-#include "error.hpp"
-#include "optim/step_element.hpp"
+#include "kernels/step_element.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace cuda {

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "optim/kernels.hpp"
+#include "kernels/kernels.hpp"
 
 namespace zero {
 namespace cuda {

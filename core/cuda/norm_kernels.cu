@@ -9,8 +9,8 @@
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/device_kernels.hpp"
-#include "optim/element_ops.hpp"
-#include "optim/step_element.hpp"
+#include "kernels/element_ops.hpp"
+#include "kernels/step_element.hpp"
 
 namespace zero {
 namespace cuda {

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "offload/transfer_queue.hpp"
+#include "cpu_offload/transfer_queue.hpp"
 
 namespace zero {
 namespace cuda {

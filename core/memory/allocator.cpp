@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "error.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -1,6 +1,6 @@
 // A buffer: `elements` of one dtype in one memory space, owned, 64-byte aligned (2 MiB from 2 MiB up) and zeroed
 // when allocated. Every byte the engine keeps lives in one of these, so the memory statistics can be checked
-// against the placement plan that decided them (core/plan.hpp). The allocator comes from the engine's table
+// against the placement plan that decided them (core/plan/plan.hpp). The allocator comes from the engine's table
 // (memory/allocator.hpp) and is kept alive by the buffer.
 #pragma once
 
@@ -9,9 +9,9 @@
 #include <memory>
 #include <utility>
 
-#include "dtype.hpp"
 #include "memory/allocator.hpp"
 #include "memory/ops.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 

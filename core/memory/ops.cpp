@@ -4,10 +4,10 @@
 #include <cstring>
 #include <string>
 
-#include "convert.hpp"
-#include "error.hpp"
+#include "kernels/kernels.hpp"
 #include "memory/device_ops.hpp"
-#include "optim/kernels.hpp"
+#include "numeric/convert.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {
@@ -19,7 +19,7 @@ void require_host(MemorySpace space, const char* what) {
 }
 
 // Host memory: the SIMD conversion kernels where the dtypes and the overlap allow them (fp32 <-> bf16/fp16, the
-// gradient paths of mixed precision), core/convert.hpp otherwise; the same bits either way.
+// gradient paths of mixed precision), core/numeric/convert.hpp otherwise; the same bits either way.
 void host_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
   const size_t dst_bytes = n * dtype_size(dst_type), src_bytes = n * dtype_size(src_type);
   const bool apart = !ranges_overlap(dst, dst_bytes, src, src_bytes);
@@ -81,6 +81,13 @@ const ElementOps& element_ops(MemorySpace space) {
   static const ElementOps host{host_convert, host_accumulate, host_accumulate_into_zero, round_from_f32};
   if (host_addressable(space)) return host;
   return device_ops_for(space, "element conversions").element;
+}
+
+const KernelTable& kernels(MemorySpace space, Isa isa) {
+  if (!host_addressable(space))
+    fail(ZERO_ERR_UNSUPPORTED, std::string("optimizer kernels on ") + space_name(space) +
+                                   " memory: this build of libzero has none (the CUDA build adds device kernels)");
+  return kernels(isa);
 }
 
 }  // namespace zero

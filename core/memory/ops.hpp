@@ -6,8 +6,9 @@
 
 #include <cstddef>
 
-#include "dtype.hpp"
+#include "kernels/kernels.hpp"
 #include "memory/space.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 
@@ -21,7 +22,8 @@ inline bool ranges_overlap(const void* a, size_t a_bytes, const void* b, size_t 
 void copy_bytes(MemorySpace dst_space, void* dst, MemorySpace src_space, const void* src, size_t bytes);
 void fill_zero(MemorySpace space, void* p, size_t bytes);
 
-// The element-wise kernels on gradients and params in one space (see core/convert.hpp for their exact semantics).
+// The element-wise kernels on gradients and params in one space (see core/numeric/convert.hpp for their exact
+// semantics).
 struct ElementOps {
   void (*convert)(void* dst, DType dst_type, const void* src, DType src_type, size_t n);
   void (*accumulate)(void* acc, DType acc_type, const void* src, DType src_type, size_t n);
@@ -30,5 +32,9 @@ struct ElementOps {
 };
 // Throws ZERO_ERR_UNSUPPORTED for a space this build has no kernels for.
 const ElementOps& element_ops(MemorySpace space);
+
+// The optimizer and norm kernels for buffers in `space` on the `isa` path (host and pinned host memory: the CPU's;
+// ZERO_ERR_UNSUPPORTED for a space this build has no kernels for).
+const KernelTable& kernels(MemorySpace space, Isa isa);
 
 }  // namespace zero

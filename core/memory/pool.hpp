@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "error.hpp"
 #include "memory/buffer.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 

@@ -270,6 +270,7 @@ class ZeroSource : public gpt::ParamSource<float> {
     }
     return h;
   }
+
  private:
   // Gathers a unit; in bf16 the values are widened into a float copy for the float math.
   std::vector<const float*> gather(int unit) {

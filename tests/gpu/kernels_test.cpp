@@ -14,10 +14,10 @@
 #include "cuda/device_kernels.hpp"
 #include "cuda/launch_table.hpp"
 #include "device_buffer.hpp"
-#include "dtype.hpp"
-#include "error.hpp"
-#include "optim/hyper.hpp"
-#include "optim/kernels.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/optimizer.hpp"
+#include "numeric/dtype.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

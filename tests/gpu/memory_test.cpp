@@ -14,11 +14,11 @@
 
 #include "cuda/device_kernels.hpp"
 #include "cuda/device_memory.hpp"
-#include "dtype.hpp"
-#include "error.hpp"
 #include "memory/buffer.hpp"
 #include "memory/device_ops.hpp"
 #include "memory/ops.hpp"
+#include "numeric/dtype.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "cpu_offload/offload_pipeline.hpp"
 #include "cuda/device_kernels.hpp"
 #include "cuda/transfer_queue.hpp"
 #include "device_buffer.hpp"
-#include "offload/offload_pipeline.hpp"
 #include "offload_model.hpp"
 
 namespace zero {

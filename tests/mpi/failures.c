@@ -3,7 +3,7 @@
  *
  *   mpirun -np N test_failures --scenario NAME [--stage S]
  *
- *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/test_hooks.hpp): finalize.alloc,
+ *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/util/test_hooks.hpp): finalize.alloc,
  *                    gather, gather.alloc, prefetch, bucket, backward_end, step, save, load, comm_finalize. It
  *                    gets its own error, every other rank ZERO_ERR_REMOTE naming it, within seconds (the timeout is
  *                    60 s). No data moved, so the same call, retried without the fault, succeeds everywhere and

@@ -1,6 +1,7 @@
 /* fp16 for the tests, from the IEEE definition rather than bit tricks (and without _Float16, which clang 14 lacks
  * on x86): a half is decoded exactly with ldexp, and a float rounds to the nearest half by exact distance in
- * double, ties to the even one, |x| >= 65520 to infinity. Independent of the engine's conversions (core/dtype.hpp). */
+ * double, ties to the even one, |x| >= 65520 to infinity. Independent of the engine's conversions
+ * (core/numeric/dtype.hpp). */
 #ifndef ZERO_TESTS_MPI_FP16_REFERENCE_H_
 #define ZERO_TESTS_MPI_FP16_REFERENCE_H_
 

@@ -21,8 +21,8 @@
 #include "comm/engine_comm.hpp"
 #include "comm/mpi_loader.hpp"
 #include "comm/rank_order_sum.hpp"
-#include "dtype.hpp"
-#include "error.hpp"
+#include "numeric/dtype.hpp"
+#include "util/error.hpp"
 
 namespace {
 

@@ -1,7 +1,7 @@
-// The direct-I/O engines of NVMe offload (core/io/aio.hpp): both engines move every byte at every block size and
+// The direct-I/O engines of NVMe offload (core/nvme/aio.hpp): both engines move every byte at every block size and
 // queue depth, and each fault a disk can show — no space at pre-allocation, a file truncated under the engine, a
 // request outside the rules — is a clear error, never a silent short read.
-#include "io/aio.hpp"
+#include "nvme/aio.hpp"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
-#include "io/nvme_state.hpp"
+#include "nvme/nvme_state.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace io {
@@ -186,7 +186,7 @@ namespace zero {
 namespace io {
 namespace {
 
-// The NVMe state's pipelined pass (core/io/nvme_state.hpp) visits every element of every unit exactly once, in unit
+// The NVMe state's pipelined pass (core/nvme/nvme_state.hpp) visits every element of every unit exactly once, in unit
 // order, and what the update writes reaches the file — with units that chunks cut anywhere, empty units, windows of
 // 1 to 5 chunks and both engines; reads and writes at unaligned offsets keep their neighbours (also under ASan).
 TEST(NvmeState, TheStreamedPassUpdatesEveryElementOnce) {

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "config.hpp"
-#include "error.hpp"
+#include "config/config.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -18,9 +18,9 @@
 #include <string>
 
 #include "comm/single_communicator.hpp"
-#include "config_keys.hpp"
-#include "engine.hpp"
-#include "error.hpp"
+#include "config/config_keys.hpp"
+#include "engine/engine.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -7,10 +7,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "config.hpp"
-#include "error.hpp"
-#include "plan.hpp"
-#include "plan_spec.hpp"
+#include "config/config.hpp"
+#include "plan/plan.hpp"
+#include "plan/plan_spec.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "comm/single_communicator.hpp"
-#include "dtype.hpp"
-#include "engine.hpp"
-#include "error.hpp"
-#include "log.hpp"
+#include "engine/engine.hpp"
+#include "numeric/dtype.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
 
 namespace zero {
 namespace {

@@ -19,12 +19,12 @@
 #include <random>
 #include <vector>
 
-#include "convert.hpp"
-#include "dtype.hpp"
-#include "error.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/optimizer.hpp"
 #include "memory/ops.hpp"
-#include "optim/hyper.hpp"
-#include "optim/kernels.hpp"
+#include "numeric/convert.hpp"
+#include "numeric/dtype.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {
@@ -561,7 +561,7 @@ TEST(Kernels, TheUpdatePassSumsSquaresAcrossA2p32SplitOnlyOnABlock) {
   }
 }
 
-// The conversion kernels equal core/convert.hpp bit for bit on every path, and so do the host ElementOps that
+// The conversion kernels equal core/numeric/convert.hpp bit for bit on every path, and so do the host ElementOps that
 // dispatch to them: random values of every magnitude and the special ones (denormals, infinities, quiet and
 // signaling nans with payloads, values that round to infinity or to zero), raw 16-bit patterns (not only narrowed
 // ones), sizes around the vector widths, out of place and in place (narrowing with dst at or before src, widening

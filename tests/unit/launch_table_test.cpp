@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "cuda/launch_table.hpp"
-#include "error.hpp"
-#include "optim/hyper.hpp"
-#include "optim/kernels.hpp"
-#include "optim/step_element.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/optimizer.hpp"
+#include "kernels/step_element.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -3,8 +3,8 @@
 #include <climits>
 
 #include "../../backends/mpi/message_blocks.hpp"
-#include "error.hpp"
-#include "layout.hpp"
+#include "plan/layout.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "convert.hpp"
-#include "dtype.hpp"
+#include "cpu_offload/offload_pipeline.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/optimizer.hpp"
 #include "memory/ops.hpp"
-#include "offload/offload_pipeline.hpp"
-#include "optim/hyper.hpp"
-#include "optim/kernels.hpp"
+#include "numeric/convert.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 namespace offload_test {

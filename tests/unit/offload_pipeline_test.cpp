@@ -1,4 +1,4 @@
-// ZeRO-Offload's pipeline (core/offload/offload_pipeline.hpp) with host buffers standing where a GPU engine's
+// ZeRO-Offload's pipeline (core/cpu_offload/offload_pipeline.hpp) with host buffers standing where a GPU engine's
 // device memory would be, and HostTransferQueue's thread as the copy engine: the bits equal the step without
 // offload (gradients accumulated and stepped in place), for every order the pieces are made ready and stepped in,
 // over several micro-steps and steps, with copies delayed at random (a slot reused too early would show as wrong
@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "error.hpp"
-#include "offload/offload_pipeline.hpp"
-#include "offload/transfer_queue.hpp"
+#include "cpu_offload/offload_pipeline.hpp"
+#include "cpu_offload/transfer_queue.hpp"
 #include "offload_model.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

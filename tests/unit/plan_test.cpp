@@ -1,17 +1,17 @@
-// The placement plan (core/plan.hpp): what each stage keeps where, on an uneven layout at N = 3, its byte totals
+// The placement plan (core/plan/plan.hpp): what each stage keeps where, on an uneven layout at N = 3, its byte totals
 // against the ZeRO paper's formulas (plus the 16-bit params a mixed-precision run keeps beside its fp32 master),
 // persistent stage-3 units, buckets, and the memory spaces and allocators the engine takes buffers from.
 #include <gtest/gtest.h>
 
 #include <memory>
 
-#include "error.hpp"
-#include "io/nvme_state.hpp"
+#include "kernels/kernels.hpp"
 #include "memory/allocator.hpp"
 #include "memory/buffer.hpp"
 #include "memory/ops.hpp"
-#include "optim/kernels.hpp"
-#include "plan.hpp"
+#include "nvme/nvme_state.hpp"
+#include "plan/plan.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

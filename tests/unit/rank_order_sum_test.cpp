@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/rank_order_sum.hpp"
-#include "dtype.hpp"
+#include "numeric/dtype.hpp"
 
 namespace zero {
 namespace {

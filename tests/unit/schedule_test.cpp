@@ -4,9 +4,9 @@
 #include <cmath>
 
 #include "comm/single_communicator.hpp"
-#include "engine.hpp"
-#include "error.hpp"
-#include "scheduler.hpp"
+#include "engine/engine.hpp"
+#include "step/scheduler.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace {

@@ -1,0 +1,46 @@
+#include "comm/call_guard.hpp"
+
+namespace zero {
+
+void CallGuard::require(State wanted, const char* call) const {
+  if (aborted_.load()) fail(ZERO_ERR_ABORTED, std::string(call) + ": zero_engine_abort was called on this engine");
+  if (state_ == State::kBroken)
+    fail(ZERO_ERR_INVALID_STATE,
+         std::string(call) + ": the engine is unusable after an earlier failure (" + broken_reason_ + "); destroy it");
+  if (comm_.backend().aborted())
+    fail(ZERO_ERR_ABORTED, std::string(call) + ": the engine's communicator was aborted on this rank (" +
+                               comm_.backend().abort_reason() + ")");
+  if (state_ == wanted) return;
+  if (wanted == State::kRegistering) {
+    if (std::string(call) == "zero_engine_finalize")
+      fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: the engine is already finalized");
+    fail(ZERO_ERR_INVALID_STATE, std::string(call) + " must come before zero_engine_finalize");
+  }
+  fail(ZERO_ERR_INVALID_STATE, std::string(call) + " needs zero_engine_finalize first");
+}
+
+void CallGuard::broken(const std::exception& e) {
+  state_ = State::kBroken;
+  broken_reason_ = e.what();
+  comm_.abort("it failed: " + broken_reason_);
+  throw;
+}
+
+void CallGuard::agree(const char* call, const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain,
+                      bool share_status) {
+  try {
+    comm_.agree(call, tag, local, explain, share_status);
+  } catch (const Error& e) {
+    if (e.status() == ZERO_ERR_MISMATCH || comm_.failed()) broken(e);
+    throw;
+  }
+}
+
+void CallGuard::abort() {
+  // Calls fail from now on, before the backend has heard (as Communicator::start refuses once an abort began); the
+  // waits, which must not give up before the backend knows, check the communicator's aborted().
+  aborted_.store(true);
+  comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));  // the rank, for the others
+}
+
+}  // namespace zero

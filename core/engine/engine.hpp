@@ -1,0 +1,94 @@
+// The ZeRO engine of one rank: the C API's calls, composed from parts that each own one thing
+// (docs/architecture.md, "The engine's parts"):
+//   Registration     params, groups, initial values; finalize's cross-rank agreement   (registration.*)
+//   ParameterStore   layout, placement plan, every buffer; gather, release, publish     (param_store.*, plan.*)
+//   GradientReducer  gradient buffers and buckets, their reduction                     (grad_reducer.*)
+//   Stepper          norm, loss scale, schedule, the fused optimizer pass              (stepper.*)
+//   Checkpointer     save and load, through the store's views                          (checkpoint/checkpointer.*)
+//   CallGuard        the life cycle and the failure-safety rule of every collective    (call_guard.*)
+// The ZeRO stage is read in one place, the plan (plan.hpp); the parts read the plan.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "checkpoint/checkpointer.hpp"
+#include "comm/call_guard.hpp"
+#include "comm/engine_comm.hpp"
+#include "config/config.hpp"
+#include "grads/grad_reducer.hpp"
+#include "params/param_store.hpp"
+#include "params/registration.hpp"
+#include "plan/plan.hpp"
+#include "step/stepper.hpp"
+
+namespace zero {
+
+class Engine {
+ public:
+  Engine(Config config, std::shared_ptr<Communicator> comm);
+  // The all-gathers started after the last step (overlap_comm) are completed, waiting up to 5 s for the other
+  // ranks, so that their buffers can be freed; what does not complete is left to the backend and never freed.
+  ~Engine();
+
+  // ---- registration (before finalize)
+  int add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2, double eps);
+  int add_param(ParamShape shape, ParamInit init);
+  // The allocator of a memory space (experimental zero_engine_set_allocator). Before finalize.
+  void set_allocator(MemorySpace space, std::shared_ptr<Allocator> allocator);
+  void finalize();
+
+  // ---- the micro-step
+  void* param_data(int param);
+  void* grad_data(int param);
+  void gather(int unit);
+  void release(int unit);
+  void prefetch(int unit);
+  void grad_ready(int param);
+  void backward_end();
+  // ---- the step (engine_step.cpp)
+  StepResult step();
+  void set_lr(int group, double lr);
+  // Collective. See core/checkpoint/checkpointer.cpp and docs/checkpoint-format.md.
+  void save_checkpoint(const std::string& dir, const std::string& tag);
+  void load_checkpoint(const std::string& dir, const std::string& tag);
+  double loss_scale() const { return stepper_.loss_scale(); }
+  // zero_engine_abort: any thread.
+  void abort() { guard_.abort(); }
+  void set_num_threads(int threads);
+
+  // ---- what the engine reports about itself
+  MemoryStats memory_stats() const { return store_.memory_stats(reducer_.buckets_held()); }
+  const Plan& plan() const { return store_.plan(); }
+  const CommStats& comm_stats() const { return comm_.stats(); }
+  std::string recent_collectives() const { return comm_.recent_json(); }
+  const Config& config() const { return config_; }
+  int rank() const { return comm_.rank(); }
+  int world_size() const { return comm_.size(); }
+  bool deterministic() const { return comm_.backend().capabilities().deterministic_sums; }
+  double timeout() const { return comm_.timeout(); }
+  int num_params() const { return registration_.num_params(); }
+  int num_units() const { return guard_.state() == CallGuard::State::kRegistering ? 0 : store_.num_units(); }
+  const ParamShape& param_shape(int param) const;
+  UnitInfo unit_info(int unit) const;
+  int optimizer_threads() const { return stepper_.threads(); }
+  Isa isa() const { return stepper_.isa(); }
+
+ private:
+  void check_window(const char* call) const;
+  void settle_fetches();
+  PlanSpec plan_spec() const;
+
+  Config config_;
+  EngineComm comm_;
+  CallGuard guard_;
+  Registration registration_;
+  ParameterStore store_;
+  GradientReducer reducer_;
+  Stepper stepper_;
+  Checkpointer checkpointer_;
+  int64_t micro_steps_ = 0;       // completed in the current accumulation window
+  int64_t micro_step_count_ = 0;  // completed since finalize (the agreement's micro-step number)
+};
+
+}  // namespace zero

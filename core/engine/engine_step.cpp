@@ -1,0 +1,129 @@
+// zero_step, top to bottom: the checks and the agreement, the reductions the plan leaves to the step, the norm
+// (one pass over the rank's shard and one exchange of partial sums), the loss-scale and clip decisions, the fused
+// optimizer pass (which also writes the compute-dtype params), and publishing the new params as the plan says.
+#include <cstring>
+#include <sstream>
+
+#include "engine/engine.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+#include "util/test_hooks.hpp"
+
+namespace zero {
+namespace {
+
+uint64_t digest_doubles(const std::vector<double>& values) {
+  uint64_t h = 1469598103934665603ull;
+  for (double v : values) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    for (int i = 0; i < 8; ++i) h = (h ^ ((bits >> (8 * i)) & 0xffu)) * 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+StepResult Engine::step() {
+  const char* call = "zero_step";
+  // 0. Local checks, state and window included; a failing rank still joins the agreement so that the others
+  //    return instead of waiting. The learning rates are set locally (zero_set_lr); ranks that set different ones
+  //    would silently train different replicas, so they are part of what the ranks agree on.
+  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
+    guard_.require(CallGuard::State::kReady, call);
+    if (micro_steps_ != config_.gradient_accumulation_steps)
+      fail(ZERO_ERR_INVALID_STATE,
+           "zero_step: expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
+               ") calls of zero_backward_end since the last step, got " + std::to_string(micro_steps_));
+    const int gathered = store_.first_gathered();
+    if (gathered >= 0)
+      fail(ZERO_ERR_INVALID_STATE,
+           "zero_step: unit " + std::to_string(gathered) + " is still gathered; release every unit first");
+    test_hooks::maybe_fail("step", comm_.rank());
+  });
+  const std::vector<GroupSpec>& groups = registration_.groups();
+  std::vector<double> lrs(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) lrs[g] = groups[g].base_lr;
+  const CallTag tag{CallKind::kStep, stepper_.steps() + 1, micro_steps_, static_cast<int64_t>(digest_doubles(lrs))};
+  auto explain_lrs = [&]() {
+    std::vector<double> all(lrs.size() * static_cast<size_t>(comm_.size()));
+    std::memcpy(all.data() + lrs.size() * comm_.rank(), lrs.data(), lrs.size() * sizeof(double));
+    comm_.control_all_gather(all.data(), lrs.size() * sizeof(double), "zero_step: the ranks' learning rates");
+    std::ostringstream os;
+    os << "the ranks set different learning rates (zero_set_lr must set the same value on every rank):";
+    for (size_t g = 0; g < lrs.size(); ++g) {
+      bool differs = false;
+      for (int r = 1; r < comm_.size(); ++r) differs |= all[lrs.size() * r + g] != all[g];
+      if (!differs) continue;
+      os << " group " << g << " ('" << groups[g].name << "'):";
+      for (int r = 0; r < comm_.size(); ++r)
+        os << (r ? "," : "") << " rank " << r << " " << exact_decimal(all[lrs.size() * r + g]);
+      os << ";";
+    }
+    std::string text = os.str();
+    text.back() = '.';
+    return text;
+  };
+  guard_.agree(call, tag, local.get(), explain_lrs);
+
+  StepResult result;
+  guard_.moving_data([&] {
+    // 1. What was fetched ahead is stale once the params change: completed and given back. The reductions the
+    //    plan leaves to the step (full gradient buffers); bucketed plans reduced during backward.
+    store_.settle();
+    reducer_.reduce_in_step();
+    reducer_.zero_unwritten_accumulators();
+    // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order, so that every
+    //    rank computes the same norm bit for bit and takes the same clip and skip decisions. When nothing decides
+    //    with it (no clipping, no skip), the optimizer pass sums the squares as it reads the gradients, and the
+    //    partial sums are added after it; otherwise the pass that wrote the reduced values summed them where there
+    //    is one (GradientReducer::folded_squares). The same bits either way, one pass over the gradients fewer.
+    const bool norm_in_update = stepper_.norm_in_update();
+    double sum_sq = 0.0;
+    if (!norm_in_update) {
+      int folded = 0;
+      const double local = stepper_.local_sum_squares(store_, [&](int u) {
+        const double* sums = reducer_.folded_squares(u);
+        folded += sums != nullptr;
+        return sums;
+      });
+      if (log_enabled(ZERO_LOG_DEBUG))
+        log_message(ZERO_LOG_DEBUG, comm_.rank(),
+                    "zero_step: the squares of " + std::to_string(folded) + " of " +
+                        std::to_string(store_.num_units()) + " units were summed as their reduced values were written");
+      sum_sq = comm_.sum_over_ranks(local, "zero_step: partial sums of squares");
+    }
+    // 3. Average, unscale and clip; the loss scale; the learning rate.
+    const StepDecision decision = stepper_.decide(sum_sq, comm_.size(), groups);
+    result = decision.result;
+    // 4. The fused optimizer pass over what this rank updates (skipped on overflow: weights, state, step counter
+    //    and schedule untouched).
+    const bool clear = !reducer_.accumulators_written_on_reduction();
+    double local_sq = 0.0;
+    store_.check_offload_files();
+    if (!result.skipped) stepper_.update(store_, groups, decision, clear, norm_in_update ? &local_sq : nullptr);
+    // With offloaded state the pass does I/O that may fail on one rank (a broken engine, an aborted communicator):
+    // one small exchange lets every rank hear of it in this zero_step, even where nothing collective follows.
+    if (store_.offloaded() || store_.plan().param_offload.enabled)
+      comm_.sum_over_ranks(0.0, "zero_step: the end of the offloaded optimizer pass");
+    if (norm_in_update)
+      result.grad_norm =
+          Stepper::norm_from(comm_.sum_over_ranks(local_sq, "zero_step: partial sums of squares"), decision);
+    // 5. Clear the gradients the optimizer pass did not (all of them after a skipped step); publish the new
+    //    params where the plan says so.
+    if (result.skipped)
+      store_.clear_grads();
+    else if (!reducer_.accumulators_written_on_reduction())
+      store_.clear_grads_not_updated();
+    reducer_.start_window();
+    if (!result.skipped) store_.publish("zero_step: all-gather of the new params");
+  });
+  micro_steps_ = 0;
+  reducer_.set_micro_step_in_window(0);
+  store_.set_next_micro_step_in_window(config_.gradient_accumulation_steps > 1);
+  result.step = stepper_.steps();
+  stepper_.account(result);
+  return result;
+}
+
+}  // namespace zero

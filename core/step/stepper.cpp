@@ -1,0 +1,247 @@
+#include "step/stepper.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+
+#include "step/scheduler.hpp"
+#include "util/error.hpp"
+#include "util/log.hpp"
+
+namespace zero {
+namespace {
+
+// Ranks on one node share its cores: each gets its share of OpenMP threads for the optimizer, so a node never
+// runs more busy threads than cores. OMP_NUM_THREADS, when set, decides instead (0: OpenMP's own default).
+int automatic_threads(int ranks_on_node) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return 0;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, ranks_on_node));
+}
+
+}  // namespace
+
+Stepper::Stepper(const Config& config, int rank, int ranks_on_node)
+    : config_(config),
+      isa_(active_isa()),
+      rank_(rank),
+      ranks_on_node_(ranks_on_node),
+      scaler_(config.loss_scale, config.compute_dtype == DType::kF16) {
+  set_threads(config.optimizer_threads);
+}
+
+void Stepper::set_threads(int requested) { threads_ = requested > 0 ? requested : automatic_threads(ranks_on_node_); }
+
+void Stepper::allocate(const ParameterStore& store, size_t groups) {
+  size_t largest_norm_blocks = 0;
+  update_covers_norm_ = true;
+  for (int u = 0; u < store.num_units(); ++u) {
+    const ParameterStore::UnitBuffers& ub = store.unit(u);
+    const UnitPlan& up = store.unit_plan(u);
+    for (const ShardSegment& s : ub.norm_segments)
+      largest_norm_blocks = std::max(largest_norm_blocks, sum_squares_blocks(s.numel));
+    // The pass can sum the norm's squares only where it reads the same gradients in the same runs, and where
+    // parallel_step's split at a multiple of 2^32 elements (stochastic rounding keys) falls on a block of the norm.
+    bool same = up.update_in_grads == up.norm_in_grads && ub.segments.size() == ub.norm_segments.size();
+    for (size_t i = 0; same && i < ub.segments.size(); ++i) {
+      const ShardSegment &s = ub.segments[i], &n = ub.norm_segments[i];
+      same = s.shard_offset == n.shard_offset && s.numel == n.numel &&
+             !splits_inside_a_norm_block(up.element_base + up.update_begin + s.shard_offset, s.numel);
+    }
+    update_covers_norm_ = update_covers_norm_ && same;
+  }
+  // An offloaded pass walks the shard in chunks that cut segments anywhere: its squares would be summed in other
+  // blocks, so the norm keeps a pass of its own over the (in-memory) gradients.
+  if (store.offloaded()) update_covers_norm_ = false;
+  norm_scratch_.assign(largest_norm_blocks, 0.0);
+  step_scalars_.resize(groups);
+  if (log_enabled(ZERO_LOG_DEBUG))
+    log_message(ZERO_LOG_DEBUG, rank_,
+                norm_in_update() ? "zero_step: the gradient norm is summed in the optimizer pass"
+                                 : "zero_step: the gradient norm is summed before the update (as the reduced gradients "
+                                   "are written where a pass writes them, else in a pass of its own)");
+}
+
+bool Stepper::norm_in_update() const {
+  return update_covers_norm_ && !config_.skip_nonfinite_steps && config_.gradient_clipping == 0.0;
+}
+
+double Stepper::norm_from(double sum_sq, const StepDecision& decision) {
+  return std::sqrt(sum_sq / (decision.divisor * decision.divisor));
+}
+
+// Each rank sums the squares of its shard of the reduced gradients, at every stage (stage 0 holds every gradient,
+// but sums only its shard: the same sums as stages 1-3). Squares of small multiples of 2^-10 and their sums are
+// exact in fp64, so for those the norm does not depend on how shards split the sum.
+double Stepper::local_sum_squares(ParameterStore& store, const std::function<const double*(int)>& folded) {
+  const size_t grad_size = dtype_size(config_.grad_accum_dtype);
+  const int grad_index = static_cast<int>(config_.grad_accum_dtype);
+  double sum_sq = 0.0;
+  for (int u = 0; u < store.num_units(); ++u) {
+    if (const double* sums = folded ? folded(u) : nullptr) {
+      for (size_t i = 0; i < store.unit(u).norm_segments.size(); ++i) sum_sq += sums[i];
+      continue;
+    }
+    const KernelTable& table = kernels(store.unit(u).grads.space(), isa_);
+    const char* g = static_cast<const char*>(store.norm_grads(u));
+    for (const ShardSegment& s : store.unit(u).norm_segments)
+      sum_sq += parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size, grad_size, s.numel,
+                                     threads_, norm_scratch_.data());
+  }
+  return sum_sq;
+}
+
+// Average and unscale (the sum over ranks and micro-steps divided once by N x G x scale: a correctly rounded
+// division, exact whenever the average is representable, so N = 3 or G = 3 train exactly as N = 1 does on the
+// same averaged gradient), then clip with a separate multiply.
+StepDecision Stepper::decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups) {
+  StepDecision d;
+  StepResult& result = d.result;
+  result.loss_scale = scaler_.scale();
+  const double samples = static_cast<double>(world_size) * static_cast<double>(config_.gradient_accumulation_steps);
+  // The norm of the averaged gradients: sum_sq / D^2 with D = N x G x scale is exact when the averaged values'
+  // squares are, so for the same averaged gradient every N and G compute the same norm (sqrt(sum_sq) / D would
+  // round differently for D = 3).
+  d.divisor = samples * scaler_.scale();
+  result.grad_norm = norm_from(sum_sq, d);
+  result.skipped = config_.skip_nonfinite_steps && !std::isfinite(sum_sq);
+  const double scale_before = scaler_.scale();
+  scaler_.update(result.skipped);
+  if (scaler_.scale() != scale_before && rank_ == 0 && log_enabled(ZERO_LOG_INFO))
+    log_message(ZERO_LOG_INFO, 0,
+                "zero_step: loss scale " + exact_decimal(scale_before) + " -> " + exact_decimal(scaler_.scale()) +
+                    (result.skipped ? " (gradients overflowed; step skipped)" : " (no overflow for a window)"));
+  result.lr = scheduled_lr(config_.scheduler, groups[0].base_lr, steps_ + 1);
+  // A non-finite norm that is not skipped (the check is off) clips every gradient to zero, inf and nan alike, as
+  // DeepSpeed's ZeRO 1-2 do (tests/deepspeed/fixtures.json, "one_element"): the non-finite elements become nan.
+  if (!result.skipped && config_.gradient_clipping > 0.0 &&
+      (!std::isfinite(result.grad_norm) || result.grad_norm > config_.gradient_clipping))
+    d.clip = std::isfinite(result.grad_norm) ? config_.gradient_clipping / (result.grad_norm + 1e-6) : 0.0;
+  return d;
+}
+
+CopyMode Stepper::copy_mode() const {
+  switch (config_.compute_dtype) {
+    case DType::kBF16:
+      return config_.stochastic_rounding ? CopyMode::kBf16Stochastic : CopyMode::kBf16Rne;
+    case DType::kF16:
+      return CopyMode::kFp16Rne;
+    case DType::kF32:
+      break;
+  }
+  return CopyMode::kNone;
+}
+
+// One fused pass per run of one group's elements: reads the gradient (any accumulation dtype), updates master and
+// state, writes the compute-dtype params.
+void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision,
+                     bool clear_grads, double* sum_sq) {
+  if (sum_sq != nullptr && !norm_in_update())
+    fail(ZERO_ERR_INTERNAL, "Stepper::update: the norm was asked of a pass that cannot compute it");
+  steps_ += 1;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    OptimizerHyper h = groups[g].hyper;
+    h.lr = scheduled_lr(config_.scheduler, groups[g].base_lr, steps_);
+    step_scalars_[g] = make_step_scalars(h, steps_, decision.divisor, decision.clip);
+    step_scalars_[g].seed = sr_step_seed(config_.stochastic_rounding_seed, static_cast<uint64_t>(steps_));
+  }
+  const int grad_index = static_cast<int>(config_.grad_accum_dtype);
+  const size_t grad_size = dtype_size(config_.grad_accum_dtype), compute_size = dtype_size(config_.compute_dtype);
+  auto kernel_of = [&](const ParameterStore::UnitBuffers& ub) {
+    return kernels(ub.grads.space(), isa_)
+        .step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())];
+  };
+  // One run of one group's elements [lo, hi) of unit u's updated range; `master`, `state0`, `state1` point at
+  // element lo.
+  auto run = [&](int u, const ShardSegment& s, size_t lo, size_t hi, float* master, float* state0, float* state1) {
+    const UnitPlan& up = store.unit_plan(u);
+    char* copy = static_cast<char*>(store.copy(u));
+    KernelArgs a;
+    a.master = master;
+    a.grad = static_cast<const char*>(store.update_grads(u)) + lo * grad_size;
+    a.grad_elem_size = grad_size;
+    a.state0 = state0;
+    a.state1 = state1;
+    a.copy = copy == nullptr ? nullptr : copy + lo * compute_size;
+    a.clear_grad = clear_grads;  // the next micro-step adds into zeros; no pass of its own
+    a.n = hi - lo;
+    a.first_index = up.element_base + up.update_begin + lo;
+    a.s = step_scalars_[s.group];
+    if (sum_sq != nullptr) a.block_sums = norm_scratch_.data();
+    parallel_step(kernel_of(store.unit(u)), a, threads_);
+    if (sum_sq != nullptr) {  // block order, then segment order: local_sum_squares's sums
+      double segment = 0.0;
+      for (size_t b = 0; b < sum_squares_blocks(a.n); ++b) segment += norm_scratch_[b];
+      *sum_sq += segment;
+    }
+  };
+  if (store.offloaded()) {
+    // The master (when separate) and the state stream through the NVMe state's window, a chunk at a time: every
+    // element gets the same per-element operations as in memory, so the bits are the same.
+    const OffloadPlan& o = store.plan().offload;
+    const int ma = store.master_array(), states = o.arrays - (o.master ? 1 : 0);
+    const int s0 = states > 0 ? store.state_array(0) : -1, s1 = states > 1 ? store.state_array(1) : -1;
+    int unit = -1;  // the unit whose new params are being written (end_copy once its last piece is done)
+    store.nvme()->stream([&](const io::NvmeState::Piece& p, float* const* arrays) {
+      if (p.unit != unit) {
+        if (unit >= 0) store.end_copy(unit);
+        store.begin_copy(unit = p.unit);
+      }
+      ParameterStore::UnitBuffers& ub = store.unit(p.unit);
+      float* in_memory_master = ma < 0 ? store.master(p.unit) : nullptr;
+      for (const ShardSegment& s : ub.segments) {
+        const size_t lo = std::max(s.shard_offset, p.begin), hi = std::min(s.shard_offset + s.numel, p.begin + p.n);
+        if (lo >= hi) continue;
+        const size_t at = lo - p.begin;
+        run(p.unit, s, lo, hi, ma >= 0 ? arrays[ma] + at : in_memory_master + lo, s0 >= 0 ? arrays[s0] + at : nullptr,
+            s1 >= 0 ? arrays[s1] + at : nullptr);
+      }
+    });
+    if (unit >= 0) store.end_copy(unit);
+    return;
+  }
+  for (int u = 0; u < store.num_units(); ++u) {
+    ParameterStore::UnitBuffers& ub = store.unit(u);
+    float* master = store.master(u);
+    store.begin_copy(u);
+    for (const ShardSegment& s : ub.segments)
+      run(u, s, s.shard_offset, s.shard_offset + s.numel, master + s.shard_offset,
+          ub.state[0].empty() ? nullptr : ub.state[0].f32() + s.shard_offset,
+          ub.state[1].empty() ? nullptr : ub.state[1].f32() + s.shard_offset);
+    store.end_copy(u);
+  }
+}
+
+// A skipped step is news, and many in a row end the run: training must never skip steps forever without a word.
+// With fp16 the scaler lowers the scale, and only overflows at the minimum scale count (DeepSpeed stops at the
+// first); in bf16 and fp32 there is no scale to lower, so every non-finite step counts. Every rank takes the same
+// decision (the norm is the same everywhere), after the step, with the engine consistent.
+void Stepper::account(const StepResult& result) {
+  if (!result.skipped) {
+    consecutive_skips_ = 0;
+    if (!std::isfinite(result.grad_norm) && rank_ == 0)
+      log_message(ZERO_LOG_WARNING, rank_,
+                  "zero_step: step " + std::to_string(result.step) +
+                      " applied with a non-finite gradient norm: the check that would skip it is off "
+                      "(bf16.check_grad_overflow or zero_optimization.compute_grad_norm is false)");
+    return;
+  }
+  const bool fp16 = config_.compute_dtype == DType::kF16 && config_.loss_scale.static_scale == 0.0;
+  consecutive_skips_ = fp16 ? scaler_.skips_at_minimum() : consecutive_skips_ + 1;
+  if (consecutive_skips_ == 0) return;
+  const int limit = LossScaler::kMaxSkipsAtMinimum;
+  const std::string what = fp16 ? "the gradients overflow even at the minimum loss scale (fp16.min_loss_scale = " +
+                                      exact_decimal(config_.loss_scale.min_scale) + ")"
+                                : "the gradients are not finite (inf or nan) and there is no loss scale to lower";
+  if (consecutive_skips_ >= limit)
+    fail(ZERO_ERR_INVALID_STATE, "zero_step: " + what + " for " + std::to_string(limit) +
+                                     " consecutive steps, all skipped; training cannot go on (DeepSpeed stops at the "
+                                     "first such step). The weights are those of step " +
+                                     std::to_string(result.step));
+  log_message(ZERO_LOG_WARNING, rank_,
+              "zero_step: step skipped: " + what + " (" + std::to_string(consecutive_skips_) + " in a row; zero_step " +
+                  "gives up after " + std::to_string(limit) + ")");
+}
+
+}  // namespace zero

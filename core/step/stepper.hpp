@@ -1,0 +1,87 @@
+// The stepper: what zero_step computes once the gradients are reduced — this rank's part of the squared norm, the
+// norm itself, the clip and loss-scale decisions, each group's learning rate, and the fused optimizer pass over
+// the ranges the plan gives this rank (kernels chosen by memory space and SIMD path). It owns the loss scaler,
+// the step counter and the per-step scratch, so that zero_step allocates nothing.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "config/config.hpp"
+#include "kernels/kernels.hpp"
+#include "params/param_store.hpp"
+#include "params/registration.hpp"
+#include "step/loss_scaler.hpp"
+
+namespace zero {
+
+struct StepResult {
+  int64_t step = 0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  double loss_scale = 1.0;
+  bool skipped = false;
+};
+
+// What the optimizer pass needs from the decision: every gradient is divided by `divisor` (world size x
+// accumulation steps x loss scale), then multiplied by `clip`.
+struct StepDecision {
+  StepResult result;
+  double divisor = 1.0;
+  double clip = 1.0;
+};
+
+class Stepper {
+ public:
+  Stepper(const Config& config, int rank, int ranks_on_node);
+
+  // finalize: the scratch of the norm and the per-group scalars.
+  void allocate(const ParameterStore& store, size_t groups);
+  // This rank's sum of squares of its shard of the reduced gradients, in fp64 (also the overflow test: an inf or
+  // nan anywhere makes it non-finite; finite fp32 squares cannot overflow fp64).
+  // `folded(u)`, where not null, gives unit u's per-segment sums already summed as the gradients were reduced
+  // (GradientReducer::folded_squares): the same bits, no pass over the unit.
+  double local_sum_squares(ParameterStore& store, const std::function<const double*(int)>& folded = nullptr);
+  // From the sum over ranks: the norm, the skip and loss-scale decisions, the clip, the learning rate of group 0.
+  StepDecision decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups);
+  // Whether this step's norm comes from the optimizer pass (norm_in_update) instead of a pass of its own before it:
+  // when nothing decides with it (no clipping, no skip of a non-finite step; Config::skip_nonfinite_steps) and this
+  // rank updates exactly the elements it adds to the norm (stages 1-3, or one rank). Either way the norm has the
+  // same bits and every rank runs the same collectives, so the ranks need not agree on it.
+  bool norm_in_update() const;
+  // The fused optimizer pass over every unit's update range (counts the step); with `clear_grads` it zeroes the
+  // gradients it reads (not needed where the next reduction writes them: GradientReducer). With `sum_sq` it also
+  // adds this rank's sum of squares there, the bits local_sum_squares gives (needs norm_in_update()).
+  void update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision,
+              bool clear_grads, double* sum_sq = nullptr);
+  // The norm of the averaged gradients from the sum over ranks of the squares, as decide computes it.
+  static double norm_from(double sum_sq, const StepDecision& decision);
+  // After the step: a skipped step is logged, and too many in a row end the run (throws).
+  void account(const StepResult& result);
+
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+  double loss_scale() const { return scaler_.scale(); }
+  LossScaler::State scaler_state() const { return scaler_.state(); }
+  void restore_scaler(const LossScaler::State& s) { scaler_.restore(s); }
+  Isa isa() const { return isa_; }
+  int threads() const { return threads_; }
+  void set_threads(int requested);  // 0: automatic
+
+ private:
+  CopyMode copy_mode() const;
+
+  const Config& config_;
+  Isa isa_;
+  int rank_ = 0;
+  int ranks_on_node_ = 1;
+  int threads_ = 1;                        // optimizer threads per rank
+  std::vector<StepScalars> step_scalars_;  // per group, reused
+  std::vector<double> norm_scratch_;       // block sums of the norm (parallel_sum_squares or the optimizer pass)
+  bool update_covers_norm_ = false;        // allocate(): the update ranges are the norm's, block for block
+  LossScaler scaler_;
+  int64_t steps_ = 0;          // optimizer steps taken (skipped ones excluded)
+  int consecutive_skips_ = 0;  // skipped steps in a row that count toward giving up (account())
+};
+
+}  // namespace zero
