@@ -7,7 +7,10 @@
 #     CMake, pkg-config and mpirun; the consumer program is built with find_package and with pkg-config and run,
 #     over a one-rank communicator and over MPI at 2 ranks (the installed MPI module), and the tools run.
 # Needs root (chroot, mounts) and the Debian mirror. The minbase root is debootstrapped once and kept as a tarball in
-# ~/.cache/libzero (ZERO_DEBIAN_BASE overrides the path, ZERO_DEBIAN_MIRROR the mirror).
+# ~/.cache/libzero (ZERO_DEBIAN_BASE overrides the path, ZERO_DEBIAN_MIRROR the mirror). When the caller builds with
+# ccache (CMAKE_CXX_COMPILER_LAUNCHER=ccache, as scripts/test.sh does), the package build uses the same cache
+# directory, bind-mounted, with ccache installed beside build-essential (as pbuilder and sbuild do it): the build
+# environment is otherwise only the Build-Depends.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [[ $(id -u) -ne 0 ]]; then
@@ -70,12 +73,22 @@ new_root "$build"
 mkdir -p "$build/src/libzero"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$build/src/libzero")
 cp -r "$root/packaging/debian" "$build/src/libzero/debian"
+cache_tool= cache_env=
+if [[ ${CMAKE_CXX_COMPILER_LAUNCHER:-} == ccache ]]; then
+  cache_dir=${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}
+  mkdir -p "$cache_dir" "$build/ccache"
+  mount --bind "$cache_dir" "$build/ccache"
+  mounts+=("$build/ccache")
+  cache_tool=ccache
+  cache_env="CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1 CMAKE_C_COMPILER_LAUNCHER=ccache \
+    CMAKE_CXX_COMPILER_LAUNCHER=ccache"
+fi
 in_root "$build" "apt-get update -qq && apt-get install -y -qq --no-install-recommends build-essential dpkg-dev \
-  >/dev/null && cd /src/libzero && apt-get build-dep -y -qq ./ >/dev/null" >"$work/deps.log" 2>&1 || {
+  $cache_tool >/dev/null && cd /src/libzero && apt-get build-dep -y -qq ./ >/dev/null" >"$work/deps.log" 2>&1 || {
   tail -30 "$work/deps.log"
   exit 1
 }
-in_root "$build" "cd /src/libzero && dpkg-buildpackage -us -uc -b -j$(nproc)" >"$work/build.log" 2>&1 || {
+in_root "$build" "cd /src/libzero && $cache_env dpkg-buildpackage -us -uc -b -j$(nproc)" >"$work/build.log" 2>&1 || {
   tail -60 "$work/build.log"
   exit 1
 }

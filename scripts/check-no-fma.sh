@@ -13,9 +13,11 @@ trap 'rm -rf "$tmp"' EXIT
 declare -A isa=([kernels_scalar]="-mavx2 -mfma" [kernels_avx2]="-mavx2 -mfma -mf16c"
                 [kernels_avx512]="-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma"
                 [optimizer]="-mavx2 -mfma" [dispatch]="-mavx2 -mfma")
+# A compiler launcher (ccache, from scripts/test.sh) caches these objects as it does the build's.
+launcher=${CMAKE_CXX_COMPILER_LAUNCHER:-}
 for tu in "${!isa[@]}"; do
   # shellcheck disable=SC2086
-  "$cxx" -O2 -std=c++17 -fopenmp -DZERO_X86_KERNELS -I"$root/core" -I"$root/capi/include" -I"$build_include" \
+  $launcher "$cxx" -O2 -std=c++17 -fopenmp -DZERO_X86_KERNELS -I"$root/core" -I"$root/capi/include" -I"$build_include" \
     ${isa[$tu]} -ffp-contract=$contract -w -c "$root/core/kernels/$tu.cpp" -o "$tmp/$tu.o"
   n=$(objdump -d "$tmp/$tu.o" | grep -c 'vfn\?m\(add\|sub\)' || true)
   if [[ $n != 0 ]]; then

@@ -13,12 +13,13 @@ set -euo pipefail
 # python3-dev, python3-pytest, python3-mpi4py: the Python binding's build and tests (pybind11, ml_dtypes and
 # scikit-build-core come from PyPI into the venv scripts/test.sh makes). swig, openjdk-17-jdk-headless, junit4,
 # golang-go: the Java and Go bindings and their tests (JUnit 4 from Debian; Go builds with no module downloads).
-# liburing-dev: io_uring for NVMe offload's direct I/O; fio: its benchmark's reference (bench/nvme/run.sh).
+# liburing-dev: io_uring for NVMe offload's direct I/O; fio: its benchmark's reference (bench/nvme/run.sh). ccache:
+# the compiler cache scripts/test.sh builds with.
 packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
           abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv
           python3-dev python3-pytest python3-mpi4py
           swig openjdk-17-jdk-headless junit4 golang-go liburing-dev fio
-          libopenblas-dev clang-14 libclang-rt-14-dev debootstrap)
+          libopenblas-dev clang-14 libclang-rt-14-dev debootstrap ccache)
 packages+=("$@")  # what a caller needs beyond these (scripts/demo.sh: gnuplot for the loss plot)
 
 missing=()

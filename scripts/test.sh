@@ -12,6 +12,15 @@ jobs=$(nproc)
 
 bash scripts/install-deps.sh
 
+# A compiler cache for every build the command makes (ccache's directory, ~/.cache/ccache, is kept between runs):
+# a second run on the same machine compiles only what changed. CMake takes the launcher from these variables; the
+# paths under the checkout are hashed relative to it, so another clone of the same commit hits the cache too. The
+# pip wheel's build, the conda build script and the Debian chroot set their own base directory (they build
+# elsewhere).
+export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+ccache --zero-stats >/dev/null
+
 # PyTorch (and Hugging Face transformers, for a GPT-2 built from a config) for libzero.torch's tests, in a venv of
 # its own outside the source tree, kept between runs. PyPI's torch wheel with its CUDA libraries is about 5 GB: on a
 # fresh machine it downloads in the background while libzero builds.
@@ -79,3 +88,6 @@ bash packaging/test-debian.sh
 
 echo "== conda recipe"
 bash packaging/conda/test-conda.sh
+
+echo "== compiler cache"
+ccache --show-stats | grep -E "Hits|Misses|Cache size" || true

@@ -26,7 +26,8 @@ PY
 
 mkdir "$work/src" "$work/prefix" "$work/work"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/src")
-(cd "$work/work" && SRC_DIR="$work/src" PREFIX="$work/prefix" CPU_COUNT="$(nproc)" \
+# A compiler cache, when the caller set one up (scripts/test.sh), sees the paths relative to the scratch directory.
+(cd "$work/work" && CCACHE_BASEDIR="$work" SRC_DIR="$work/src" PREFIX="$work/prefix" CPU_COUNT="$(nproc)" \
    bash "$root/packaging/conda/build.sh" >"$work/build.log" 2>&1) || { tail -40 "$work/build.log"; exit 1; }
 
 # The recipe's tests, with $PREFIX set as conda would.

@@ -20,7 +20,10 @@ if not quick or quick[0] != expected:
 PY
 
 /usr/bin/python3 -m venv "$work/venv"
-"$work/venv/bin/pip" install --quiet --disable-pip-version-check "$src/bindings/python"
+# pip builds in a temporary directory: under the scratch directory, so that a compiler cache whose base directory
+# holds both the sources and the scratch directory (scripts/test.sh) finds the same paths again in the next run.
+mkdir -p "$work/tmp"
+TMPDIR="$work/tmp" "$work/venv/bin/pip" install --quiet --disable-pip-version-check "$src/bindings/python"
 cp "$src/examples/python/quickstart.py" "$work/"
 cd "$work"  # the installed package is what gets imported, not the source tree's
 check() {  # every rank converged (mpirun may interleave the ranks' lines: count the reports, not the lines)
