@@ -1,7 +1,7 @@
 // ZeRO-Offload's pipeline (core/cpu_offload/offload_pipeline.hpp) against its two limits, measured in the same run
 // (bench/README.md "ZeRO-Offload pipeline"): the bus alone (every piece's gradients to the host and new params
 // back, both directions at once, nothing computed) and the CPU alone (every piece accumulated and stepped from the
-// slots, nothing copied). The pipeline overlaps them; issue 16's goal is a step within 1.3x the larger limit.
+// slots, nothing copied). The pipeline overlaps them; the goal is a step within 1.3x the larger limit.
 // Every piece is made ready at once, so nothing hides behind a backward pass: the pipeline's worst case.
 //
 //   bench_offload_pipeline [--params 64] [--piece 4] [--reps 7] [--queue host|cuda] [--threads 0]

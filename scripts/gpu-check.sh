@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The one script to run on a machine with an NVIDIA GPU (issue 16, docs/architecture.md "GPU kernels"): builds
+# The one script to run on a machine with an NVIDIA GPU (docs/architecture.md, "GPU kernels"): builds
 # libzero with the CUDA parts (build/cuda, release, warnings are errors), runs every test labelled gpu — which
 # must then run, not skip — and the kernel benchmark, and prints one table. A few minutes on an H200; the build is
 # most of it.
 #   bash scripts/gpu-check.sh [--reps N]
 # What it does not cover yet (not built): the engine on device memory, NCCL, the engine's use of ZeRO-Offload's
-# pipeline (the pipeline itself is tested here) and the GPT example on the GPU — issue 16's remaining items.
+# pipeline (the pipeline itself is tested here) and the GPT example on the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=20

@@ -2,7 +2,7 @@
 # libzero's direct-I/O engine against fio with the same block size, queue depth and O_DIRECT, in one run:
 # `rounds` times fio (io_uring: write, then read the same file, then write it again) and libzero's engine (both of
 # its engines; io_uring also rewriting its file), and the
-# medians with libzero / fio ratios (goal of issue 17: >= 0.9). The file lives in DIR (default: the build tree; not a
+# medians with libzero / fio ratios (the goal: >= 0.9). The file lives in DIR (default: the build tree; not a
 # tmpfs, which has no O_DIRECT).
 #   bench/nvme/run.sh [BUILD_DIR] [SIZE_MIB] [BLOCK_KIB] [DEPTH] [rounds] [DIR]
 set -euo pipefail

@@ -3,7 +3,7 @@
 # P-million-param model in memory (the optimizer's own time) and with offload_optimizer to NVMe — and (2) fio with
 # 1 MiB requests, queue depth 8 and O_DIRECT on a file of the offload file's size: writing it, reading it, and
 # reading and writing it at once (rw, half each, twice the bytes: what one step moves, on one device). Medians, and
-# the offloaded step against max(read, write, optimizer) (goal of issue 17: <= 1.2), against the mixed transfer
+# the offloaded step against max(read, write, optimizer) (the goal: <= 1.2), against the mixed transfer
 # (the device's own limit when reads and writes share it) and against read + write + optimizer (no overlap at all).
 #   bench/nvme/step.sh [BUILD_DIR] [PARAMS_MILLIONS] [rounds] [DIR] [extra bench_offload_step args...]
 set -euo pipefail

@@ -1,7 +1,7 @@
-// ZeRO-Offload's pipeline on one rank (issue 16, docs/architecture.md "ZeRO-Offload"): a GPU engine reduces the
+// ZeRO-Offload's pipeline on one rank (docs/architecture.md, "ZeRO-Offload"): a GPU engine reduces the
 // gradients on the device; their shards come to host memory piece by piece as the reductions complete, the CPU's
 // kernels step the fp32 master and the optimizer state there, and the new params go back to the device. Two
-// staging slots each way (the plan's offload_grad_staging and offload_param_staging) keep the bus and the CPU busy
+// staging slots each way (the plan's cpu_offload_grad_slots and cpu_offload_param_slots) keep the bus and the CPU busy
 // at once: while the CPU adds piece p's gradients into their accumulators or steps piece p, piece p + 1 crosses
 // the bus. A piece is one reduction's shard (a bucket's at stages 2-3, a unit's at stage 1); its segments are runs
 // of one param group's elements, packed one after another in a slot.

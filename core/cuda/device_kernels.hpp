@@ -3,7 +3,7 @@
 // against). Declared without CUDA's headers, so host code and tests include this file in any build; a stream is
 // a cudaStream_t passed as void* (nullptr: the legacy default stream).
 //
-// Every kernel computes each element with the CPU's operations (optim/step_element.hpp, optim/element_ops.hpp,
+// Every kernel computes each element with the CPU's operations (kernels/step_element.hpp, kernels/element_ops.hpp,
 // dtype.hpp), so its results equal the CPU kernels' bit for bit: tests/gpu/kernels_test.cpp compares them on a GPU.
 // Errors (no device, a failed launch) throw zero::Error; the launches are asynchronous on `stream`.
 #pragma once
@@ -39,7 +39,7 @@ void launch_step(OptimizerKind kind, DType grad, CopyMode copy, const LaunchTabl
 size_t sum_squares_scratch_doubles(size_t n);
 void launch_sum_squares(DType grad, const void* device_grad, size_t n, double* scratch, double* result, void* stream);
 
-// Gradient conversions with the CPU kernels' bits (optim/kernels.hpp): narrow fp32 -> 16-bit, widen 16-bit -> fp32,
+// Gradient conversions with the CPU kernels' bits (kernels/kernels.hpp): narrow fp32 -> 16-bit, widen 16-bit -> fp32,
 // accumulate acc[i] += src[i] (into_zero: 0 + src[i]). On the GPU, source and destination must not overlap (every
 // element is converted at once, not front to back).
 void launch_narrow(DType to, void* dst, const float* src, size_t n, void* stream);

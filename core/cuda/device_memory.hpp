@@ -1,4 +1,4 @@
-// Device memory for the engine's buffers (issue 16, item 2): the allocators of the device and pinned host spaces,
+// Device memory for the engine's buffers: the allocators of the device and pinned host spaces,
 // and the device's copies, zeroing and element kernels behind memory/ops.hpp. Declared without CUDA's headers.
 #pragma once
 

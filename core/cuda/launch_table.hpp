@@ -25,7 +25,7 @@ struct StepChunk {
 };
 
 struct StepLaunch {
-  int sgd_variant = 0;     // optim/step_element.hpp's kSgd* flags
+  int sgd_variant = 0;     // kernels/step_element.hpp's kSgd* flags
   size_t first_chunk = 0;  // into LaunchTable::chunks
   size_t chunk_count = 0;
 };

@@ -1,4 +1,4 @@
-// The gradient norm's sum of squares on the GPU, with the CPU's bits (optim/dispatch.cpp parallel_sum_squares):
+// The gradient norm's sum of squares on the GPU, with the CPU's bits (kernels/dispatch.cpp parallel_sum_squares):
 // the run is cut into blocks of kSumBlockElems elements; in each block, element i's square (in fp64) is added to
 // lane i mod 16 in element order, the 16 lanes are combined by the fixed tree, and the block sums are added in
 // block order starting from 0. Each of those sums is a sequential chain on the CPU and stays one here — one thread

@@ -1,6 +1,6 @@
 // Where a buffer lives. The placement plan (core/plan/plan.hpp) gives every buffer a space; the allocator of that space
 // (memory/allocator.hpp) provides its bytes, and the memory operations and kernels are chosen by it
-// (memory/ops.hpp, optim/kernels.hpp). The CPU engine allocates host memory only; pinned host and device memory
+// (memory/ops.hpp, kernels/kernels.hpp). The CPU engine allocates host memory only; pinned host and device memory
 // come with the CUDA build, NVMe with the offload engine, and a plan that asks for a space without an allocator
 // fails at finalize with ZERO_ERR_UNSUPPORTED.
 #pragma once

@@ -1,4 +1,4 @@
-// Direct I/O for NVMe offload (issue 17): one file per rank and kind, opened with O_DIRECT and pre-allocated, read
+// Direct I/O for NVMe offload: one file per rank and kind, opened with O_DIRECT and pre-allocated, read
 // and written in blocks of DeepSpeed's aio.block_size with up to aio.queue_depth requests in flight. Two engines
 // behind one interface: io_uring (liburing, when the build found it and the kernel allows it) and positioned
 // reads/writes (pread/pwrite) everywhere else, chosen at run time with one log line.

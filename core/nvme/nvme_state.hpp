@@ -1,5 +1,5 @@
 // The fp32 arrays a rank updates (the master, when it is separate from the params, and the optimizer state), kept
-// in one file on NVMe instead of host memory: offload_optimizer with device "nvme" (issue 17). The optimizer pass
+// in one file on NVMe instead of host memory: offload_optimizer with device "nvme". The optimizer pass
 // streams them through a window of a few chunks of host memory — reading chunk i+1 ahead and writing chunk i-1
 // behind while chunk i is updated — so host memory for the offloaded state is bounded by the window, not the model.
 //

@@ -352,9 +352,10 @@ static int exit_early(zero_comm_t* comm, int silently) {
   return 0;
 }
 
-/* The last rank finalises the communicator while the others finalise an engine: two different first exchanges
- * (the engine's used to be the registration digests, of another size than the agreement, which Open MPI answered by
- * killing the job with MPI_ERR_TRUNCATE). Every rank must get ZERO_ERR_MISMATCH naming both calls. */
+/* The last rank finalises the communicator while the others finalise an engine: two different calls whose first
+ * exchanges must be of the same size (a first exchange of another size than the agreement, such as the
+ * registration digests, is answered by Open MPI with MPI_ERR_TRUNCATE, killing the job). Every rank must get
+ * ZERO_ERR_MISMATCH naming both calls. */
 static void comm_finalize_during_finalize(zero_comm_t* comm) {
   int32_t ids[kNumParams];
   zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 0);
