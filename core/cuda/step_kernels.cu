@@ -1,5 +1,5 @@
 // The fused optimizer step on the GPU: one thread block per chunk of the launch table (cuda/launch_table.hpp), one
-// thread per element, running optim/step_element.hpp's step_vector on optim/element_ops.hpp's one-element vector
+// thread per element, running kernels/step_element.hpp's step_vector on kernels/element_ops.hpp's one-element vector
 // type — the source the CPU's portable path compiles — so every element gets the CPU's operations in the CPU's
 // order, each correctly rounded (no FMA contraction: the _rn intrinsics; the build passes -fmad=false as well).
 #include <climits>
@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(kThreads) step_chunks(const KernelArgs* segmen
   const KernelArgs a = segments[chunk.segment];
   ElementV::D no_norm{};  // the norm is its own pass on the GPU (launch_sum_squares)
   for (uint32_t j = threadIdx.x; j < chunk.count; j += kThreads)
-    kernel_detail::step_vector<ElementV, K, G, C, kSgd, false>(a, chunk.begin + j, no_norm, 0);
+    kernel_detail::step_vector<ElementV, K, G>(a, chunk.begin + j, no_norm, 0,
+                                               kernel_detail::FixedVariant<C, kSgd, false>{});
 }
 
 using Launcher = void (*)(const KernelArgs*, const StepChunk*, unsigned, cudaStream_t);

@@ -1,5 +1,5 @@
 // The optimizer kernels' CPU loops, written once over a SIMD abstraction V and instantiated per path by
-// kernels_<isa>.cpp; the per-vector step they run is optim/step_element.hpp's, which the GPU kernels share.
+// kernels_<isa>.cpp; the per-vector step they run is kernels/step_element.hpp's, which the GPU kernels share.
 // V provides: W (lanes), F (float vector), load/store/set1/add/sub/mul/div/sqrt/sign_times, load_bf16/load_fp16,
 // store_bf16_rne/store_bf16_sr/store_fp16_rne, and a double accumulator for the sum of squares.
 //
@@ -62,25 +62,35 @@ ZERO_HOST_INLINE void prefetch_streams(const KernelArgs& a, size_t j) {
   if constexpr (C != CopyMode::kNone) prefetch_block<2, 1>(a.copy, j);
 }
 
-template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd, bool kNorm>
-void step_run(const KernelArgs& args, typename V::D& sum) {
+template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd>
+void step_run(const KernelArgs& args, typename V::D& sum, bool sum_squares) {
   constexpr size_t W = V::W;
   static_assert(kBlock % W == 0, "a prefetch block is whole vectors (the clearing after the blocks relies on it)");
   // Local copies: the stores through its float pointers cannot alias them (SIMD types may alias anything, so the
   // caller's accumulator could not stay in registers), so the compiler keeps the pointers, the broadcast constants
   // and the squares' lanes in registers instead of reloading them after every store.
   const KernelArgs local = args;
+  RunVariant<C, kSgd> var;
+  var.sum_squares = sum_squares;
   typename V::D acc = sum;
   const size_t body = local.n / W * W;
   const size_t blocks = local.n / kBlock * kBlock;
   size_t i = 0;
   for (; i < blocks; i += kBlock) {
     if constexpr (kPrefetchAhead > 0) prefetch_streams<K, G, C, kSgd>(local, i + kPrefetchAhead);
+    if constexpr (W == 1) {
+      // The portable path, one element per vector: a block unrolled whole is 32 copies of the step per compiled
+      // loop and was most of the build's time; unrolled by 4 it runs from memory at the same quarter of its
+      // roofline (bench/README.md, "Compiling the kernels").
+#pragma GCC unroll 4
+      for (size_t v = 0; v < kBlock; v += W) step_vector<V, K, G>(local, i + v, acc, square_part<V>(v), var);
+    } else {
 #pragma GCC unroll 32
-    for (size_t v = 0; v < kBlock; v += W) step_vector<V, K, G, C, kSgd, kNorm>(local, i + v, acc, square_part<V>(v));
+      for (size_t v = 0; v < kBlock; v += W) step_vector<V, K, G>(local, i + v, acc, square_part<V>(v), var);
+    }
     if (local.clear_grad) clear_grads<G>(local.grad, i, kBlock);
   }
-  for (; i < body; i += W) step_vector<V, K, G, C, kSgd, kNorm>(local, i, acc, square_part<V>(i));
+  for (; i < body; i += W) step_vector<V, K, G>(local, i, acc, square_part<V>(i), var);
   if (local.clear_grad) clear_grads<G>(local.grad, blocks, body - blocks);
   const size_t tail = args.n - body;
   sum = acc;
@@ -100,7 +110,7 @@ void step_run(const KernelArgs& args, typename V::D& sum) {
   if (args.state1) t.state1 = s1, std::memcpy(s1, args.state1 + body, tail * sizeof(float));
   if (args.copy) t.copy = copy;
   t.first_index = args.first_index + body;
-  step_vector<V, K, G, C, kSgd, kNorm>(t, 0, acc, square_part<V>(body));  // zero padding adds squares of zero
+  step_vector<V, K, G>(t, 0, acc, square_part<V>(body), var);  // zero padding adds squares of zero
   sum = acc;
   std::memcpy(args.master + body, master, tail * sizeof(float));
   if (args.state0) std::memcpy(args.state0 + body, s0, tail * sizeof(float));
@@ -113,10 +123,10 @@ void step_run(const KernelArgs& args, typename V::D& sum) {
 template <class V, OptimizerKind K, DType G, CopyMode C, int kSgd>
 void step_loop(const KernelArgs& args) {
   typename V::D acc = V::dzero();
-  if (args.block_sums == nullptr) return step_run<V, K, G, C, kSgd, false>(args, acc);
+  if (args.block_sums == nullptr) return step_run<V, K, G, C, kSgd>(args, acc, false);
   for (size_t b = 0, begin = 0; begin < args.n; ++b, begin += kSumBlockElems) {
     acc = V::dzero();
-    step_run<V, K, G, C, kSgd, true>(sub_run(args, begin, std::min(kSumBlockElems, args.n - begin)), acc);
+    step_run<V, K, G, C, kSgd>(sub_run(args, begin, std::min(kSumBlockElems, args.n - begin)), acc, true);
     args.block_sums[b] = V::dsum(acc);
   }
 }

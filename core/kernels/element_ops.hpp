@@ -1,6 +1,6 @@
 // One element per "vector": the portable CPU path's vector type, and the GPU kernels' (cuda/step_kernels.cu), so
-// that both run optim/step_element.hpp with the same operations. Every operation is a single correctly rounded IEEE
-// operation: on the CPU, plain operators in files compiled without FMA contraction (optim/no_fp_contraction.hpp);
+// that both run kernels/step_element.hpp with the same operations. Every operation is a single correctly rounded IEEE
+// operation: on the CPU, plain operators in files compiled without FMA contraction (kernels/no_fp_contraction.hpp);
 // on the GPU, the _rn intrinsics, which nvcc never contracts into an FMA (its default, -fmad=true, would contract
 // a * b + c), and correctly rounded division and square root whatever -prec-div / -prec-sqrt say.
 #pragma once

@@ -28,13 +28,47 @@ const char* isa_name(Isa isa);
 enum class CopyMode { kNone = 0, kBf16Rne = 1, kBf16Stochastic = 2, kFp16Rne = 3 };
 constexpr int kNumCopyModes = 4;
 
-// Per-step constants, computed once in double and rounded to float (see optim/hyper.cpp).
+// Per-step constants, computed once in double and rounded to float (kernels/optimizer.cpp), named as the
+// update rules of each optimizer name them.
+struct AdamScalars {
+  float beta1, one_minus_beta1;  // m = beta1 m + (1 - beta1) g
+  float beta2, one_minus_beta2;  // v = beta2 v + (1 - beta2) g^2
+  float step_size;               // lr / (1 - beta1^t) (lr without bias correction)
+  float inv_sqrt_bias2;          // 1 / sqrt(1 - beta2^t): denominator = sqrt(v) / sqrt(1 - beta2^t) + eps
+  float eps;
+  float l2;     // Adam: weight decay added to the gradient (g + l2 p); AdamW: 0
+  float decay;  // AdamW: p = (1 - lr weight_decay) p before the update; Adam: 1
+};
+struct AdagradScalars {
+  float lr, eps;
+  float l2;  // weight decay added to the gradient
+};
+struct LionScalars {
+  float beta1, one_minus_beta1;  // the update's interpolation: sign(beta1 m + (1 - beta1) g)
+  float beta2, one_minus_beta2;  // the momentum's: m = beta2 m + (1 - beta2) g
+  float lr;
+  float decay;  // p = (1 - lr weight_decay) p before the update
+};
+struct SgdScalars {
+  float momentum;
+  float one_minus_dampening;  // buf = momentum buf + (1 - dampening) g
+  float lr;
+  float l2;  // weight decay added to the gradient
+  bool nesterov;
+  bool first_step;  // the momentum buffer starts as the gradient
+};
+
 struct StepScalars {
   float grad_divisor = 1.0f;  // world size x accumulation steps x loss scale: every gradient is divided by it first
   float grad_clip = 1.0f;     // then multiplied by the clip coefficient (1 when clipping does not engage)
-  float a = 0, b = 0, c = 0, d = 0, e = 0, f = 0, g = 0, h = 0, i = 0;  // meaning depends on the optimizer
-  bool first_step = false;                                              // SGD: the momentum buffer starts as g
-  uint32_t seed = 0;                                                    // stochastic rounding
+  // The optimizer's own constants: the member of the optimizer the kernel runs.
+  union {
+    AdamScalars adam = {};
+    AdagradScalars adagrad;
+    LionScalars lion;
+    SgdScalars sgd;
+  };
+  uint32_t seed = 0;  // stochastic rounding
 };
 
 struct KernelArgs {

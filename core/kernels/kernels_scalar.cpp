@@ -1,4 +1,4 @@
-// The portable path: one element per "vector" (optim/element_ops.hpp, which the GPU kernels share), the reference
+// The portable path: one element per "vector" (kernels/element_ops.hpp, which the GPU kernels share), the reference
 // the SIMD paths must match bit for bit.
 #include "kernels/no_fp_contraction.hpp"  // before anything else: no FMA contraction in this file
 

@@ -62,37 +62,41 @@ StepScalars make_step_scalars(const OptimizerHyper& h, int64_t step, double grad
       const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;
       const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;
       const bool decoupled = h.kind == OptimizerKind::kAdamW;
-      s.a = static_cast<float>(h.beta1);
-      s.b = static_cast<float>(1.0 - h.beta1);
-      s.c = static_cast<float>(h.beta2);
-      s.d = static_cast<float>(1.0 - h.beta2);
-      s.e = static_cast<float>(h.lr / bc1);
-      s.f = static_cast<float>(1.0 / std::sqrt(bc2));
-      s.g = static_cast<float>(h.eps);
-      s.h = decoupled ? 0.0f : static_cast<float>(h.weight_decay);
-      s.i = decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
+      AdamScalars& a = s.adam;
+      a.beta1 = static_cast<float>(h.beta1);
+      a.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+      a.beta2 = static_cast<float>(h.beta2);
+      a.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+      a.step_size = static_cast<float>(h.lr / bc1);
+      a.inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bc2));
+      a.eps = static_cast<float>(h.eps);
+      a.l2 = decoupled ? 0.0f : static_cast<float>(h.weight_decay);
+      a.decay = decoupled ? static_cast<float>(1.0 - h.lr * h.weight_decay) : 1.0f;
       break;
     }
     case OptimizerKind::kAdagrad:
-      s.a = static_cast<float>(h.lr);
-      s.b = static_cast<float>(h.eps);
-      s.c = static_cast<float>(h.weight_decay);
+      s.adagrad = AdagradScalars{};
+      s.adagrad.lr = static_cast<float>(h.lr);
+      s.adagrad.eps = static_cast<float>(h.eps);
+      s.adagrad.l2 = static_cast<float>(h.weight_decay);
       break;
     case OptimizerKind::kLion:
-      s.a = static_cast<float>(h.beta1);
-      s.b = static_cast<float>(1.0 - h.beta1);
-      s.c = static_cast<float>(h.beta2);
-      s.d = static_cast<float>(1.0 - h.beta2);
-      s.e = static_cast<float>(h.lr);
-      s.f = static_cast<float>(1.0 - h.lr * h.weight_decay);
+      s.lion = LionScalars{};
+      s.lion.beta1 = static_cast<float>(h.beta1);
+      s.lion.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+      s.lion.beta2 = static_cast<float>(h.beta2);
+      s.lion.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+      s.lion.lr = static_cast<float>(h.lr);
+      s.lion.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
       break;
     case OptimizerKind::kSgd:
-      s.a = static_cast<float>(h.momentum);
-      s.b = static_cast<float>(1.0 - h.dampening);
-      s.c = static_cast<float>(h.lr);
-      s.d = static_cast<float>(h.weight_decay);
-      s.e = h.nesterov ? 1.0f : 0.0f;
-      s.first_step = step == 1;
+      s.sgd = SgdScalars{};
+      s.sgd.momentum = static_cast<float>(h.momentum);
+      s.sgd.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
+      s.sgd.lr = static_cast<float>(h.lr);
+      s.sgd.l2 = static_cast<float>(h.weight_decay);
+      s.sgd.nesterov = h.nesterov;
+      s.sgd.first_step = step == 1;
       break;
   }
   return s;

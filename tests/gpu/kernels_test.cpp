@@ -82,7 +82,7 @@ Segment make_segment(OptimizerKind kind, DType grad, CopyMode copy, size_t n, ui
   a.n = n;
   a.first_index = (uint64_t{seed} << 20) + 3;
   a.s = make_step_scalars(h, first_step ? 1 : 3, 6.0, 0.75);
-  a.s.first_step = first_step && kind == OptimizerKind::kSgd;
+  if (kind == OptimizerKind::kSgd) a.s.sgd.first_step = first_step;
   a.s.seed = 0x9e3779b9u ^ seed;
   return s;
 }
