@@ -18,24 +18,19 @@ const char* last_error();
 
 template <typename Body>
 zero_status_t guard(const char* call, const EngineHandle* engine, Body&& body) noexcept {
-  std::string message;
   zero_status_t status = ZERO_OK;
   try {
     body();
     return ZERO_OK;
-  } catch (const Error& e) {
-    message = e.what(), status = e.status();
-  } catch (const std::bad_alloc&) {
-    message = std::string(call) + ": out of memory", status = ZERO_ERR_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    message = std::string(call) + ": internal error: " + e.what(), status = ZERO_ERR_INTERNAL;
   } catch (...) {
-    message = std::string(call) + ": internal error: unknown exception", status = ZERO_ERR_INTERNAL;
-  }
-  try {
-    set_last_error(message);
-    if (engine != nullptr) engine->last_error = message;
-  } catch (...) {  // out of memory for the message itself: the status still says what happened
+    try {
+      const Error e = current_error(call);
+      status = e.status();
+      set_last_error(e.what());
+      if (engine != nullptr) engine->last_error = e.what();
+    } catch (...) {  // out of memory for the message itself: the status still says what happened
+      if (status == ZERO_OK) status = ZERO_ERR_OUT_OF_MEMORY;
+    }
   }
   return status;
 }

@@ -32,67 +32,58 @@ using ckpt::Manifest;
 
 namespace {
 
-void check_tag(const std::string& tag, const char* call) {
-  if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos)
-    fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": tag '" + tag +
-                                        "' is not usable as a directory name (empty, 'latest', starting with '.' "
-                                        "or containing '/')");
-}
-
-// Runs `body` and converts any exception into a stored error for the agreement (EngineComm::agree).
-template <typename Body>
-std::unique_ptr<Error> capture(Body&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return std::make_unique<Error>(e);
-  } catch (const std::bad_alloc&) {
-    return std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY, "out of memory");
-  } catch (const std::exception& e) {
-    return std::make_unique<Error>(ZERO_ERR_INTERNAL, std::string("internal error: ") + e.what());
-  }
-  return nullptr;
-}
-
-}  // namespace
-
-// A checkpoint phase's agreement: a failure on one rank (a file it cannot write or read) is the same news for all,
-// so every rank reports that rank's status (EngineComm::agree's share_status).
-void Checkpointer::agree_phase(const char* call, CallKind kind, int phase, const Error* local, int64_t check,
-                               const std::string& what) {
-  // `check` is a digest of what every rank must agree on (where it saves, which checkpoint it loaded); on a
-  // difference every rank learns each rank's `what`.
-  auto explain = [&]() {
-    std::string text = std::string(call) + ": the ranks do not agree on the checkpoint:";
-    for (int r = 0; r < comm_.size(); ++r)
-      text += (r ? "; " : " ") + std::string("rank ") + std::to_string(r) + " " +
-              comm_.broadcast_text(what, r, std::string(call) + ": what each rank has");
-    return text + ". Every rank must save to the same directory and tag, and load the same checkpoint.";
-  };
-  guard_.agree(call, CallTag{kind, phase, 0, check}, local, explain, true);
-}
-
-namespace {
 int64_t digest(const std::string& text) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
   return static_cast<int64_t>(h >> 1);
 }
+
 }  // namespace
 
-void Checkpointer::require_step_boundary(const char* call, int64_t micro_steps, bool backward_started) const {
-  if (micro_steps != 0)
-    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": " + std::to_string(micro_steps) +
-                                     " micro-steps have run since the last zero_step; save and load between steps");
+void Checkpointer::check_tag(const std::string& tag) const {
+  if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos)
+    guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "tag '" + tag +
+                                               "' is not usable as a directory name (empty, 'latest', starting with "
+                                               "'.' or containing '/')");
+}
+
+std::unique_ptr<Error> Checkpointer::attempt(const std::function<void()>& body) const {
+  return capture_error(guard_.call(), body);
+}
+
+// On a difference in what every rank must agree on (where it saves, which checkpoint it loaded), every rank learns
+// each rank's `what`.
+EngineComm::ExplainCheck Checkpointer::explain_difference(const std::string& what) {
+  return [this, what]() {
+    std::string text = guard_.label("the ranks do not agree on the checkpoint:");
+    for (int r = 0; r < comm_.size(); ++r)
+      text += (r ? "; " : " ") + std::string("rank ") + std::to_string(r) + " " +
+              comm_.broadcast_text(what, r, guard_.label("what each rank has"));
+    return text + ". Every rank must save to the same directory and tag, and load the same checkpoint.";
+  };
+}
+
+// A checkpoint phase's agreement: a failure on one rank (a file it cannot write or read) is the same news for all,
+// so every rank reports that rank's status (EngineComm::agree's share_status).
+void Checkpointer::agree_phase(CallKind kind, CheckpointPhase phase, std::unique_ptr<Error> local) {
+  CollectiveCall c(guard_, kind);
+  c.check_failed(std::move(local));
+  c.agree(static_cast<int64_t>(phase), 0, 0, {}, true);
+}
+
+void Checkpointer::require_step_boundary(bool backward_started) const {
+  if (window_.ended() != 0)
+    guard_.fail(ZERO_ERR_INVALID_STATE, std::to_string(window_.ended()) +
+                                            " micro-steps have run since the last zero_step; save and load between "
+                                            "steps");
   // A micro-step begun (its gradients in buckets, reductions in flight) would be left half-done by a load.
   if (backward_started)
-    fail(ZERO_ERR_INVALID_STATE, std::string(call) +
-                                     ": a micro-step has begun (zero_grad_data or zero_grad_ready since the last "
-                                     "zero_backward_end); finish it with zero_backward_end and zero_step first");
+    guard_.fail(ZERO_ERR_INVALID_STATE,
+                "a micro-step has begun (zero_grad_data or zero_grad_ready since the last zero_backward_end); finish "
+                "it with zero_backward_end and zero_step first");
   const int u = store_.first_gathered();
   if (u >= 0)
-    fail(ZERO_ERR_INVALID_STATE,
-         std::string(call) + ": unit " + std::to_string(u) + " is gathered; release every unit first");
+    guard_.fail(ZERO_ERR_INVALID_STATE, "unit " + std::to_string(u) + " is gathered; release every unit first");
 }
 
 // This rank's files: shard `rank` of every unit. Fills record = [master bytes, master xxh64, optimizer bytes,
@@ -129,14 +120,16 @@ void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t
   write_file(
       "master", master_tensors,
       [&](ckpt::SafetensorsWriter& w) {
-        for (int u = 0; u < units; ++u) store_.read_shard(u, -1, [&](const void* p, size_t n) { w.write(p, n); });
+        for (int u = 0; u < units; ++u)
+          store_.read_shard(u, ShardKind::kMaster, [&](const void* p, size_t n) { w.write(p, n); });
       },
       0);
   write_file(
       "optimizer", state_tensors,
       [&](ckpt::SafetensorsWriter& w) {
         for (int u = 0; u < units; ++u)
-          for (int s = 0; s < n_states; ++s) store_.read_shard(u, s, [&](const void* p, size_t n) { w.write(p, n); });
+          for (int s = 0; s < n_states; ++s)
+            store_.read_shard(u, state_shard(s), [&](const void* p, size_t n) { w.write(p, n); });
       },
       1);
   if (config_.stochastic_rounding) {
@@ -158,7 +151,7 @@ void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, 
   std::unique_ptr<ckpt::SafetensorsWriter> w;
   std::unique_ptr<Error> error;
   if (comm_.rank() == 0) {
-    error = capture([&] {
+    error = attempt([&] {
       std::vector<ckpt::TensorInfo> tensors;
       for (const UnitLayout& ul : layout.units)
         for (int p : ul.params)
@@ -168,64 +161,64 @@ void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, 
           path, tensors, std::map<std::string, std::string>{{"format", "pt"}, {"producer", "libzero"}});
     });
   }
-  const char* call = "zero_save_checkpoint";
-  agree_phase(call, CallKind::kSaveCheckpoint, 10, error.get());
+  agree_phase(CallKind::kSaveCheckpoint, CheckpointPhase::kConsolidatedOpen, std::move(error));
   for (int u = 0; u < store_.num_units(); ++u) {
-    store_.gather(u, "zero_gather");
+    store_.gather(u);
     if (comm_.rank() == 0 && !error)
-      error = capture([&] {
+      error = attempt([&] {
         for (int p : layout.units[u].params)
           w->write(static_cast<char*>(store_.gathered(u)) + layout.params[p].offset * compute_size,
                    layout.params[p].numel * compute_size);
       });
-    store_.release(u, "zero_release");
+    store_.release(u);
   }
-  if (comm_.rank() == 0 && !error) error = capture([&] { w->finish(); });
-  agree_phase(call, CallKind::kSaveCheckpoint, 11, error.get());
+  if (comm_.rank() == 0 && !error) error = attempt([&] { w->finish(); });
+  agree_phase(CallKind::kSaveCheckpoint, CheckpointPhase::kConsolidatedDone, std::move(error));
   if (comm_.rank() == 0) bytes = w->file().bytes_written(), xxh64 = w->file().xxh64();
 }
 
-void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t micro_steps, bool backward_started) {
-  const char* call = "zero_save_checkpoint";
+void Checkpointer::save(const std::string& dir, const std::string& tag, bool backward_started) {
   const int rank = comm_.rank(), world = comm_.size();
   const std::string final_dir = dir + "/" + tag, tmp_dir = dir + "/.tmp." + tag;
   {
     // 0. Every rank checks the call — its state, arguments and step boundary — and that all ranks save to the same
     //    place (a rank whose call is wrong must not leave the others waiting), 1. rank 0 prepares a fresh
     //    temporary directory next to the final one.
-    std::unique_ptr<Error> error = guard_.local_checks(call, [&] {
-      guard_.require(CallGuard::State::kReady, call);
-      if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
-      require_step_boundary(call, micro_steps, backward_started);
-      check_tag(tag, call);
+    CollectiveCall first(guard_, CallKind::kSaveCheckpoint);
+    first.check([&] {
+      guard_.require(CallGuard::State::kReady);
+      if (dir.empty()) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "dir is NULL or empty");
+      require_step_boundary(backward_started);
+      check_tag(tag);
       test_hooks::maybe_fail("save", rank);
     });
-    agree_phase(call, CallKind::kSaveCheckpoint, 0, error.get(), digest(dir + '\0' + tag),
-                "saves to '" + final_dir + "'");
+    first.agree(static_cast<int64_t>(CheckpointPhase::kSaveBegin), 0, digest(dir + '\0' + tag),
+                explain_difference("saves to '" + final_dir + "'"), true);
+    std::unique_ptr<Error> error;
     if (rank == 0)
-      error = capture([&] {
+      error = attempt([&] {
         ckpt::make_directories(dir);
         if (ckpt::path_exists(final_dir))
-          fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": checkpoint '" + final_dir +
-                                              "' already exists; choose a new tag (checkpoints are never overwritten)");
+          guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "checkpoint '" + final_dir +
+                                                     "' already exists; choose a new tag (checkpoints are never "
+                                                     "overwritten)");
         ckpt::remove_tree(tmp_dir);
         ckpt::make_directories(tmp_dir);
       });
-    agree_phase(call, CallKind::kSaveCheckpoint, 1, error.get());
+    agree_phase(CallKind::kSaveCheckpoint, CheckpointPhase::kSaveDirectory, std::move(error));
 
     // 2. Every rank writes and syncs its shard files; the sizes and checksums go to every rank.
     std::vector<int64_t> record(6, 0);
-    error = capture([&] { write_shard_files(tmp_dir, record); });
-    std::unique_ptr<Error> shard_error = std::move(error);
     try {
-      agree_phase(call, CallKind::kSaveCheckpoint, 2, shard_error.get());
+      agree_phase(CallKind::kSaveCheckpoint, CheckpointPhase::kSaveShards,
+                  attempt([&] { write_shard_files(tmp_dir, record); }));
     } catch (const Error&) {
       if (rank == 0) ckpt::remove_tree(tmp_dir);
       throw;
     }
     std::vector<int64_t> records(6 * static_cast<size_t>(world), 0);
     std::memcpy(records.data() + 6 * rank, record.data(), 6 * sizeof(int64_t));
-    comm_.control_all_gather(records.data(), 6 * sizeof(int64_t), "zero_save_checkpoint: file sizes and checksums");
+    comm_.control_all_gather(records.data(), 6 * sizeof(int64_t), guard_.label("file sizes and checksums"));
 
     // 3. Optionally the consolidated weights, unit by unit.
     uint64_t consolidated_bytes = 0, consolidated_xxh = 0;
@@ -241,7 +234,7 @@ void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t 
     //    rename, a failure leaves nothing behind.
     bool renamed = false;
     if (rank == 0)
-      error = capture([&] {
+      error = attempt([&] {
         Manifest m;
         m.library_version = ZERO_VERSION_STRING;
         m.tag = tag;
@@ -291,28 +284,27 @@ void Checkpointer::save(const std::string& dir, const std::string& tag, int64_t 
     //    checkpoint is complete and loadable by its tag whatever happens now, so a failure to point `latest` at it
     //    (a full disk) is reported, not returned as a failed save.
     if (rank == 0 && renamed) {
-      std::unique_ptr<Error> latest_error = capture([&] {
+      std::unique_ptr<Error> latest_error = attempt([&] {
         if (test_hooks::active("save.latest-enospc", rank))
           fail(ZERO_ERR_IO, "cannot write '" + dir + "/latest': " + std::strerror(ENOSPC) + " (test hook)");
         ckpt::write_text_file_atomically(dir + "/latest", tag + "\n");
       });
       if (latest_error)
-        log_message(ZERO_LOG_ERROR, rank,
-                    std::string(call) + ": checkpoint '" + final_dir + "' is complete, but '" + dir +
-                        "/latest' could not be updated (" + latest_error->what() +
-                        "); it still names the previous checkpoint: load this one by its tag",
-                    true);
+        log_message(
+            ZERO_LOG_ERROR, rank,
+            guard_.label("checkpoint '" + final_dir + "' is complete, but '" + dir + "/latest' could not be updated (" +
+                         latest_error->what() + "); it still names the previous checkpoint: load this one by its tag"),
+            true);
     }
-    agree_phase(call, CallKind::kSaveCheckpoint, 3, error.get());
+    agree_phase(CallKind::kSaveCheckpoint, CheckpointPhase::kSaveManifest, std::move(error));
     if (rank == 0)
       log_message(ZERO_LOG_INFO, 0,
-                  std::string(call) + ": saved '" + final_dir + "' (step " + std::to_string(stepper_.steps()) + ", " +
-                      std::to_string(comm_.size()) + " ranks)");
+                  guard_.label("saved '" + final_dir + "' (step " + std::to_string(stepper_.steps()) + ", " +
+                               std::to_string(comm_.size()) + " ranks)"));
   }
 }
 
-void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64_t micro_steps, bool backward_started) {
-  const char* call = "zero_load_checkpoint";
+void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool backward_started) {
   const int rank = comm_.rank(), world = comm_.size();
   const std::vector<ParamShape>& params = registration_.params();
   {
@@ -320,69 +312,71 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     //    have read the same manifest (the same checkpoint: a digest of its text).
     Manifest m;
     std::string path, manifest_text;
-    std::unique_ptr<Error> error = guard_.local_checks(call, [&] { guard_.require(CallGuard::State::kReady, call); });
-    if (!error)
-      error = capture([&] {
-        if (dir.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": dir is NULL or empty");
-        require_step_boundary(call, micro_steps, backward_started);
-        test_hooks::maybe_fail("load", rank);
-        std::string tag = tag_in;
-        if (tag.empty()) {
-          const std::string latest = dir + "/latest";
-          if (!ckpt::path_exists(latest))
-            fail(ZERO_ERR_CHECKPOINT_CORRUPT,
-                 std::string(call) + ": '" + latest + "' does not exist (no checkpoint saved in '" + dir + "'?)");
-          tag = ckpt::read_text_file(latest);
-          while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
-        }
-        check_tag(tag, call);
-        path = dir + "/" + tag;
-        m = ckpt::read_manifest(path, &manifest_text);
-        if (m.params.size() != params.size())
-          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.params.size()) +
-                                      " params, this engine registered " + std::to_string(params.size()));
-        auto shape_text = [](const std::vector<int64_t>& dims) {
-          std::string t = "[";
-          for (size_t i = 0; i < dims.size(); ++i) t += (i ? ", " : "") + std::to_string(dims[i]);
-          return t + "]";
-        };
-        for (size_t p = 0; p < params.size(); ++p) {
-          const ckpt::ManifestParam& mp = m.params[p];
-          std::string differs;
-          if (mp.name != params[p].name)
-            differs = "name '" + mp.name + "' in the checkpoint, '" + params[p].name + "' in this engine";
-          else if (mp.shape != params[p].dims)
-            differs = "shape " + shape_text(mp.shape) + " in the checkpoint, " + shape_text(params[p].dims) +
-                      " in this engine";
-          else if (mp.unit != params[p].unit)
-            differs = "unit " + std::to_string(mp.unit) + " in the checkpoint, " + std::to_string(params[p].unit) +
-                      " in this engine";
-          else if (mp.offset_in_unit != store_.layout().params[p].offset)
-            differs = "its place in the unit (the params before it differ)";
-          if (!differs.empty())
-            fail(ZERO_ERR_MISMATCH, std::string(call) + ": param #" + std::to_string(p) + " '" + params[p].name +
-                                        "': " + differs + "; register the same params in the same order");
-        }
-        if (m.optimizer != optimizer_name(config_.optimizer.kind))
-          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint holds " + m.optimizer +
-                                      " state, this engine runs " + optimizer_name(config_.optimizer.kind));
-        if (m.groups.size() != registration_.groups().size())
-          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.groups.size()) +
-                                      " param groups, this engine " + std::to_string(registration_.groups().size()));
-        if (m.units.size() != static_cast<size_t>(store_.num_units()))
-          fail(ZERO_ERR_MISMATCH, std::string(call) + ": the checkpoint has " + std::to_string(m.units.size()) +
-                                      " units, this engine " + std::to_string(static_cast<size_t>(store_.num_units())));
-        for (int r = 0; r < m.world_size; ++r)
-          for (const char* kind : {"master", "optimizer"})
-            if (m.file(kind, r) == nullptr)
-              fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string(call) + ": the manifest of '" + path + "' lists no " +
-                                                    kind + " file for rank " + std::to_string(r));
-      });
-    agree_phase(call, CallKind::kLoadCheckpoint, 0, error.get(), error ? 0 : digest(manifest_text),
-                "loads '" + path + "' (step " + std::to_string(m.step) + ")");
+    CollectiveCall first(guard_, CallKind::kLoadCheckpoint);
+    first.check([&] { guard_.require(CallGuard::State::kReady); });
+    first.check([&] {
+      if (dir.empty()) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "dir is NULL or empty");
+      require_step_boundary(backward_started);
+      test_hooks::maybe_fail("load", rank);
+      std::string tag = tag_in;
+      if (tag.empty()) {
+        const std::string latest = dir + "/latest";
+        if (!ckpt::path_exists(latest))
+          guard_.fail(ZERO_ERR_CHECKPOINT_CORRUPT,
+                      std::string("'") + latest + "' does not exist (no checkpoint saved in '" + dir + "'?)");
+        tag = ckpt::read_text_file(latest);
+        while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+      }
+      check_tag(tag);
+      path = dir + "/" + tag;
+      m = ckpt::read_manifest(path, &manifest_text);
+      if (m.params.size() != params.size())
+        guard_.fail(ZERO_ERR_MISMATCH, std::string("the checkpoint has ") + std::to_string(m.params.size()) +
+                                           " params, this engine registered " + std::to_string(params.size()));
+      auto shape_text = [](const std::vector<int64_t>& dims) {
+        std::string t = "[";
+        for (size_t i = 0; i < dims.size(); ++i) t += (i ? ", " : "") + std::to_string(dims[i]);
+        return t + "]";
+      };
+      for (size_t p = 0; p < params.size(); ++p) {
+        const ckpt::ManifestParam& mp = m.params[p];
+        std::string differs;
+        if (mp.name != params[p].name)
+          differs = "name '" + mp.name + "' in the checkpoint, '" + params[p].name + "' in this engine";
+        else if (mp.shape != params[p].dims)
+          differs =
+              "shape " + shape_text(mp.shape) + " in the checkpoint, " + shape_text(params[p].dims) + " in this engine";
+        else if (mp.unit != params[p].unit)
+          differs = "unit " + std::to_string(mp.unit) + " in the checkpoint, " + std::to_string(params[p].unit) +
+                    " in this engine";
+        else if (mp.offset_in_unit != store_.layout().params[p].offset)
+          differs = "its place in the unit (the params before it differ)";
+        if (!differs.empty())
+          guard_.fail(ZERO_ERR_MISMATCH, std::string("param #") + std::to_string(p) + " '" + params[p].name +
+                                             "': " + differs + "; register the same params in the same order");
+      }
+      if (m.optimizer != optimizer_name(config_.optimizer.kind))
+        guard_.fail(ZERO_ERR_MISMATCH, std::string("the checkpoint holds ") + m.optimizer +
+                                           " state, this engine runs " + optimizer_name(config_.optimizer.kind));
+      if (m.groups.size() != registration_.groups().size())
+        guard_.fail(ZERO_ERR_MISMATCH, std::string("the checkpoint has ") + std::to_string(m.groups.size()) +
+                                           " param groups, this engine " +
+                                           std::to_string(registration_.groups().size()));
+      if (m.units.size() != static_cast<size_t>(store_.num_units()))
+        guard_.fail(ZERO_ERR_MISMATCH, std::string("the checkpoint has ") + std::to_string(m.units.size()) +
+                                           " units, this engine " +
+                                           std::to_string(static_cast<size_t>(store_.num_units())));
+      for (int r = 0; r < m.world_size; ++r)
+        for (const char* kind : {"master", "optimizer"})
+          if (m.file(kind, r) == nullptr)
+            guard_.fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string("the manifest of '") + path + "' lists no " + kind +
+                                                         " file for rank " + std::to_string(r));
+    });
+    first.agree(static_cast<int64_t>(CheckpointPhase::kLoadManifest), 0, first.failed() ? 0 : digest(manifest_text),
+                explain_difference("loads '" + path + "' (step " + std::to_string(m.step) + ")"), true);
 
     // 2. Sizes and checksums, each rank verifying every world-th file, before anything is read.
-    error = capture([&] {
+    std::unique_ptr<Error> error = attempt([&] {
       for (size_t i = static_cast<size_t>(rank); i < m.files.size(); i += static_cast<size_t>(world)) {
         const ckpt::ManifestFile& f = m.files[i];
         const std::string file_path = path + "/" + f.name;
@@ -398,7 +392,7 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
                                                 ckpt::hex64(d.xxh64) + ", manifest " + ckpt::hex64(f.xxh64) + ")");
       }
     });
-    agree_phase(call, CallKind::kLoadCheckpoint, 1, error.get());
+    agree_phase(CallKind::kLoadCheckpoint, CheckpointPhase::kLoadVerify, std::move(error));
 
     // 3. This rank's element ranges, from whichever saved shards hold them, into staging buffers.
     const int n_states = state_count(config_.optimizer);
@@ -410,11 +404,11 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     // An offloaded engine streams what lives in its file into a new file of the same layout, a piece at a time,
     // instead of staging it in memory (which may not hold it).
     std::unique_ptr<io::NvmeState> incoming;
-    const int master_array = store_.master_array();
+    const std::optional<int> master_array = store_.file_array(ShardKind::kMaster);
     std::vector<float> piece;
-    error = capture([&] {
+    error = attempt([&] {
       if (store_.offloaded()) {
-        incoming = store_.new_offload_state("");  // the load's own error names the call
+        incoming = store_.new_optimizer_file();
         piece.resize(size_t{1} << 20);
       }
       // Elements [lo, hi) of unit u from saved rank k's tensor `name` at byte `offset`, into `array` of the
@@ -438,7 +432,7 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
         const UnitPlan& us = store_.unit_plan(static_cast<int>(u));
         const uint64_t begin = us.update_begin, end = us.update_begin + us.update_elems;
         const uint64_t old_shard = m.units[u].shard_elems;
-        if (master_array < 0) master[u].assign(us.update_elems, 0.0f);
+        if (!master_array) master[u].assign(us.update_elems, 0.0f);
         if (!incoming) states[u].assign(static_cast<size_t>(n_states), std::vector<float>(us.update_elems, 0.0f));
         if (load_params) params16[u].assign(us.update_elems, 0);
         const std::string base = "unit." + std::to_string(u);
@@ -446,14 +440,14 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
           const uint64_t lo = std::max(begin, k * old_shard), hi = std::min(end, (k + 1) * old_shard);
           if (lo >= hi) continue;
           const uint64_t offset = (lo - k * old_shard) * 4, n = hi - lo;
-          if (master_array < 0)
+          if (!master_array)
             reader(0, k).read(base, offset, master[u].data() + (lo - begin), n * 4);
           else
-            stream(reader(0, k), base, offset, u, master_array, lo, hi, begin);
+            stream(reader(0, k), base, offset, u, *master_array, lo, hi, begin);
           for (int s = 0; s < n_states; ++s) {
             const std::string name = base + "." + state_name(config_.optimizer, s);
             if (incoming)
-              stream(reader(1, k), name, offset, u, store_.state_array(s), lo, hi, begin);
+              stream(reader(1, k), name, offset, u, *store_.file_array(state_shard(s)), lo, hi, begin);
             else
               reader(1, k).read(name, offset, states[u][s].data() + (lo - begin), n * 4);
           }
@@ -461,26 +455,25 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
         }
       }
     });
-    agree_phase(call, CallKind::kLoadCheckpoint, 2, error.get());
+    agree_phase(CallKind::kLoadCheckpoint, CheckpointPhase::kLoadRead, std::move(error));
 
     // 4. Every rank has what it needs: commit.
     // (Into the NVMe file when the state is offloaded: an I/O failure there leaves the state partly loaded, so it
     // breaks the engine.)
     guard_.moving_data([&] {
-      if (incoming) store_.adopt_offload_state(std::move(incoming));  // the old file goes
+      if (incoming) store_.adopt_optimizer_file(std::move(incoming));  // the old file goes
       for (int u = 0; u < store_.num_units(); ++u) {
-        if (master_array < 0) store_.write_updated(u, -1, master[u].data());
+        if (!master_array) store_.write_updated(u, ShardKind::kMaster, master[u].data());
         if (!store_.offloaded())
-          for (int s = 0; s < n_states; ++s) store_.write_updated(u, s, states[u][s].data());
+          for (int s = 0; s < n_states; ++s) store_.write_updated(u, state_shard(s), states[u][s].data());
       }
     });
-    store_.clear_grads();
     guard_.moving_data([&] {
       store_.write_params_from_master();
-      if (!load_params) store_.publish("zero_load_checkpoint: all-gather of the loaded params");
+      if (!load_params) store_.publish("all-gather of the loaded params");
       if (load_params) {
         for (int u = 0; u < store_.num_units(); ++u) store_.write_params_shard(u, params16[u].data());
-        store_.publish("zero_load_checkpoint: all-gather of the stochastically rounded params");
+        store_.publish("all-gather of the stochastically rounded params");
       }
     });
     stepper_.set_steps(m.step);
@@ -489,9 +482,10 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, int64
     for (size_t g = 0; g < registration_.groups().size(); ++g)
       registration_.set_base_lr(static_cast<int>(g), m.groups[g].lr);
     if (rank == 0)
-      log_message(ZERO_LOG_INFO, 0,
-                  std::string(call) + ": loaded '" + path + "' (step " + std::to_string(m.step) + ", saved by " +
-                      std::to_string(m.world_size) + " ranks, loaded by " + std::to_string(comm_.size()) + ")");
+      log_message(
+          ZERO_LOG_INFO, 0,
+          guard_.label("loaded '" + path + "' (step " + std::to_string(m.step) + ", saved by " +
+                       std::to_string(m.world_size) + " ranks, loaded by " + std::to_string(comm_.size()) + ")"));
   }
 }
 

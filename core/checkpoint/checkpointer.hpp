@@ -4,6 +4,8 @@
 // under the engine's CallGuard, so a failure on one rank is the same news on all of them.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,25 +14,47 @@
 #include "config/config.hpp"
 #include "params/param_store.hpp"
 #include "params/registration.hpp"
+#include "plan/micro_step_window.hpp"
 #include "step/stepper.hpp"
 
 namespace zero {
 
+// The agreements of a save and a load, in order (their ids in the agreement, and in a divergence's message).
+enum class CheckpointPhase : int64_t {
+  kSaveBegin = 0,          // the call's checks; every rank saves to the same place
+  kSaveDirectory = 1,      // rank 0 made the temporary directory
+  kSaveShards = 2,         // every rank wrote and synced its shard files
+  kSaveManifest = 3,       // rank 0 wrote the manifest and moved the directory into place
+  kConsolidatedOpen = 10,  // rank 0 opened the consolidated weights' file
+  kConsolidatedDone = 11,  // every unit was gathered and written
+  kLoadManifest = 0,       // the call's checks, the manifest, its fit with the registration; the same checkpoint
+  kLoadVerify = 1,         // sizes and checksums of every file
+  kLoadRead = 2,           // every rank read its element ranges
+};
+
 class Checkpointer {
  public:
   Checkpointer(const Config& config, EngineComm& comm, CallGuard& guard, Registration& registration,
-               ParameterStore& store, Stepper& stepper)
-      : config_(config), comm_(comm), guard_(guard), registration_(registration), store_(store), stepper_(stepper) {}
+               ParameterStore& store, Stepper& stepper, const MicroStepWindow& window)
+      : config_(config),
+        comm_(comm),
+        guard_(guard),
+        registration_(registration),
+        store_(store),
+        stepper_(stepper),
+        window_(window) {}
 
-  // Collective. `micro_steps` since the last zero_step must be 0 and no micro-step begun (`backward_started`: a
-  // gradient asked for or declared since the last zero_backward_end): checkpoints are taken between steps.
-  void save(const std::string& dir, const std::string& tag, int64_t micro_steps, bool backward_started);
-  void load(const std::string& dir, const std::string& tag, int64_t micro_steps, bool backward_started);
+  // Collective, between steps: no micro-step of the window ended and none begun (`backward_started`: a gradient
+  // asked for or declared since the last zero_backward_end).
+  void save(const std::string& dir, const std::string& tag, bool backward_started);
+  void load(const std::string& dir, const std::string& tag, bool backward_started);
 
  private:
-  void agree_phase(const char* call, CallKind kind, int phase, const Error* local, int64_t check = 0,
-                   const std::string& what = "");
-  void require_step_boundary(const char* call, int64_t micro_steps, bool backward_started) const;
+  EngineComm::ExplainCheck explain_difference(const std::string& what);
+  void agree_phase(CallKind kind, CheckpointPhase phase, std::unique_ptr<Error> local);
+  void require_step_boundary(bool backward_started) const;
+  void check_tag(const std::string& tag) const;
+  std::unique_ptr<Error> attempt(const std::function<void()>& body) const;
   void write_shard_files(const std::string& dir, std::vector<int64_t>& record);
   void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);
 
@@ -40,6 +64,7 @@ class Checkpointer {
   Registration& registration_;
   ParameterStore& store_;
   Stepper& stepper_;
+  const MicroStepWindow& window_;
 };
 
 }  // namespace zero

@@ -1,22 +1,24 @@
 #include "comm/call_guard.hpp"
 
+#include <cstring>
+
 namespace zero {
 
-void CallGuard::require(State wanted, const char* call) const {
-  if (aborted_.load()) fail(ZERO_ERR_ABORTED, std::string(call) + ": zero_engine_abort was called on this engine");
+void CallGuard::require(State wanted) const {
+  if (aborted_.load()) fail(ZERO_ERR_ABORTED, "zero_engine_abort was called on this engine");
   if (state_ == State::kBroken)
     fail(ZERO_ERR_INVALID_STATE,
-         std::string(call) + ": the engine is unusable after an earlier failure (" + broken_reason_ + "); destroy it");
+         "the engine is unusable after an earlier failure (" + broken_reason_ + "); destroy it");
   if (comm_.backend().aborted())
-    fail(ZERO_ERR_ABORTED, std::string(call) + ": the engine's communicator was aborted on this rank (" +
-                               comm_.backend().abort_reason() + ")");
+    fail(ZERO_ERR_ABORTED,
+         "the engine's communicator was aborted on this rank (" + comm_.backend().abort_reason() + ")");
   if (state_ == wanted) return;
   if (wanted == State::kRegistering) {
-    if (std::string(call) == "zero_engine_finalize")
-      fail(ZERO_ERR_INVALID_STATE, "zero_engine_finalize: the engine is already finalized");
-    fail(ZERO_ERR_INVALID_STATE, std::string(call) + " must come before zero_engine_finalize");
+    if (std::strcmp(call(), "zero_engine_finalize") == 0)
+      fail(ZERO_ERR_INVALID_STATE, "the engine is already finalized");
+    zero::fail(ZERO_ERR_INVALID_STATE, std::string(call()) + " must come before zero_engine_finalize");
   }
-  fail(ZERO_ERR_INVALID_STATE, std::string(call) + " needs zero_engine_finalize first");
+  zero::fail(ZERO_ERR_INVALID_STATE, std::string(call()) + " needs zero_engine_finalize first");
 }
 
 void CallGuard::broken(const std::exception& e) {
@@ -26,10 +28,10 @@ void CallGuard::broken(const std::exception& e) {
   throw;
 }
 
-void CallGuard::agree(const char* call, const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain,
+void CallGuard::agree(const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain,
                       bool share_status) {
   try {
-    comm_.agree(call, tag, local, explain, share_status);
+    comm_.agree(call(), tag, local, explain, share_status);
   } catch (const Error& e) {
     if (e.status() == ZERO_ERR_MISMATCH || comm_.failed()) broken(e);
     throw;

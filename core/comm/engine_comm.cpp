@@ -14,30 +14,6 @@
 namespace zero {
 namespace {
 
-const char* call_name(CallKind kind) {
-  switch (kind) {
-    case CallKind::kFinalize:
-      return "zero_engine_finalize";
-    case CallKind::kGather:
-      return "zero_gather";
-    case CallKind::kReduceBucket:
-      return "a gradient bucket reduction (zero_grad_ready or zero_backward_end)";
-    case CallKind::kBackwardEnd:
-      return "zero_backward_end";
-    case CallKind::kStep:
-      return "zero_step";
-    case CallKind::kSaveCheckpoint:
-      return "zero_save_checkpoint";
-    case CallKind::kLoadCheckpoint:
-      return "zero_load_checkpoint";
-    case CallKind::kCommFinalize:
-      return "zero_comm_finalize";
-    case CallKind::kPrefetch:
-      return "zero_prefetch";
-  }
-  return "an unknown call";
-}
-
 std::string format_seconds(double s) {
   std::ostringstream os;
   os.precision(s < 10 ? 2 : 0);
@@ -47,61 +23,7 @@ std::string format_seconds(double s) {
 
 }  // namespace
 
-std::string describe_call(const CallTag& tag) {
-  std::ostringstream os;
-  os << call_name(tag.kind);
-  switch (tag.kind) {
-    case CallKind::kGather:
-      os << " of unit " << tag.id << " (" << tag.count << " elements)";
-      break;
-    case CallKind::kPrefetch:
-      os << " of unit " << tag.id << (tag.count ? " (starts an all-gather)" : " (already fetched ahead)");
-      break;
-    case CallKind::kReduceBucket:
-      if (tag.id < 0)
-        os << ": bucket " << -tag.id - 1 << " again, for gradients that came after its reduction (" << tag.count
-           << " elements)";
-      else
-        os << ": bucket " << tag.id << " (" << tag.count << " elements)";
-      break;
-    case CallKind::kBackwardEnd:
-      os << " ending micro-step " << tag.id;
-      break;
-    case CallKind::kStep:
-      os << " for optimizer step " << tag.id << " after " << tag.count << " micro-steps";
-      break;
-    case CallKind::kSaveCheckpoint:
-    case CallKind::kLoadCheckpoint:
-      os << " (phase " << tag.id << ")";
-      break;
-    default:
-      break;
-  }
-  return os.str();
-}
-
-void finalize_communicator(const std::shared_ptr<Communicator>& comm) {
-  const char* call = "zero_comm_finalize";
-  if (comm->finalized()) fail(ZERO_ERR_INVALID_STATE, "zero_comm_finalize: the communicator is already finalized");
-  std::unique_ptr<Error> local;
-  try {
-    test_hooks::maybe_fail("comm_finalize", comm->rank());
-  } catch (const Error& e) {
-    local = std::make_unique<Error>(e);
-  }
-  EngineComm agreement(comm);
-  agreement.set_timeout(timeout_from_environment(agreement.timeout()));
-  try {
-    agreement.agree(call, CallTag{CallKind::kCommFinalize, 0, 0, 0}, local.get());
-  } catch (const Error& e) {
-    // A failed exchange leaves the ranks' collective sequences apart: the communicator cannot be used again.
-    if (agreement.failed()) comm->abort("zero_comm_finalize failed: " + std::string(e.what()));
-    throw;
-  }
-  comm->finalize();
-}
-
-EngineComm::EngineComm(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) { records_.resize(kRecords); }
+EngineComm::EngineComm(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
 
 void EngineComm::count(Counter counter, uint64_t bytes, uint64_t wire_bytes) {
   stats_.sequence += 1;
@@ -130,47 +52,7 @@ void EngineComm::count(Counter counter, uint64_t bytes, uint64_t wire_bytes) {
   k->wire_bytes += wire_bytes;
 }
 
-size_t EngineComm::record_start(const Collective& c) {
-  std::lock_guard<std::mutex> lock(records_mutex_);
-  const size_t slot = records_written_++ % kRecords;
-  Record& r = records_[slot];
-  r.sequence = c.sequence;
-  r.kind = c.kind;
-  r.type = c.type;
-  r.count = c.count;
-  r.label = c.label;
-  r.state = 0;
-  r.start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
-  r.duration_s = 0;
-  return slot;
-}
-
-void EngineComm::record_end(size_t slot, uint64_t sequence, int state) {
-  std::lock_guard<std::mutex> lock(records_mutex_);
-  Record& r = records_[slot];
-  if (r.sequence != sequence) return;  // overwritten meanwhile
-  r.state = state;
-  r.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count() - r.start_s;
-}
-
-std::string EngineComm::recent_json() const {
-  std::lock_guard<std::mutex> lock(records_mutex_);
-  nlohmann::json out = nlohmann::json::array();
-  const uint64_t n = std::min<uint64_t>(records_written_, kRecords);
-  for (uint64_t i = records_written_ - n; i < records_written_; ++i) {
-    const Record& r = records_[i % kRecords];
-    const char* states[3] = {"waiting", "done", "failed"};
-    out.push_back({{"sequence", r.sequence},
-                   {"kind", coll_kind_name(r.kind)},
-                   {"label", r.label},
-                   {"count", r.count},
-                   {"dtype", elem_type_name(r.type)},
-                   {"state", states[r.state]},
-                   {"start_s", r.start_s},
-                   {"duration_s", r.duration_s}});
-  }
-  return out.dump(1);
-}
+std::string EngineComm::recent_json() const { return recorder_.json(); }
 
 // Start, then wait (below). A failure to start leaves the sequences apart on this rank: the engine breaks.
 EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
@@ -180,13 +62,13 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
   try {
     p.request_ = comm_->start(c);
   } catch (const Error& e) {
-    record_end(record_start(c), c.sequence, 2);
+    recorder_.end(recorder_.start(c), c.sequence, FlightRecorder::State::kFailed);
     failed_ = true;
     fail(e.status(), c.label + ": " + e.what());
   }
   // From here the collective runs in the backend: whatever fails in the bookkeeping, its buffer stays protected.
   try {
-    p.slot_ = record_start(c);
+    p.slot_ = recorder_.start(c);
     p.c_ = std::move(c);
   } catch (...) {
     failed_ = abandoned_ = true;
@@ -204,7 +86,7 @@ void EngineComm::wait(Pending& p) {
   p.active_ = false;
   const Collective& c = p.c_;
   if (p.request_ == nullptr) {
-    record_end(p.slot_, c.sequence, 1);
+    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
     return;
   }
   const auto deadline = p.begin_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -214,7 +96,7 @@ void EngineComm::wait(Pending& p) {
       const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) break;
       if (comm_->wait(p.request_, std::min(left, 0.25))) {
-        record_end(p.slot_, c.sequence, 1);
+        recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
         return;
       }
       // zero_engine_abort from another thread: return now even if the backend would keep waiting.
@@ -222,15 +104,15 @@ void EngineComm::wait(Pending& p) {
         fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank (" + comm_->abort_reason() + ")");
     }
   } catch (const Error& e) {
-    record_end(p.slot_, c.sequence, 2);
+    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
     failed_ = abandoned_ = true;  // a failed wait may leave the backend's request (and our buffer) in flight
     fail(e.status(), c.label + ": " + e.what());
   } catch (...) {
-    record_end(p.slot_, c.sequence, 2);
+    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
     failed_ = abandoned_ = true;
     throw;
   }
-  record_end(p.slot_, c.sequence, 2);
+  recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
   failed_ = abandoned_ = true;
   std::string what = c.label + ": collective #" + std::to_string(c.sequence) + " (" + coll_kind_name(c.kind) + " of " +
                      std::to_string(c.count) + " " + elem_type_name(c.type) + ") did not complete within " +
@@ -248,7 +130,7 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
   const Collective& c = p.c_;
   if (p.request_ == nullptr) {
     p.active_ = false;
-    record_end(p.slot_, c.sequence, 1);
+    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
     return true;
   }
   const auto deadline =
@@ -260,7 +142,7 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
       if (left <= 0 || comm_->aborted()) return false;
       if (comm_->wait(p.request_, std::min(left, 0.25))) {
         p.active_ = false;
-        record_end(p.slot_, c.sequence, 1);
+        recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
         return true;
       }
     }
@@ -268,7 +150,7 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
     // Given up: its buffer is the caller's to keep (ParameterStore leaks exactly those); the engine's other
     // buffers are not in flight and may be freed.
     p.active_ = false;
-    record_end(p.slot_, c.sequence, 2);
+    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
     failed_ = true;
     return false;
   }
@@ -432,59 +314,6 @@ double EngineComm::sum_over_ranks(double local, const std::string& label) {
   double sum = 0.0;
   for (size_t r = 0; r < n; ++r) sum += all[r];
   return sum;
-}
-
-// The exchange: one all-reduce (MIN) of [failed rank, then each compared field and its negation], so one call
-// yields the minimum and the maximum of every field. Equal minimum and maximum means every rank agrees.
-void EngineComm::agree(const char* call, const CallTag& tag, const Error* local_error,
-                       const ExplainCheck& explain_check, bool share_status) {
-  enum { kFailed, kSeq, kSeqNeg, kKind, kKindNeg, kId, kIdNeg, kCount, kCountNeg, kCheck, kCheckNeg, kN };
-  const int64_t sequence = static_cast<int64_t>(comm_->issued() + 1);
-  int64_t v[kN];
-  v[kFailed] = local_error != nullptr ? rank() : INT64_MAX;
-  v[kSeq] = sequence, v[kSeqNeg] = -sequence;
-  v[kKind] = static_cast<int64_t>(tag.kind), v[kKindNeg] = -v[kKind];
-  v[kId] = tag.id, v[kIdNeg] = -tag.id;
-  v[kCount] = tag.count, v[kCountNeg] = -tag.count;
-  v[kCheck] = tag.check, v[kCheckNeg] = -tag.check;
-  control_min(v, kN, std::string(call) + ": agreement before moving data");
-
-  if (v[kFailed] != INT64_MAX) {
-    const int root = static_cast<int>(v[kFailed]);
-    // Its status and which call it was in (the others may have reached this agreement from another call).
-    int64_t status_and_kind[2] = {local_error != nullptr ? local_error->status() : 0, static_cast<int64_t>(tag.kind)};
-    control_broadcast(status_and_kind, sizeof status_and_kind, root, std::string(call) + ": the failed rank's status");
-    const std::string message =
-        broadcast_text(local_error != nullptr ? local_error->what() : "", root, std::string(call) + ": its message");
-    if (local_error != nullptr) throw *local_error;
-    const zero_status_t status = static_cast<zero_status_t>(status_and_kind[0]);
-    if (share_status) fail(status, "rank " + std::to_string(root) + ": " + message);
-    fail(ZERO_ERR_REMOTE, "rank " + std::to_string(root) + " failed in " +
-                              call_name(static_cast<CallKind>(status_and_kind[1])) + " (" + status_name(status) +
-                              "): " + message);
-  }
-  const bool same_call =
-      v[kSeq] == -v[kSeqNeg] && v[kKind] == -v[kKindNeg] && v[kId] == -v[kIdNeg] && v[kCount] == -v[kCountNeg];
-  if (same_call && v[kCheck] == -v[kCheckNeg]) return;
-  if (same_call && explain_check) fail(ZERO_ERR_MISMATCH, explain_check());
-
-  // Which rank calls what: everyone's tag, for one message that every rank prints alike.
-  int64_t mine[5] = {sequence, static_cast<int64_t>(tag.kind), tag.id, tag.count, tag.check};
-  std::vector<int64_t> all(5 * static_cast<size_t>(size()));
-  std::memcpy(all.data() + 5 * rank(), mine, sizeof mine);
-  control_all_gather(all.data(), sizeof mine, std::string(call) + ": the ranks' calls, to explain a divergence");
-  std::ostringstream os;
-  os << "ranks diverged: they are not making the same collective call (the program runs different code on "
-        "different ranks): ";
-  for (int r = 0; r < size(); ++r) {
-    const int64_t* t = all.data() + 5 * r;
-    CallTag other{static_cast<CallKind>(t[1]), t[2], t[3], t[4]};
-    os << (r ? "; " : "") << "rank " << r << " is in " << describe_call(other);
-    if (t[0] != sequence) os << " as its collective #" << t[0];
-    if (same_call) os << " with check value " << t[4];
-  }
-  os << ". Every rank must make the same collective calls in the same order; this engine is unusable now";
-  fail(ZERO_ERR_MISMATCH, os.str());
 }
 
 }  // namespace zero

@@ -1,4 +1,5 @@
-// An engine's view of its communicator, and the one path every collective of the engine takes:
+// An engine's view of its communicator, and the one path every collective of the engine takes (engine_comm.cpp;
+// the agreement is agreement.cpp, the recorder flight_recorder.hpp):
 //  - counting: calls, payload bytes and wire bytes per kind (the ZeRO traffic formulas), control messages apart;
 //  - the watchdog: every collective is started and then waited for with the engine's timeout; on expiry the
 //    backend is asked what it knows of the other ranks, the communicator is aborted (so the others learn it) and
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/flight_recorder.hpp"
 #include "util/error.hpp"
 
 namespace zero {
@@ -150,8 +152,8 @@ class EngineComm {
   // the other ranks throw the failed rank's own status instead of ZERO_ERR_REMOTE (checkpoint files: a corrupt
   // or unwritable checkpoint is the same news for every rank).
   using ExplainCheck = std::function<std::string()>;
-  void agree(const char* call, const CallTag& tag, const Error* local_error, const ExplainCheck& explain_check = {},
-             bool share_status = false);
+  void agree(const std::string& call_name, const CallTag& tag, const Error* local_error,
+             const ExplainCheck& explain_check = {}, bool share_status = false);
 
   // Aborts the communicator (this rank stops; the others learn it). Any thread.
   void abort(const std::string& reason) { comm_->abort(reason); }
@@ -176,18 +178,6 @@ class EngineComm {
   Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
 
-  struct Record {
-    uint64_t sequence = 0;
-    CollKind kind = CollKind::kAllGather;
-    ElemType type = ElemType::kF32;
-    size_t count = 0;
-    std::string label;
-    int state = 0;  // 0 waiting, 1 done, 2 failed
-    double start_s = 0, duration_s = 0;
-  };
-  size_t record_start(const Collective& c);
-  void record_end(size_t slot, uint64_t sequence, int state);
-
   std::shared_ptr<Communicator> comm_;
   double timeout_s_ = 600.0;
   CommStats stats_;
@@ -195,11 +185,7 @@ class EngineComm {
   bool failed_ = false;
   std::unique_ptr<char[]> control_staging_;  // run_control's, reused while nothing is left in flight
   size_t control_staging_bytes_ = 0;
-  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
-  static constexpr size_t kRecords = 64;
-  mutable std::mutex records_mutex_;
-  std::vector<Record> records_;  // ring of kRecords
-  uint64_t records_written_ = 0;
+  FlightRecorder recorder_;
 };
 
 }  // namespace zero

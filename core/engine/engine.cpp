@@ -1,4 +1,5 @@
-// The engine's calls, composed from its parts (engine.hpp); zero_step is in engine_step.cpp.
+// The engine's calls, composed from its parts (engine.hpp); zero_step is in engine_step.cpp. Every call opens a
+// CallScope first: the parts it goes through name their errors and collectives after it.
 #include "engine/engine.hpp"
 
 #include <algorithm>
@@ -21,11 +22,12 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
     : config_(std::move(config)),
       comm_(std::move(comm)),
       guard_(comm_),
+      window_(config_.gradient_accumulation_steps),
       registration_(config_.optimizer),
-      store_(comm_, guard_),
-      reducer_(config_, comm_, guard_, store_),
+      store_(comm_, guard_, window_),
+      reducer_(config_, comm_, guard_, store_, window_),
       stepper_(config_, comm_.rank(), comm_.local_size()),
-      checkpointer_(config_, comm_, guard_, registration_, store_, stepper_) {
+      checkpointer_(config_, comm_, guard_, registration_, store_, stepper_, window_) {
   comm_.set_timeout(config_.timeout_s);
   // The plan of the stage before any unit exists: calls before finalize already know whether a gather would be
   // collective.
@@ -51,28 +53,38 @@ void Engine::set_num_threads(int threads) {
 
 int Engine::add_param_group(const std::string& name, double lr, double weight_decay, double beta1, double beta2,
                             double eps) {
-  guard_.require(CallGuard::State::kRegistering, "zero_engine_add_param_group");
+  CallScope scope(guard_, "zero_engine_add_param_group");
+  guard_.require(CallGuard::State::kRegistering);
   return registration_.add_group(name, lr, weight_decay, beta1, beta2, eps);
 }
 
 int Engine::add_param(ParamShape shape, ParamInit init) {
-  guard_.require(CallGuard::State::kRegistering, "zero_engine_add_param");
+  CallScope scope(guard_, "zero_engine_add_param");
+  guard_.require(CallGuard::State::kRegistering);
   return registration_.add_param(std::move(shape), init);
 }
 
 void Engine::set_allocator(MemorySpace space, std::shared_ptr<Allocator> allocator) {
-  guard_.require(CallGuard::State::kRegistering, "zero_engine_set_allocator");
+  CallScope scope(guard_, "zero_engine_set_allocator");
+  guard_.require(CallGuard::State::kRegistering);
   store_.allocators().set(space, std::move(allocator));
 }
 
+void Engine::check_param(int param) const {
+  const std::string problem = registration_.unknown_param(param);
+  if (!problem.empty()) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, problem);
+}
+
 const ParamShape& Engine::param_shape(int param) const {
-  registration_.check_param(param, "zero_param_info");
+  CallScope scope(guard_, "zero_param_info");
+  check_param(param);
   return registration_.param(param);
 }
 
 UnitInfo Engine::unit_info(int unit) const {
-  guard_.require(CallGuard::State::kReady, "zero_unit_info");
-  store_.check_unit(unit, "zero_unit_info");
+  CallScope scope(guard_, "zero_unit_info");
+  guard_.require(CallGuard::State::kReady);
+  store_.check_unit(unit);
   return store_.unit_info(unit);
 }
 
@@ -81,65 +93,66 @@ UnitInfo Engine::unit_info(int unit) const {
 // values.
 
 void Engine::finalize() {
-  const char* call = "zero_engine_finalize";
-  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
-    guard_.require(CallGuard::State::kRegistering, call);
-    if (config_.require_deterministic && !comm_.backend().capabilities().deterministic_sums)
-      fail(ZERO_ERR_UNSUPPORTED,
-           "zero_engine_finalize: the config asks for libzero.deterministic, but this communicator does not sum in "
-           "rank order (a custom backend says it does with ZERO_COMM_DETERMINISTIC; MPI and single-process do)");
-  });
+  CallScope scope(guard_, "zero_engine_finalize");
   Layout layout;
-  try {
+  {
     // Every call's first exchange is the same fixed-size agreement, so that a rank in another collective call
     // (zero_comm_finalize, say) meets one of the same size and both learn of the divergence; the registration
     // digests, a message of another size, come only after every rank is known to be here.
-    guard_.agree(call, CallTag{CallKind::kFinalize, -1, 0, 0}, local.get());
-    layout = registration_.agree_across_ranks(comm_, config_, nullptr);
-  } catch (const Error& e) {
-    if (comm_.failed()) guard_.broken(e);  // the exchange itself failed: the collective sequences are apart
-    throw;
+    CollectiveCall arrival(guard_, CallKind::kFinalize);
+    arrival.check([&] {
+      guard_.require(CallGuard::State::kRegistering);
+      if (config_.require_deterministic && !comm_.backend().capabilities().deterministic_sums)
+        guard_.fail(ZERO_ERR_UNSUPPORTED,
+                    "the config asks for libzero.deterministic, but this communicator does not sum in rank order (a "
+                    "custom backend says it does with ZERO_COMM_DETERMINISTIC; MPI and single-process do)");
+    });
+    try {
+      arrival.agree(-1);
+      layout = registration_.agree_across_ranks(comm_, config_, nullptr);
+    } catch (const Error& e) {
+      if (comm_.failed()) guard_.broken(e);  // the exchange itself failed: the collective sequences are apart
+      throw;
+    }
   }
   const size_t padded = layout.total_padded_elems();
-  std::unique_ptr<Error> allocation_error;
-  try {
-    Plan plan = make_plan(plan_spec(), layout);
-    store_.set_plan(std::move(layout), std::move(plan));
-    io::AioSettings aio;
-    aio.block_size = static_cast<size_t>(config_.offload.aio_block_size);
-    aio.queue_depth = config_.offload.aio_queue_depth;
-    store_.set_offload_target(config_.offload.nvme_path, aio);
-    store_.set_param_offload_target(config_.offload.param_nvme_path);
-    store_.allocate(registration_.params());
-    FetchPolicy fetch;
-    fetch.background_publish = config_.overlap_comm;
-    fetch.prefetch_elements = config_.prefetch_bucket_size;
-    fetch.max_live_elements = config_.max_live_parameters;
-    fetch.max_reuse_distance = config_.max_reuse_distance;
-    store_.set_fetch_policy(fetch);
-    store_.set_next_micro_step_in_window(config_.gradient_accumulation_steps > 1);
-    reducer_.allocate(registration_.num_params());
-    stepper_.allocate(store_, registration_.groups().size());
-    // zero_memory_stats reports the plan: what was allocated must be exactly that.
-    if (!(store_.allocated_bytes(reducer_.bucket_bytes()) == memory_stats()))
-      fail(ZERO_ERR_INTERNAL, "zero_engine_finalize: the buffers allocated differ from the placement plan");
-  } catch (const Error& e) {
-    allocation_error = std::make_unique<Error>(e);
-  } catch (const std::bad_alloc&) {
-    allocation_error = std::make_unique<Error>(ZERO_ERR_OUT_OF_MEMORY,
-                                               std::string(call) + ": out of memory allocating this rank's buffers (" +
-                                                   std::to_string(padded) + " padded elements)");
-  }
+  CollectiveCall allocation(guard_, CallKind::kFinalize);
+  allocation.check_failed(capture_error(
+      guard_.call(),
+      [&] {
+        Plan plan = make_plan(plan_spec(), layout);
+        store_.set_plan(std::move(layout), std::move(plan));
+        io::AioSettings aio;
+        aio.block_size = static_cast<size_t>(config_.offload.aio_block_size);
+        aio.queue_depth = config_.offload.aio_queue_depth;
+        store_.set_offload_targets(config_.offload.nvme_path, config_.offload.param_nvme_path, aio);
+        NormSettings norm;
+        norm.needed_first = config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0;
+        norm.widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
+        store_.allocate(registration_.params(), norm);
+        FetchPolicy fetch;
+        fetch.background_publish = config_.overlap_comm;
+        fetch.prefetch_elements = config_.prefetch_bucket_size;
+        fetch.max_live_elements = config_.max_live_parameters;
+        fetch.max_reuse_distance = config_.max_reuse_distance;
+        store_.set_fetch_policy(fetch);
+        reducer_.allocate(registration_.num_params());
+        stepper_.allocate(store_, registration_.groups().size());
+        // zero_memory_stats reports the plan: what was allocated must be exactly that.
+        if (!(store_.allocated_bytes(reducer_.bucket_bytes()) == memory_stats()))
+          guard_.fail(ZERO_ERR_INTERNAL, "the buffers allocated differ from the placement plan");
+      },
+      "out of memory allocating this rank's buffers (" + std::to_string(padded) + " padded elements)"));
   auto clear = [&] {  // nothing allocated, nothing planned: as before finalize, which may be retried
     store_.clear();
     reducer_.clear();
     store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
   };
-  if (allocation_error) clear();
+  if (allocation.failed()) clear();
   try {
-    guard_.agree(call, CallTag{CallKind::kFinalize, 0, static_cast<int64_t>(padded), 0}, allocation_error.get());
+    allocation.agree(0, static_cast<int64_t>(padded));
   } catch (const Error&) {
-    if (!allocation_error) clear();
+    if (!allocation.failed()) clear();
     throw;
   }
   if (config_.offload.nvme() && !store_.offloaded() && comm_.rank() == 0)
@@ -147,55 +160,59 @@ void Engine::finalize() {
                 "offload_optimizer to NVMe: nothing to offload (fp32 params are their own master, and " +
                     std::string(optimizer_name(config_.optimizer.kind)) +
                     " keeps no state here): no file is created under '" + config_.offload.nvme_path + "'");
-  if (config_.offload.params_nvme() && !store_.plan().param_offload.enabled && comm_.rank() == 0)
+  if (config_.offload.params_nvme() && !store_.plan().nvme_params.enabled && comm_.rank() == 0)
     log_message(ZERO_LOG_WARNING, 0,
                 "offload_param to NVMe: every unit stays resident (each is smaller than "
                 "stage3_param_persistence_threshold = " +
                     std::to_string(config_.param_persistence_threshold) + " elements): no param file is created");
-  guard_.moving_data([&] { store_.load_initial_values(registration_, config_.compute_dtype); });
+  allocation.move([&] { store_.load_initial_values(registration_, config_.compute_dtype); });
   registration_.forget_initial_values();
   guard_.set_ready();
   if (comm_.rank() == 0 && log_enabled(ZERO_LOG_INFO)) {
     const MemoryStats m = memory_stats();
-    log_message(ZERO_LOG_INFO, 0,
-                "zero_engine_finalize: " + store_.plan().describe() + "; " +
-                    std::to_string(registration_.num_params()) + " params in " + std::to_string(store_.num_units()) +
-                    " units (" + std::to_string(padded) + " padded elements); rank 0 holds " + mib(m.total()) +
-                    ": params " + mib(m.param_bytes) + ", gradients " + mib(m.grad_bytes) + ", fp32 master " +
-                    mib(m.master_param_bytes) + ", optimizer state " + mib(m.optimizer_state_bytes) + ", buckets " +
-                    mib(m.bucket_bytes) + ", gathered units " + mib(m.gathered_bytes) + "; optimizer on the " +
-                    isa_name(stepper_.isa()) + " path with " + std::to_string(stepper_.threads()) + " thread(s)");
+    log_message(
+        ZERO_LOG_INFO, 0,
+        guard_.label(store_.plan().describe() + "; " + std::to_string(registration_.num_params()) + " params in " +
+                     std::to_string(store_.num_units()) + " units (" + std::to_string(padded) +
+                     " padded elements); rank 0 holds " + mib(m.total()) + ": params " + mib(m.param_bytes) +
+                     ", gradients " + mib(m.grad_bytes) + ", fp32 master " + mib(m.master_param_bytes) +
+                     ", optimizer state " + mib(m.optimizer_state_bytes) + ", buckets " + mib(m.bucket_bytes) +
+                     ", gathered units " + mib(m.gathered_bytes) + "; optimizer on the " + isa_name(stepper_.isa()) +
+                     " path with " + std::to_string(stepper_.threads()) + " thread(s)"));
   }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // The micro-step: params and gradients of the framework's forward and backward passes.
 
-void Engine::check_window(const char* call) const {
-  if (micro_steps_ == config_.gradient_accumulation_steps)
-    fail(ZERO_ERR_INVALID_STATE, std::string(call) + ": gradient_accumulation_steps (" +
-                                     std::to_string(config_.gradient_accumulation_steps) +
-                                     ") micro-steps are complete; call zero_step first");
+void Engine::check_window() const {
+  if (window_.complete())
+    guard_.fail(ZERO_ERR_INVALID_STATE, "gradient_accumulation_steps (" +
+                                            std::to_string(config_.gradient_accumulation_steps) +
+                                            ") micro-steps are complete; call zero_step first");
 }
 
 void* Engine::param_data(int param) {
-  guard_.require(CallGuard::State::kReady, "zero_param_data");
-  registration_.check_param(param, "zero_param_data");
+  CallScope scope(guard_, "zero_param_data");
+  guard_.require(CallGuard::State::kReady);
+  check_param(param);
   const ParamPlacement& pl = store_.layout().params[param];
   void* unit = store_.gathered(pl.unit);
   // The same rule for every unit, so that code written against a small model or a low stage keeps working when
   // units grow past the persistence threshold or the stage changes.
   if (unit == nullptr)
-    fail(ZERO_ERR_INVALID_STATE, "zero_param_data: param '" + registration_.param(param).name + "' lives in " +
-                                     unit_name(pl.unit) + ", which is not gathered; call zero_gather(engine, " +
-                                     std::to_string(pl.unit) + ") first (at every stage: it is free below stage 3)");
+    guard_.fail(ZERO_ERR_INVALID_STATE, "param '" + registration_.param(param).name + "' lives in " +
+                                            unit_name(pl.unit) + ", which is not gathered; call zero_gather(engine, " +
+                                            std::to_string(pl.unit) +
+                                            ") first (at every stage: it is free below stage 3)");
   return static_cast<char*>(unit) + pl.offset * dtype_size(config_.compute_dtype);
 }
 
 void* Engine::grad_data(int param) {
-  guard_.require(CallGuard::State::kReady, "zero_grad_data");
-  registration_.check_param(param, "zero_grad_data");
-  check_window("zero_grad_data");
+  CallScope scope(guard_, "zero_grad_data");
+  guard_.require(CallGuard::State::kReady);
+  check_param(param);
+  check_window();
   return reducer_.grad_buffer(param, registration_.param(param).name);
 }
 
@@ -208,51 +225,58 @@ Engine::~Engine() {
   }
 }
 
-void Engine::gather(int unit) { store_.gather(unit, "zero_gather"); }
+void Engine::gather(int unit) {
+  CallScope scope(guard_, "zero_gather");
+  store_.gather(unit);
+}
 
-void Engine::release(int unit) { store_.release(unit, "zero_release"); }
+void Engine::release(int unit) {
+  CallScope scope(guard_, "zero_release");
+  store_.release(unit);
+}
 
-void Engine::prefetch(int unit) { store_.prefetch(unit, "zero_prefetch"); }
+void Engine::prefetch(int unit) {
+  CallScope scope(guard_, "zero_prefetch");
+  store_.prefetch(unit);
+}
 
 void Engine::grad_ready(int param) {
-  const char* call = "zero_grad_ready";
-  guard_.require(CallGuard::State::kReady, call);
-  registration_.check_param(param, call);
-  check_window(call);
+  CallScope scope(guard_, "zero_grad_ready");
+  guard_.require(CallGuard::State::kReady);
+  check_param(param);
+  check_window();
   if (reducer_.declared_ready(param))
-    fail(ZERO_ERR_INVALID_STATE,
-         "zero_grad_ready: '" + registration_.param(param).name + "' was already declared ready in this micro-step");
-  reducer_.grad_ready(param, call);
+    guard_.fail(ZERO_ERR_INVALID_STATE,
+                "'" + registration_.param(param).name + "' was already declared ready in this micro-step");
+  reducer_.grad_ready(param);
 }
 
 void Engine::backward_end() {
-  const char* call = "zero_backward_end";
+  CallScope scope(guard_, "zero_backward_end");
   // A rank whose call is wrong (too many micro-steps, not finalized) still joins the agreement, so the others hear
-  // of it.
-  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
-    guard_.require(CallGuard::State::kReady, call);
-    check_window(call);
+  // of it. The buckets still pending reduce first, each with its own agreement.
+  CollectiveCall call(guard_, CallKind::kBackwardEnd);
+  call.check([&] {
+    guard_.require(CallGuard::State::kReady);
+    check_window();
     test_hooks::maybe_fail("backward_end", comm_.rank());
   });
-  if (!local) reducer_.reduce_remaining(call);
-  guard_.agree(call, CallTag{CallKind::kBackwardEnd, micro_step_count_ + 1, 0, 0}, local.get());
-  reducer_.finish_micro_step(call);
+  if (!call.failed()) reducer_.reduce_remaining();
+  call.agree(window_.total_ended() + 1);
+  reducer_.finish_micro_step();
   store_.end_micro_step();
-  micro_steps_ += 1;
-  store_.set_next_micro_step_in_window(micro_steps_ + 1 < config_.gradient_accumulation_steps);
-  reducer_.set_micro_step_in_window(micro_steps_);
-  micro_step_count_ += 1;
+  window_.end_micro_step();
 }
 
 void Engine::set_lr(int group, double lr) {
-  const char* call = "zero_set_lr";
-  if (guard_.aborted() || guard_.state() == CallGuard::State::kBroken) guard_.require(CallGuard::State::kReady, call);
+  CallScope scope(guard_, "zero_set_lr");
+  if (guard_.aborted() || guard_.state() == CallGuard::State::kBroken) guard_.require(CallGuard::State::kReady);
   if (config_.scheduler.kind != SchedulerConfig::Kind::kNone)
-    fail(ZERO_ERR_INVALID_STATE, "zero_set_lr: the config has a 'scheduler'; it sets the learning rate every step");
+    guard_.fail(ZERO_ERR_INVALID_STATE, "the config has a 'scheduler'; it sets the learning rate every step");
   if (!(lr >= 0.0 && lr < 1e6))  // the range zero_engine_add_param_group and the config accept
-    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_set_lr: lr must be in [0, 1e6), got " + exact_decimal(lr));
+    guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "lr must be in [0, 1e6), got " + exact_decimal(lr));
   if (group != -1 && (group < 0 || group >= static_cast<int>(registration_.groups().size())))
-    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_set_lr: no param group " + std::to_string(group));
+    guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "no param group " + std::to_string(group));
   registration_.set_base_lr(group, lr);
 }
 
@@ -266,17 +290,17 @@ void Engine::settle_fetches() {
 }
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  CallScope scope(guard_, "zero_save_checkpoint");
   settle_fetches();
-  checkpointer_.save(dir, tag, micro_steps_, reducer_.micro_step_begun());
+  checkpointer_.save(dir, tag, reducer_.micro_step_begun());
   settle_fetches();  // what the consolidated weights' gathers fetched ahead or kept, and their place in the order
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  CallScope scope(guard_, "zero_load_checkpoint");
   settle_fetches();
-  checkpointer_.load(dir, tag, micro_steps_, reducer_.micro_step_begun());
-  reducer_.start_window();  // the load cleared every accumulator
-  reducer_.set_micro_step_in_window(micro_steps_);
-  store_.set_next_micro_step_in_window(micro_steps_ + 1 < config_.gradient_accumulation_steps);
+  checkpointer_.load(dir, tag, reducer_.micro_step_begun());
+  reducer_.after_load();  // the load cleared every gradient: a new window
 }
 
 }  // namespace zero

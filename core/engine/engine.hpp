@@ -1,12 +1,14 @@
 // The ZeRO engine of one rank: the C API's calls, composed from parts that each own one thing
 // (docs/architecture.md, "The engine's parts"):
-//   Registration     params, groups, initial values; finalize's cross-rank agreement   (registration.*)
-//   ParameterStore   layout, placement plan, every buffer; gather, release, publish     (param_store.*, plan.*)
-//   GradientReducer  gradient buffers and buckets, their reduction                     (grad_reducer.*)
-//   Stepper          norm, loss scale, schedule, the fused optimizer pass              (stepper.*)
-//   Checkpointer     save and load, through the store's views                          (checkpoint/checkpointer.*)
-//   CallGuard        the life cycle and the failure-safety rule of every collective    (call_guard.*)
-// The ZeRO stage is read in one place, the plan (plan.hpp); the parts read the plan.
+//   Registration     params, groups, initial values; finalize's cross-rank agreement   (params/registration.*)
+//   ParameterStore   layout, placement plan, every buffer; gather, release, publish     (params/, plan/)
+//   GradientReducer  where gradients go, buckets and their reductions, clearing       (grads/)
+//   Stepper          norm, loss scale, schedule, the fused optimizer pass              (step/)
+//   Checkpointer     save and load, through the store's views                          (checkpoint/)
+//   CallGuard        the life cycle, the current call, the failure-safety rule         (comm/call_guard.*)
+//   MicroStepWindow  where the accumulation window is                                  (plan/micro_step_window.hpp)
+// Every C API call opens a CallScope, which names its errors and collectives in every part it goes through. The
+// ZeRO stage is read in one place, the plan (plan/plan.hpp); the parts read the plan.
 #pragma once
 
 #include <memory>
@@ -19,6 +21,7 @@
 #include "grads/grad_reducer.hpp"
 #include "params/param_store.hpp"
 #include "params/registration.hpp"
+#include "plan/micro_step_window.hpp"
 #include "plan/plan.hpp"
 #include "step/stepper.hpp"
 
@@ -73,22 +76,24 @@ class Engine {
   UnitInfo unit_info(int unit) const;
   int optimizer_threads() const { return stepper_.threads(); }
   Isa isa() const { return stepper_.isa(); }
+  const MicroStepWindow& window() const { return window_; }
+  int64_t steps() const { return stepper_.steps(); }
 
  private:
-  void check_window(const char* call) const;
+  void check_window() const;
+  void check_param(int param) const;
   void settle_fetches();
   PlanSpec plan_spec() const;
 
   Config config_;
   EngineComm comm_;
   CallGuard guard_;
+  MicroStepWindow window_;
   Registration registration_;
   ParameterStore store_;
   GradientReducer reducer_;
   Stepper stepper_;
   Checkpointer checkpointer_;
-  int64_t micro_steps_ = 0;       // completed in the current accumulation window
-  int64_t micro_step_count_ = 0;  // completed since finalize (the agreement's micro-step number)
 };
 
 }  // namespace zero

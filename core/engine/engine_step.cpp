@@ -25,30 +25,30 @@ uint64_t digest_doubles(const std::vector<double>& values) {
 }  // namespace
 
 StepResult Engine::step() {
-  const char* call = "zero_step";
+  CallScope scope(guard_, "zero_step");
   // 0. Local checks, state and window included; a failing rank still joins the agreement so that the others
   //    return instead of waiting. The learning rates are set locally (zero_set_lr); ranks that set different ones
   //    would silently train different replicas, so they are part of what the ranks agree on.
-  std::unique_ptr<Error> local = guard_.local_checks(call, [&] {
-    guard_.require(CallGuard::State::kReady, call);
-    if (micro_steps_ != config_.gradient_accumulation_steps)
-      fail(ZERO_ERR_INVALID_STATE,
-           "zero_step: expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
-               ") calls of zero_backward_end since the last step, got " + std::to_string(micro_steps_));
+  CollectiveCall call(guard_, CallKind::kStep);
+  call.check([&] {
+    guard_.require(CallGuard::State::kReady);
+    if (!window_.complete())
+      guard_.fail(ZERO_ERR_INVALID_STATE,
+                  "expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
+                      ") calls of zero_backward_end since the last step, got " + std::to_string(window_.ended()));
     const int gathered = store_.first_gathered();
     if (gathered >= 0)
-      fail(ZERO_ERR_INVALID_STATE,
-           "zero_step: unit " + std::to_string(gathered) + " is still gathered; release every unit first");
+      guard_.fail(ZERO_ERR_INVALID_STATE,
+                  "unit " + std::to_string(gathered) + " is still gathered; release every unit first");
     test_hooks::maybe_fail("step", comm_.rank());
   });
   const std::vector<GroupSpec>& groups = registration_.groups();
   std::vector<double> lrs(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) lrs[g] = groups[g].base_lr;
-  const CallTag tag{CallKind::kStep, stepper_.steps() + 1, micro_steps_, static_cast<int64_t>(digest_doubles(lrs))};
   auto explain_lrs = [&]() {
     std::vector<double> all(lrs.size() * static_cast<size_t>(comm_.size()));
     std::memcpy(all.data() + lrs.size() * comm_.rank(), lrs.data(), lrs.size() * sizeof(double));
-    comm_.control_all_gather(all.data(), lrs.size() * sizeof(double), "zero_step: the ranks' learning rates");
+    comm_.control_all_gather(all.data(), lrs.size() * sizeof(double), guard_.label("the ranks' learning rates"));
     std::ostringstream os;
     os << "the ranks set different learning rates (zero_set_lr must set the same value on every rank):";
     for (size_t g = 0; g < lrs.size(); ++g) {
@@ -64,21 +64,21 @@ StepResult Engine::step() {
     text.back() = '.';
     return text;
   };
-  guard_.agree(call, tag, local.get(), explain_lrs);
+  call.agree(stepper_.steps() + 1, window_.ended(), static_cast<int64_t>(digest_doubles(lrs)), explain_lrs);
 
   StepResult result;
-  guard_.moving_data([&] {
+  call.move([&] {
     // 1. What was fetched ahead is stale once the params change: completed and given back. The reductions the
     //    plan leaves to the step (full gradient buffers); bucketed plans reduced during backward.
     store_.settle();
     reducer_.reduce_in_step();
-    reducer_.zero_unwritten_accumulators();
+    reducer_.before_update();
     // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order, so that every
-    //    rank computes the same norm bit for bit and takes the same clip and skip decisions. When nothing decides
-    //    with it (no clipping, no skip), the optimizer pass sums the squares as it reads the gradients, and the
-    //    partial sums are added after it; otherwise the pass that wrote the reduced values summed them where there
-    //    is one (GradientReducer::folded_squares). The same bits either way, one pass over the gradients fewer.
-    const bool norm_in_update = stepper_.norm_in_update();
+    //    rank computes the same norm bit for bit and takes the same clip and skip decisions. Which pass sums the
+    //    squares was decided at finalize (the store's NormPlan): the optimizer pass, when nothing decides with the
+    //    norm (the partial sums are then added after it); else the pass that wrote the reduced values where there
+    //    is one (GradientReducer::folded_squares), else a pass of its own. The same bits either way.
+    const bool norm_in_update = store_.norm_plan().in_update();
     double sum_sq = 0.0;
     if (!norm_in_update) {
       int folded = 0;
@@ -88,39 +88,35 @@ StepResult Engine::step() {
         return sums;
       });
       if (log_enabled(ZERO_LOG_DEBUG))
-        log_message(ZERO_LOG_DEBUG, comm_.rank(),
-                    "zero_step: the squares of " + std::to_string(folded) + " of " +
-                        std::to_string(store_.num_units()) + " units were summed as their reduced values were written");
-      sum_sq = comm_.sum_over_ranks(local, "zero_step: partial sums of squares");
+        log_message(
+            ZERO_LOG_DEBUG, comm_.rank(),
+            guard_.label("the squares of " + std::to_string(folded) + " of " + std::to_string(store_.num_units()) +
+                         " units were summed as their reduced values were "
+                         "written"));
+      sum_sq = comm_.sum_over_ranks(local, guard_.label("partial sums of squares"));
     }
     // 3. Average, unscale and clip; the loss scale; the learning rate.
     const StepDecision decision = stepper_.decide(sum_sq, comm_.size(), groups);
     result = decision.result;
     // 4. The fused optimizer pass over what this rank updates (skipped on overflow: weights, state, step counter
     //    and schedule untouched).
-    const bool clear = !reducer_.accumulators_written_on_reduction();
     double local_sq = 0.0;
     store_.check_offload_files();
-    if (!result.skipped) stepper_.update(store_, groups, decision, clear, norm_in_update ? &local_sq : nullptr);
+    if (!result.skipped)
+      stepper_.update(store_, groups, decision, reducer_.clear_in_update(), norm_in_update ? &local_sq : nullptr);
     // With offloaded state the pass does I/O that may fail on one rank (a broken engine, an aborted communicator):
     // one small exchange lets every rank hear of it in this zero_step, even where nothing collective follows.
-    if (store_.offloaded() || store_.plan().param_offload.enabled)
-      comm_.sum_over_ranks(0.0, "zero_step: the end of the offloaded optimizer pass");
+    if (store_.offloaded() || store_.plan().nvme_params.enabled)
+      comm_.sum_over_ranks(0.0, guard_.label("the end of the offloaded optimizer pass"));
     if (norm_in_update)
       result.grad_norm =
-          Stepper::norm_from(comm_.sum_over_ranks(local_sq, "zero_step: partial sums of squares"), decision);
+          Stepper::norm_from(comm_.sum_over_ranks(local_sq, guard_.label("partial sums of squares")), decision);
     // 5. Clear the gradients the optimizer pass did not (all of them after a skipped step); publish the new
     //    params where the plan says so.
-    if (result.skipped)
-      store_.clear_grads();
-    else if (!reducer_.accumulators_written_on_reduction())
-      store_.clear_grads_not_updated();
-    reducer_.start_window();
-    if (!result.skipped) store_.publish("zero_step: all-gather of the new params");
+    reducer_.after_step(result.skipped);
+    if (!result.skipped) store_.publish("all-gather of the new params");
   });
-  micro_steps_ = 0;
-  reducer_.set_micro_step_in_window(0);
-  store_.set_next_micro_step_in_window(config_.gradient_accumulation_steps > 1);
+  window_.start_window();
   result.step = stepper_.steps();
   stepper_.account(result);
   return result;

@@ -62,10 +62,9 @@ int Registration::add_param(ParamShape shape, ParamInit init) {
   return static_cast<int>(params_.size()) - 1;
 }
 
-void Registration::check_param(int param, const char* call) const {
-  if (param < 0 || param >= static_cast<int>(params_.size()))
-    fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": no param with id " + std::to_string(param) +
-                                        " (ids are 0.." + std::to_string(params_.size()) + "-1)");
+std::string Registration::unknown_param(int param) const {
+  if (param >= 0 && param < static_cast<int>(params_.size())) return "";
+  return "no param with id " + std::to_string(param) + " (ids are 0.." + std::to_string(params_.size()) + "-1)";
 }
 
 void Registration::set_base_lr(int group, double lr) {

@@ -38,7 +38,8 @@ class Registration {
   const ParamInit& init(int p) const { return init_[p]; }
   // After finalize moved the initial values: the caller's pointers are no longer needed, nor valid.
   void forget_initial_values() { init_.assign(init_.size(), ParamInit{}); }
-  void check_param(int param, const char* call) const;
+  // Empty when `param` is a registered id, else what is wrong with it.
+  std::string unknown_param(int param) const;
 
   // zero_set_lr (group -1: every group) and checkpoint loading.
   void set_base_lr(int group, double lr);

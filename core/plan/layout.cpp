@@ -98,12 +98,12 @@ Layout build_layout(const std::vector<ParamShape>& params, int world_size) {
   return layout;
 }
 
-std::vector<Bucket> build_buckets(const Layout& layout, int64_t bucket_elems) {
-  std::vector<Bucket> buckets;
+std::vector<BucketLayout> build_buckets(const Layout& layout, int64_t bucket_elems) {
+  std::vector<BucketLayout> buckets;
   for (int u = static_cast<int>(layout.units.size()) - 1; u >= 0; --u) {
     size_t n = layout.units[u].padded_elems;
     if (buckets.empty() || buckets.back().elems + n > static_cast<size_t>(bucket_elems)) buckets.emplace_back();
-    Bucket& b = buckets.back();
+    BucketLayout& b = buckets.back();
     b.units.push_back(u);
     b.unit_offsets.push_back(b.elems);
     b.elems += n;

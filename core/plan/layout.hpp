@@ -70,11 +70,11 @@ Layout build_layout(const std::vector<ParamShape>& params, int world_size);
 
 // Gradient buckets for stages 2-3: consecutive units in backward order (last unit first), each bucket holding at
 // most `bucket_elems` padded elements unless a single unit is larger (then it is a bucket of its own).
-struct Bucket {
+struct BucketLayout {
   std::vector<int> units;            // in backward order
   std::vector<size_t> unit_offsets;  // where each unit's full gradient starts inside the bucket buffer
   size_t elems = 0;
 };
-std::vector<Bucket> build_buckets(const Layout& layout, int64_t bucket_elems);
+std::vector<BucketLayout> build_buckets(const Layout& layout, int64_t bucket_elems);
 
 }  // namespace zero

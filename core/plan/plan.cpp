@@ -37,16 +37,17 @@ void plan_offload_staging(const PlanSpec& spec, Plan& plan) {
     param_piece = std::max(param_piece, params);
   };
   if (plan.bucketed()) {
-    for (const Bucket& b : plan.buckets) add_piece(b.units);
+    for (const BucketLayout& b : plan.buckets) add_piece(b.units);
   } else {
     for (size_t u = 0; u < plan.units.size(); ++u) add_piece({static_cast<int>(u)});
   }
   // The slots are page-locked whatever pin_memory says: they are small, and a copy from pageable memory would block
   // the CPU instead of running beside it.
   constexpr size_t kSlots = 2;
-  plan.offload_grad_staging =
+  plan.cpu_offload_grad_slots =
       place(Extent::kFull, MemorySpace::kPinnedHost, spec.grad_accum_dtype, kSlots * grad_piece);
-  plan.offload_param_staging = place(Extent::kFull, MemorySpace::kPinnedHost, spec.compute_dtype, kSlots * param_piece);
+  plan.cpu_offload_param_slots =
+      place(Extent::kFull, MemorySpace::kPinnedHost, spec.compute_dtype, kSlots * param_piece);
 }
 
 }  // namespace
@@ -149,7 +150,7 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
   if (spec.params_space == MemorySpace::kNvme) {
     if (!shard_params)
       fail(ZERO_ERR_CONFIG, "offloading the params to NVMe needs ZeRO stage 3 (stages 0-2 keep every param)");
-    ParamOffloadPlan& po = plan.param_offload;
+    NvmeParamsPlan& po = plan.nvme_params;
     std::vector<size_t> elems;
     size_t largest = 0;
     for (const UnitPlan& up : plan.units) {
@@ -159,7 +160,8 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
       po.offloaded_bytes += up.params.space == MemorySpace::kNvme ? up.params.bytes() : 0;
     }
     // A read or write never spans more than one shard: the buffer need not be larger than the largest.
-    po.buffer_elems = std::min<int64_t>(spec.param_buffer_elems, static_cast<int64_t>(std::max<size_t>(largest, 1)));
+    po.buffer_elems =
+        std::min<int64_t>(spec.nvme_param_buffer_elems, static_cast<int64_t>(std::max<size_t>(largest, 1)));
     const io::NvmeState::Geometry g =
         io::NvmeState::geometry(elems, 1, po.buffer_elems, 1, dtype_size(spec.compute_dtype));
     po.enabled = g.file_bytes() > 0;
@@ -172,11 +174,11 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
       fail(ZERO_ERR_CONFIG,
            "offloading the optimizer state to NVMe needs ZeRO stage 1, 2 or 3 (stage 0 updates "
            "every element on every rank)");
-    OffloadPlan& o = plan.offload;
+    NvmeOptimizerPlan& o = plan.nvme_optimizer;
     o.master = spec.compute_dtype != DType::kF32;
     o.arrays = (o.master ? 1 : 0) + std::min(spec.optimizer_states, 2);
-    o.chunk_elems = spec.offload_chunk_elems;
-    o.buffers = spec.offload_buffers;
+    o.chunk_elems = spec.nvme_chunk_elems;
+    o.buffers = spec.nvme_buffers;
     std::vector<size_t> elems;
     for (const UnitPlan& up : plan.units) elems.push_back(up.update_elems);
     const io::NvmeState::Geometry g = io::NvmeState::geometry(elems, o.arrays, o.chunk_elems, o.buffers);
@@ -218,14 +220,14 @@ MemoryStats Plan::bytes(size_t buckets_held, size_t units_gathered) const {
   }
   add(bucket, m.bucket_bytes, buckets_held);
   add(gathered, m.gathered_bytes, units_gathered);
-  add(offload_grad_staging, m.staging_bytes);
-  add(offload_param_staging, m.staging_bytes);
+  add(cpu_offload_grad_slots, m.staging_bytes);
+  add(cpu_offload_param_slots, m.staging_bytes);
   // NVMe offload streams through host memory; the file pads each unit (its bytes are the file's, not the kinds').
-  m.staging_bytes += offload.staging_bytes + param_offload.buffer_bytes + param_offload.copy_bytes;
-  m.nvme_bytes = offload.file_bytes + param_offload.file_bytes;
+  m.staging_bytes += nvme_optimizer.staging_bytes + nvme_params.buffer_bytes + nvme_params.copy_bytes;
+  m.nvme_bytes = nvme_optimizer.file_bytes + nvme_params.file_bytes;
   m.pinned_bytes = in_space[static_cast<int>(MemorySpace::kPinnedHost)];
-  m.host_bytes = in_space[static_cast<int>(MemorySpace::kHost)] + m.pinned_bytes + offload.staging_bytes +
-                 param_offload.buffer_bytes + param_offload.copy_bytes;
+  m.host_bytes = in_space[static_cast<int>(MemorySpace::kHost)] + m.pinned_bytes + nvme_optimizer.staging_bytes +
+                 nvme_params.buffer_bytes + nvme_params.copy_bytes;
   m.device_bytes = in_space[static_cast<int>(MemorySpace::kDevice)];
   return m;
 }
@@ -258,14 +260,15 @@ std::string Plan::describe() const {
     }
     if (offloaded_state != nullptr)
       os << "; fp32 master, optimizer state" << (grads_on_host ? ", gradient shards" : "") << " offloaded to "
-         << space_name(offloaded_state->space) << " memory (two " << offload_grad_staging.bytes() / 2
+         << space_name(offloaded_state->space) << " memory (two " << cpu_offload_grad_slots.bytes() / 2
          << "-byte gradient transfer slots, pinned)";
     if (params_on_host) os << "; param shards offloaded to host memory";
-    if (param_offload.enabled)
-      os << "; param shards offloaded to NVMe (" << param_offload.file_bytes << " bytes in a file)";
-    if (offloaded())
-      os << (offload.master ? "; fp32 master and optimizer state" : "; optimizer state") << " offloaded to NVMe ("
-         << offload.file_bytes << " bytes in a file, streamed through a " << offload.staging_bytes << "-byte window)";
+    if (nvme_params.enabled)
+      os << "; param shards offloaded to NVMe (" << nvme_params.file_bytes << " bytes in a file)";
+    if (optimizer_on_nvme())
+      os << (nvme_optimizer.master ? "; fp32 master and optimizer state" : "; optimizer state")
+         << " offloaded to NVMe (" << nvme_optimizer.file_bytes << " bytes in a file, streamed through a "
+         << nvme_optimizer.staging_bytes << "-byte window)";
   }
   os << "; gradients "
      << (reduction == GradReduction::kAllReduceInStep ? "all-reduced in zero_step"

@@ -105,19 +105,19 @@ struct PlanSpec {
   // pinned host memory (offload_optimizer device cpu, stages 1-3: ZeRO-Offload), with the gradient shards beside
   // them from stage 2. plan_spec_for (plan_spec.hpp) sets these three spaces from a config.
   MemorySpace optimizer_space = MemorySpace::kHost;
-  int64_t offload_chunk_elems = 0;
-  int offload_buffers = 0;
+  int64_t nvme_chunk_elems = 0;
+  int nvme_buffers = 0;
   // Where stage 3's param shards live (units that do not stay resident): `space`, or kNvme (offload_param device
-  // nvme), read and written through a buffer of param_buffer_elems, or host or pinned host memory when `space` is
+  // nvme), read and written through a buffer of nvme_param_buffer_elems, or host or pinned host memory when `space` is
   // the device (offload_param device cpu).
   MemorySpace params_space = MemorySpace::kHost;
-  int64_t param_buffer_elems = 0;
+  int64_t nvme_param_buffer_elems = 0;
   int world_size = 1, rank = 0;
 };
 
-// The offloaded state's geometry (io/nvme_state.hpp): how many fp32 arrays per updated element, how the file and
-// the window are laid out. Empty without offload.
-struct OffloadPlan {
+// The NVMe-offloaded optimizer state's geometry (nvme/nvme_state.hpp): how many fp32 arrays per updated element, how
+// the file and the window are laid out. Empty without offload.
+struct NvmeOptimizerPlan {
   int arrays = 0;       // the master (when separate) and the optimizer states
   bool master = false;  // array 0 is the master
   int64_t chunk_elems = 0;
@@ -127,7 +127,7 @@ struct OffloadPlan {
 
 // The param shards on NVMe (offload_param): one 16-bit array; the buffer reads and writes go through, and one
 // shard's worth of memory where the optimizer writes a unit's new params before they go to the file.
-struct ParamOffloadPlan {
+struct NvmeParamsPlan {
   bool enabled = false;
   int64_t buffer_elems = 0;
   uint64_t file_bytes = 0, buffer_bytes = 0, copy_bytes = 0, offloaded_bytes = 0;
@@ -141,23 +141,23 @@ struct Plan {
   bool sharded_optimizer = false;  // each rank updates its shard (stage 1 on) rather than every element
   bool params_sharded = false;     // units keep only a shard of their params (stage 3; small units may persist)
   std::vector<UnitPlan> units;
-  std::vector<Bucket> buckets;      // kBucketsInBackward only
-  std::vector<int> bucket_of_unit;  // per unit, -1 without buckets
+  std::vector<BucketLayout> buckets;  // kBucketsInBackward only
+  std::vector<int> bucket_of_unit;    // per unit, -1 without buckets
   std::vector<size_t> offset_in_bucket;
   Placement bucket;    // one transient gradient bucket: the largest (kNone without buckets)
   Placement gathered;  // one transient gathered unit: the largest sharded one (kNone without sharded units)
-  OffloadPlan offload;
-  ParamOffloadPlan param_offload;
+  NvmeOptimizerPlan nvme_optimizer;
+  NvmeParamsPlan nvme_params;
   // ZeRO-Offload (the optimizer in host memory, the params on the device): two slots each of gradient pieces going
   // to the host and new params going back, each piece one reduction's shard (kNone otherwise).
-  Placement offload_grad_staging, offload_param_staging;
+  Placement cpu_offload_grad_slots, cpu_offload_param_slots;
   DType compute_dtype = DType::kF32, grad_accum_dtype = DType::kF32;
   // A separate fp32 master: with 16-bit params, and with any params when the optimizer is offloaded to the host.
   bool master_separate = false;
 
   bool separate_master() const { return master_separate; }
   bool bucketed() const { return reduction == GradReduction::kBucketsInBackward; }
-  bool offloaded() const { return offload.arrays > 0; }
+  bool optimizer_on_nvme() const { return nvme_optimizer.arrays > 0; }
   // The plan's bytes with `buckets_held` gradient buckets and `units_gathered` sharded units gathered at once
   // (the engine's footprint is the plan with one of each; more only while a caller gathers several units).
   MemoryStats bytes(size_t buckets_held = 1, size_t units_gathered = 1) const;

@@ -19,14 +19,14 @@ PlanSpec plan_spec_for(const Config& config, int stage, int world_size, int rank
   const bool on_device = compute_space == MemorySpace::kDevice;
   if (stage == 3 && o.params_nvme()) {
     spec.params_space = MemorySpace::kNvme;
-    spec.param_buffer_elems = o.param_buffer_size;
+    spec.nvme_param_buffer_elems = o.param_buffer_size;
   } else if (stage == 3 && on_device && o.params == OffloadConfig::Device::kCpu) {
     spec.params_space = o.pin_params ? MemorySpace::kPinnedHost : MemorySpace::kHost;
   }
   if (stage >= 1 && o.nvme()) {
     spec.optimizer_space = MemorySpace::kNvme;
-    spec.offload_chunk_elems = o.chunk_elems;
-    spec.offload_buffers = o.buffer_count;
+    spec.nvme_chunk_elems = o.chunk_elems;
+    spec.nvme_buffers = o.buffer_count;
   } else if (stage >= 1 && on_device && o.optimizer == OffloadConfig::Device::kCpu) {
     spec.optimizer_space = o.pin_optimizer ? MemorySpace::kPinnedHost : MemorySpace::kHost;
   }

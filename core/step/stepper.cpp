@@ -34,37 +34,14 @@ Stepper::Stepper(const Config& config, int rank, int ranks_on_node)
 void Stepper::set_threads(int requested) { threads_ = requested > 0 ? requested : automatic_threads(ranks_on_node_); }
 
 void Stepper::allocate(const ParameterStore& store, size_t groups) {
-  size_t largest_norm_blocks = 0;
-  update_covers_norm_ = true;
-  for (int u = 0; u < store.num_units(); ++u) {
-    const ParameterStore::UnitBuffers& ub = store.unit(u);
-    const UnitPlan& up = store.unit_plan(u);
-    for (const ShardSegment& s : ub.norm_segments)
-      largest_norm_blocks = std::max(largest_norm_blocks, sum_squares_blocks(s.numel));
-    // The pass can sum the norm's squares only where it reads the same gradients in the same runs, and where
-    // parallel_step's split at a multiple of 2^32 elements (stochastic rounding keys) falls on a block of the norm.
-    bool same = up.update_in_grads == up.norm_in_grads && ub.segments.size() == ub.norm_segments.size();
-    for (size_t i = 0; same && i < ub.segments.size(); ++i) {
-      const ShardSegment &s = ub.segments[i], &n = ub.norm_segments[i];
-      same = s.shard_offset == n.shard_offset && s.numel == n.numel &&
-             !splits_inside_a_norm_block(up.element_base + up.update_begin + s.shard_offset, s.numel);
-    }
-    update_covers_norm_ = update_covers_norm_ && same;
-  }
-  // An offloaded pass walks the shard in chunks that cut segments anywhere: its squares would be summed in other
-  // blocks, so the norm keeps a pass of its own over the (in-memory) gradients.
-  if (store.offloaded()) update_covers_norm_ = false;
-  norm_scratch_.assign(largest_norm_blocks, 0.0);
+  norm_scratch_.assign(store.norm_plan().largest_segment_blocks(), 0.0);
   step_scalars_.resize(groups);
   if (log_enabled(ZERO_LOG_DEBUG))
     log_message(ZERO_LOG_DEBUG, rank_,
-                norm_in_update() ? "zero_step: the gradient norm is summed in the optimizer pass"
-                                 : "zero_step: the gradient norm is summed before the update (as the reduced gradients "
-                                   "are written where a pass writes them, else in a pass of its own)");
-}
-
-bool Stepper::norm_in_update() const {
-  return update_covers_norm_ && !config_.skip_nonfinite_steps && config_.gradient_clipping == 0.0;
+                store.norm_plan().in_update()
+                    ? "zero_step: the gradient norm is summed in the optimizer pass"
+                    : "zero_step: the gradient norm is summed before the update (as the reduced gradients are written "
+                      "where a pass writes them, else in a pass of its own)");
 }
 
 double Stepper::norm_from(double sum_sq, const StepDecision& decision) {
@@ -79,13 +56,14 @@ double Stepper::local_sum_squares(ParameterStore& store, const std::function<con
   const int grad_index = static_cast<int>(config_.grad_accum_dtype);
   double sum_sq = 0.0;
   for (int u = 0; u < store.num_units(); ++u) {
+    const std::vector<ShardSegment>& segments = store.unit(u).norm_segments;
     if (const double* sums = folded ? folded(u) : nullptr) {
-      for (size_t i = 0; i < store.unit(u).norm_segments.size(); ++i) sum_sq += sums[i];
+      for (size_t i = 0; i < segments.size(); ++i) sum_sq += sums[i];
       continue;
     }
     const KernelTable& table = kernels(store.unit(u).grads.space(), isa_);
     const char* g = static_cast<const char*>(store.norm_grads(u));
-    for (const ShardSegment& s : store.unit(u).norm_segments)
+    for (const ShardSegment& s : segments)
       sum_sq += parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size, grad_size, s.numel,
                                      threads_, norm_scratch_.data());
   }
@@ -137,7 +115,7 @@ CopyMode Stepper::copy_mode() const {
 // state, writes the compute-dtype params.
 void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision,
                      bool clear_grads, double* sum_sq) {
-  if (sum_sq != nullptr && !norm_in_update())
+  if (sum_sq != nullptr && !store.norm_plan().in_update())
     fail(ZERO_ERR_INTERNAL, "Stepper::update: the norm was asked of a pass that cannot compute it");
   steps_ += 1;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -148,28 +126,26 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
   }
   const int grad_index = static_cast<int>(config_.grad_accum_dtype);
   const size_t grad_size = dtype_size(config_.grad_accum_dtype), compute_size = dtype_size(config_.compute_dtype);
-  auto kernel_of = [&](const ParameterStore::UnitBuffers& ub) {
-    return kernels(ub.grads.space(), isa_)
-        .step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())];
-  };
   // One run of one group's elements [lo, hi) of unit u's updated range; `master`, `state0`, `state1` point at
   // element lo.
-  auto run = [&](int u, const ShardSegment& s, size_t lo, size_t hi, float* master, float* state0, float* state1) {
-    const UnitPlan& up = store.unit_plan(u);
+  auto run = [&](int u, const UpdateView& view, const ShardSegment& s, size_t lo, size_t hi, float* master,
+                 float* state0, float* state1) {
     char* copy = static_cast<char*>(store.copy(u));
     KernelArgs a;
     a.master = master;
-    a.grad = static_cast<const char*>(store.update_grads(u)) + lo * grad_size;
+    a.grad = static_cast<const char*>(view.grads) + lo * grad_size;
     a.grad_elem_size = grad_size;
     a.state0 = state0;
     a.state1 = state1;
     a.copy = copy == nullptr ? nullptr : copy + lo * compute_size;
     a.clear_grad = clear_grads;  // the next micro-step adds into zeros; no pass of its own
     a.n = hi - lo;
-    a.first_index = up.element_base + up.update_begin + lo;
+    a.first_index = view.first_index + lo;
     a.s = step_scalars_[s.group];
     if (sum_sq != nullptr) a.block_sums = norm_scratch_.data();
-    parallel_step(kernel_of(store.unit(u)), a, threads_);
+    parallel_step(kernels(view.space, isa_)
+                      .step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())],
+                  a, threads_);
     if (sum_sq != nullptr) {  // block order, then segment order: local_sum_squares's sums
       double segment = 0.0;
       for (size_t b = 0; b < sum_squares_blocks(a.n); ++b) segment += norm_scratch_[b];
@@ -179,36 +155,36 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
   if (store.offloaded()) {
     // The master (when separate) and the state stream through the NVMe state's window, a chunk at a time: every
     // element gets the same per-element operations as in memory, so the bits are the same.
-    const OffloadPlan& o = store.plan().offload;
-    const int ma = store.master_array(), states = o.arrays - (o.master ? 1 : 0);
-    const int s0 = states > 0 ? store.state_array(0) : -1, s1 = states > 1 ? store.state_array(1) : -1;
+    const NvmeOptimizerPlan& o = store.plan().nvme_optimizer;
+    const std::optional<int> ma = store.file_array(ShardKind::kMaster);
+    const int states = o.arrays - (o.master ? 1 : 0);
+    const std::optional<int> s0 = states > 0 ? store.file_array(ShardKind::kState0) : std::nullopt;
+    const std::optional<int> s1 = states > 1 ? store.file_array(ShardKind::kState1) : std::nullopt;
     int unit = -1;  // the unit whose new params are being written (end_copy once its last piece is done)
     store.nvme()->stream([&](const io::NvmeState::Piece& p, float* const* arrays) {
       if (p.unit != unit) {
         if (unit >= 0) store.end_copy(unit);
         store.begin_copy(unit = p.unit);
       }
-      ParameterStore::UnitBuffers& ub = store.unit(p.unit);
-      float* in_memory_master = ma < 0 ? store.master(p.unit) : nullptr;
-      for (const ShardSegment& s : ub.segments) {
+      const UpdateView view = store.update(p.unit);
+      for (const ShardSegment& s : *view.segments) {
         const size_t lo = std::max(s.shard_offset, p.begin), hi = std::min(s.shard_offset + s.numel, p.begin + p.n);
         if (lo >= hi) continue;
         const size_t at = lo - p.begin;
-        run(p.unit, s, lo, hi, ma >= 0 ? arrays[ma] + at : in_memory_master + lo, s0 >= 0 ? arrays[s0] + at : nullptr,
-            s1 >= 0 ? arrays[s1] + at : nullptr);
+        run(p.unit, view, s, lo, hi, ma ? arrays[*ma] + at : view.master + lo, s0 ? arrays[*s0] + at : nullptr,
+            s1 ? arrays[*s1] + at : nullptr);
       }
     });
     if (unit >= 0) store.end_copy(unit);
     return;
   }
   for (int u = 0; u < store.num_units(); ++u) {
-    ParameterStore::UnitBuffers& ub = store.unit(u);
-    float* master = store.master(u);
+    const UpdateView view = store.update(u);
     store.begin_copy(u);
-    for (const ShardSegment& s : ub.segments)
-      run(u, s, s.shard_offset, s.shard_offset + s.numel, master + s.shard_offset,
-          ub.state[0].empty() ? nullptr : ub.state[0].f32() + s.shard_offset,
-          ub.state[1].empty() ? nullptr : ub.state[1].f32() + s.shard_offset);
+    for (const ShardSegment& s : *view.segments)
+      run(u, view, s, s.shard_offset, s.shard_offset + s.numel, view.master + s.shard_offset,
+          view.state[0] == nullptr ? nullptr : view.state[0] + s.shard_offset,
+          view.state[1] == nullptr ? nullptr : view.state[1] + s.shard_offset);
     store.end_copy(u);
   }
 }

@@ -44,14 +44,9 @@ class Stepper {
   double local_sum_squares(ParameterStore& store, const std::function<const double*(int)>& folded = nullptr);
   // From the sum over ranks: the norm, the skip and loss-scale decisions, the clip, the learning rate of group 0.
   StepDecision decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups);
-  // Whether this step's norm comes from the optimizer pass (norm_in_update) instead of a pass of its own before it:
-  // when nothing decides with it (no clipping, no skip of a non-finite step; Config::skip_nonfinite_steps) and this
-  // rank updates exactly the elements it adds to the norm (stages 1-3, or one rank). Either way the norm has the
-  // same bits and every rank runs the same collectives, so the ranks need not agree on it.
-  bool norm_in_update() const;
   // The fused optimizer pass over every unit's update range (counts the step); with `clear_grads` it zeroes the
-  // gradients it reads (not needed where the next reduction writes them: GradientReducer). With `sum_sq` it also
-  // adds this rank's sum of squares there, the bits local_sum_squares gives (needs norm_in_update()).
+  // gradients it reads (GradientReducer::clear_in_update). With `sum_sq` it also adds this rank's sum of squares
+  // there, the bits local_sum_squares gives (where the store's NormPlan sums the norm in the update).
   void update(ParameterStore& store, const std::vector<GroupSpec>& groups, const StepDecision& decision,
               bool clear_grads, double* sum_sq = nullptr);
   // The norm of the averaged gradients from the sum over ranks of the squares, as decide computes it.
@@ -78,7 +73,6 @@ class Stepper {
   int threads_ = 1;                        // optimizer threads per rank
   std::vector<StepScalars> step_scalars_;  // per group, reused
   std::vector<double> norm_scratch_;       // block sums of the norm (parallel_sum_squares or the optimizer pass)
-  bool update_covers_norm_ = false;        // allocate(): the update ranges are the norm's, block for block
   LossScaler scaler_;
   int64_t steps_ = 0;          // optimizer steps taken (skipped ones excluded)
   int consecutive_skips_ = 0;  // skipped steps in a row that count toward giving up (account())

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 
 namespace zero {
 
@@ -39,6 +40,21 @@ const char* status_name(zero_status_t status) {
       break;
   }
   return "unknown";
+}
+
+Error current_error(const std::string& call, const std::string& out_of_memory) {
+  const std::string prefix = call.empty() ? std::string() : call + ": ";
+  try {
+    throw;
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::bad_alloc&) {
+    return Error(ZERO_ERR_OUT_OF_MEMORY, prefix + out_of_memory);
+  } catch (const std::exception& e) {
+    return Error(ZERO_ERR_INTERNAL, prefix + "internal error: " + e.what());
+  } catch (...) {
+    return Error(ZERO_ERR_INTERNAL, prefix + "internal error: unknown exception");
+  }
 }
 
 std::string exact_decimal(double v) {

@@ -2,6 +2,7 @@
 // it (and every other exception) so nothing crosses the ABI.
 #pragma once
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -23,6 +24,24 @@ class Error : public std::runtime_error {
 const char* status_name(zero_status_t status);
 
 [[noreturn]] inline void fail(zero_status_t status, const std::string& message) { throw Error(status, message); }
+
+// The one translation of an exception into an Error, for a catch block: a zero::Error as it is; std::bad_alloc as
+// ZERO_ERR_OUT_OF_MEMORY, "<call>: <out_of_memory>"; any other exception as ZERO_ERR_INTERNAL, "<call>: internal
+// error: <what>". The C API's boundary, the agreement's local checks and the checkpoint phases all use it, so an
+// exception means the same status wherever it is caught.
+Error current_error(const std::string& call, const std::string& out_of_memory = "out of memory");
+
+// Runs `body`; what it throws comes back as the Error it stands for (current_error) instead.
+template <typename Body>
+std::unique_ptr<Error> capture_error(const std::string& call, Body&& body,
+                                     const std::string& out_of_memory = "out of memory") {
+  try {
+    body();
+  } catch (...) {
+    return std::make_unique<Error>(current_error(call, out_of_memory));
+  }
+  return nullptr;
+}
 
 // The shortest decimal that reads back as exactly `v` ("0.0025", not "0.0025000000000000001"): messages that
 // compare values across ranks must show the values themselves, not a rounding of them.

@@ -1,4 +1,4 @@
-// The placement plan of a GPU engine (issue 16): model states in device memory, and ZeRO-Offload (offload to
+// The placement plan of a GPU engine: model states in device memory, and ZeRO-Offload (offload to
 // "cpu") putting the fp32 master, the optimizer state and the gradient shards in host memory, with two transfer
 // slots each way. The plan is host logic: these tests pin it on a machine without a GPU, and compare its bytes
 // with DeepSpeed's own memory estimators (tests/deepspeed/fixtures.json) where the two count the same things.
@@ -54,7 +54,7 @@ TEST(DevicePlan, WithoutOffloadEverythingIsInDeviceMemory) {
         EXPECT_EQ(up.state[0].space, kDev);
       }
       EXPECT_EQ(plan.separate_master(), compute != DType::kF32);
-      EXPECT_EQ(plan.offload_grad_staging.extent, Extent::kNone);
+      EXPECT_EQ(plan.cpu_offload_grad_slots.extent, Extent::kNone);
       const MemoryStats m = plan.bytes();
       EXPECT_EQ(m.device_bytes, m.total()) << "stage " << stage;
       EXPECT_EQ(m.host_bytes, 0u);
@@ -91,7 +91,7 @@ TEST(DevicePlan, OffloadedOptimizerKeepsMasterStateAndGradShardsOnTheHost) {
       size_t piece = 0, param_piece = 0;
       if (plan.bucketed()) {
         ASSERT_GE(plan.buckets.size(), 2u);  // the test means something only with several buckets
-        for (const Bucket& b : plan.buckets) {
+        for (const BucketLayout& b : plan.buckets) {
           size_t n = 0, p = 0;
           for (int u : b.units) {
             n += layout.units[u].shard_elems;
@@ -103,12 +103,12 @@ TEST(DevicePlan, OffloadedOptimizerKeepsMasterStateAndGradShardsOnTheHost) {
         for (const UnitLayout& ul : layout.units) piece = std::max(piece, ul.shard_elems);
         param_piece = piece;
       }
-      EXPECT_EQ(plan.offload_grad_staging.elems, 2 * piece);
-      EXPECT_EQ(plan.offload_grad_staging.dtype, DType::kF32);
-      EXPECT_EQ(plan.offload_param_staging.elems, 2 * param_piece);
-      EXPECT_EQ(plan.offload_param_staging.dtype, DType::kBF16);
+      EXPECT_EQ(plan.cpu_offload_grad_slots.elems, 2 * piece);
+      EXPECT_EQ(plan.cpu_offload_grad_slots.dtype, DType::kF32);
+      EXPECT_EQ(plan.cpu_offload_param_slots.elems, 2 * param_piece);
+      EXPECT_EQ(plan.cpu_offload_param_slots.dtype, DType::kBF16);
       const MemoryStats m = plan.bytes();
-      const uint64_t staging = plan.offload_grad_staging.bytes() + plan.offload_param_staging.bytes();
+      const uint64_t staging = plan.cpu_offload_grad_slots.bytes() + plan.cpu_offload_param_slots.bytes();
       EXPECT_EQ(m.staging_bytes, staging);
       EXPECT_EQ(m.host_bytes, host + staging);
       EXPECT_EQ(m.pinned_bytes, m.host_bytes);
@@ -130,12 +130,12 @@ TEST(DevicePlan, Fp32ParamsOffloadedGetAHostMaster) {
     EXPECT_EQ(up.master.space, kHost);
     EXPECT_EQ(up.master.elems, up.update_elems);
   }
-  EXPECT_EQ(plan.offload_param_staging.extent, Extent::kNone);  // sent from the updated master itself
-  EXPECT_GT(plan.offload_grad_staging.elems, 0u);
+  EXPECT_EQ(plan.cpu_offload_param_slots.extent, Extent::kNone);  // sent from the updated master itself
+  EXPECT_GT(plan.cpu_offload_grad_slots.elems, 0u);
   const MemoryStats m = plan.bytes();
   // pin_memory false: the master and state in pageable host memory; only the transfer slots are pinned.
-  EXPECT_EQ(m.pinned_bytes, plan.offload_grad_staging.bytes());
-  EXPECT_EQ(plan.offload_grad_staging.space, kPinned);
+  EXPECT_EQ(m.pinned_bytes, plan.cpu_offload_grad_slots.bytes());
+  EXPECT_EQ(plan.cpu_offload_grad_slots.space, kPinned);
   EXPECT_GT(m.host_bytes, 0u);
 }
 
@@ -156,14 +156,14 @@ TEST(DevicePlan, OffloadedParamsLeavePersistentUnitsAndTheGatheredUnitOnTheDevic
   // New params go back to the device only for the persistent units: the others' shards are updated in place.
   // A slot holds one bucket's persistent shards.
   size_t piece = 0;
-  for (const Bucket& b : plan.buckets) {
+  for (const BucketLayout& b : plan.buckets) {
     size_t n = 0;
     for (int u : b.units) n += plan.units[u].persistent ? plan.units[u].update_elems : 0;
     piece = std::max(piece, n);
   }
   EXPECT_GT(piece, 0u);
   EXPECT_LE(piece, persistent_piece);
-  EXPECT_EQ(plan.offload_param_staging.elems, 2 * piece);
+  EXPECT_EQ(plan.cpu_offload_param_slots.elems, 2 * piece);
   EXPECT_NE(plan.describe().find("optimizer state, gradient shards offloaded to pinned host memory"), std::string::npos)
       << plan.describe();
   EXPECT_NE(plan.describe().find("param shards offloaded to host memory"), std::string::npos) << plan.describe();

@@ -1,0 +1,90 @@
+#include "grads/bucket.hpp"
+
+#include "memory/ops.hpp"
+#include "util/error.hpp"
+
+namespace zero {
+
+BucketTurn turn_in_backward(const BucketCount& count) {
+  if (count.ready != count.expected) return BucketTurn::kWait;
+  return count.expected > 0 ? BucketTurn::kReduce : BucketTurn::kPass;
+}
+
+BucketTurn turn_at_backward_end(const BucketCount& count) {
+  return count.expected > 0 ? BucketTurn::kReduce : BucketTurn::kPass;
+}
+
+size_t micro_step_words(size_t params, size_t buckets) { return (params + buckets + 63) / 64; }
+
+std::vector<uint64_t> micro_step_bits(const std::vector<char>& param_touched, const std::vector<char>& bucket_holding) {
+  const size_t params = param_touched.size();
+  std::vector<uint64_t> bits(micro_step_words(params, bucket_holding.size()), 0);
+  for (size_t p = 0; p < params; ++p)
+    if (param_touched[p]) bits[p / 64] |= uint64_t{1} << (p % 64);
+  for (size_t b = 0; b < bucket_holding.size(); ++b)
+    if (bucket_holding[b]) bits[(params + b) / 64] |= uint64_t{1} << ((params + b) % 64);
+  return bits;
+}
+
+MicroStepOutcome after_micro_step(const std::vector<uint64_t>& all, int ranks, size_t params,
+                                  const std::vector<int>& bucket_of_param, size_t buckets) {
+  const size_t words = micro_step_words(params, buckets);
+  std::vector<uint64_t> any(words, 0);
+  for (int r = 0; r < ranks; ++r)
+    for (size_t w = 0; w < words; ++w) any[w] |= all[words * static_cast<size_t>(r) + w];
+  auto bit = [&](size_t i) { return (any[i / 64] >> (i % 64)) & 1u; };
+  MicroStepOutcome out;
+  for (size_t b = 0; b < buckets; ++b)
+    if (bit(params + b)) out.reduce_again.push_back(static_cast<int>(b));
+  out.param_expected.assign(params, 0);
+  out.bucket_expected.assign(buckets, 0);
+  for (size_t p = 0; p < params; ++p) {
+    out.param_expected[p] = static_cast<char>(bit(p));
+    if (out.param_expected[p]) out.bucket_expected[static_cast<size_t>(bucket_of_param[p])] += 1;
+  }
+  return out;
+}
+
+Bucket::Bucket(int index, size_t elems, std::vector<UnitSlot> units, DType accum_dtype, DType comm_dtype)
+    : index_(index), elems_(elems), units_(std::move(units)), accum_dtype_(accum_dtype), comm_dtype_(comm_dtype) {}
+
+char* Bucket::gradients(BufferPool& pool, const UnitSlot& slot, size_t offset_in_unit) {
+  if (buffer_ == nullptr) {
+    buffer_ = pool.acquire();
+    fill_zero(pool.space(), buffer_, elems_ * grad_size());
+  }
+  return static_cast<char*>(buffer_) + (slot.offset + offset_in_unit) * grad_size();
+}
+
+void Bucket::start(EngineComm& comm, BufferPool& pool, const std::string& label) {
+  if (in_flight()) fail(ZERO_ERR_INTERNAL, label + ": the bucket's previous reduction is still in flight");
+  if (buffer_ == nullptr) {  // no gradient was asked for here: this rank contributes zeros
+    buffer_ = pool.acquire();
+    fill_zero(pool.space(), buffer_, elems_ * grad_size());
+  }
+  const ElementOps& ops = element_ops(pool.space());
+  std::vector<EngineComm::Planned> group;
+  for (const UnitSlot& slot : units_) {
+    char* full = static_cast<char*>(buffer_) + slot.offset * grad_size();
+    ops.convert(full, comm_dtype_, full, accum_dtype_, slot.padded_elems);
+    group.push_back({CollKind::kReduceScatter, full, slot.shard_elems, elem_type(comm_dtype_),
+                     label + ", unit " + std::to_string(slot.unit)});
+  }
+  reducing_ = buffer_;
+  buffer_ = nullptr;  // a gradient that comes later gets a fresh buffer (reduced again at zero_backward_end)
+  pending_ = comm.start_group(std::move(group));
+}
+
+void Bucket::finish(EngineComm& comm, BufferPool& pool, bool last_micro_step) {
+  comm.wait_all(pending_);
+  const int rank = comm.rank();
+  for (const UnitSlot& slot : units_) {
+    const char* full = static_cast<const char*>(reducing_) + slot.offset * grad_size();
+    slot.accumulator->accumulate(full + rank * slot.shard_elems * dtype_size(comm_dtype_), last_micro_step);
+  }
+  pool.give_back(reducing_);
+  reducing_ = nullptr;
+  pending_.clear();
+}
+
+}  // namespace zero

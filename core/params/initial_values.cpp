@@ -1,0 +1,71 @@
+// Finalize's broadcast of rank 0's initial values into every rank's params and fp32 master.
+#include <algorithm>
+
+#include "memory/ops.hpp"
+#include "params/param_store.hpp"
+
+namespace zero {
+
+// Rank 0's initial values reach every rank in fp32, in pieces of at most kInitialValuesChunk elements, so that no
+// rank holds more than one extra piece however large a unit is, and the fp32 master starts exact even when the
+// params train in bf16 or fp16.
+void ParameterStore::load_initial_values(const Registration& registration, DType compute_dtype) {
+  std::vector<float> staging;
+  try {
+    broadcast_initial_values(registration, compute_dtype, staging);
+  } catch (...) {
+    // A broadcast given up in flight may still write into the staging piece: it must never be freed.
+    if (comm_.abandoned_requests()) static_cast<void>(new std::vector<float>(std::move(staging)));
+    throw;
+  }
+}
+
+void ParameterStore::broadcast_initial_values(const Registration& registration, DType compute_dtype,
+                                              std::vector<float>& staging) {
+  constexpr size_t kInitialValuesChunk = size_t{1} << 24;  // 64 MiB of fp32
+  const int rank = comm_.rank();
+  const std::optional<int> master_array = file_array(ShardKind::kMaster);
+  std::vector<char> rounded;  // a piece of this rank's shard on its way to the params file (offload_param)
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const UnitLayout& ul = layout_.units[u];
+    const UnitPlan& up = plan_.units[u];
+    Unit& unit = units_[u];
+    const bool on_nvme = params_offloaded(static_cast<int>(u));
+    const ElementOps& ops = element_ops(on_nvme ? MemorySpace::kHost : up.params.space);
+    const size_t own = up.sharded_params() ? rank * ul.shard_elems : 0, own_end = own + up.params.elems;
+    for (size_t begin = 0; begin < ul.padded_elems; begin += kInitialValuesChunk) {
+      const size_t end = std::min(ul.padded_elems, begin + kInitialValuesChunk);
+      staging.assign(end - begin, 0.0f);
+      if (rank == 0) {
+        for (int p : ul.params) {
+          const ParamPlacement& pl = layout_.params[p];
+          const ParamInit& init = registration.init(p);
+          const size_t lo = std::max(begin, pl.offset), hi = std::min(end, pl.offset + pl.numel);
+          if (init.data == nullptr || lo >= hi) continue;
+          const char* src = static_cast<const char*>(init.data) + (lo - pl.offset) * dtype_size(init.dtype);
+          element_ops(MemorySpace::kHost).convert(staging.data() + (lo - begin), DType::kF32, src, init.dtype, hi - lo);
+        }
+      }
+      comm_.broadcast(staging.data(), end - begin, ElemType::kF32, 0,
+                      guard_.label("rank 0's initial values of unit " + std::to_string(u) +
+                                   (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : "")));
+      size_t lo = std::max(begin, own), hi = std::min(end, own_end);
+      if (lo < hi && on_nvme) {  // this rank's shard goes to the params file
+        rounded.resize((hi - lo) * dtype_size(compute_dtype));
+        element_ops(MemorySpace::kHost)
+            .round_from_f32(rounded.data(), compute_dtype, staging.data() + (lo - begin), hi - lo);
+        nvme_params_->write(static_cast<int>(u), 0, lo - own, rounded.data(), hi - lo);
+      } else if (lo < hi) {
+        ops.round_from_f32(unit.params.at(lo - own), compute_dtype, staging.data() + (lo - begin), hi - lo);
+      }
+      lo = std::max(begin, up.update_begin), hi = std::min(end, up.update_begin + up.update_elems);
+      if (lo < hi && master_array)
+        nvme_->write(static_cast<int>(u), *master_array, lo - up.update_begin, staging.data() + (lo - begin), hi - lo);
+      else if (!unit.master.empty() && lo < hi)
+        copy_bytes(unit.master.space(), unit.master.f32() + (lo - up.update_begin), MemorySpace::kHost,
+                   staging.data() + (lo - begin), (hi - lo) * sizeof(float));
+    }
+  }
+}
+
+}  // namespace zero
