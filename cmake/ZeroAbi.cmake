@@ -47,9 +47,12 @@ function(zero_generate_version_script file)
   configure_file(${file}.tmp ${file} COPYONLY)
 endfunction()
 
-# zero_declared_functions(<out>): every function zero.h declares with ZERO_API, in header order.
+# zero_declared_functions(<out>): every function the public headers (zero.h and the zero_backend.h it includes)
+# declare with ZERO_API, in header order.
 function(zero_declared_functions out)
   file(READ ${PROJECT_SOURCE_DIR}/capi/include/zero/zero.h header)
+  file(READ ${PROJECT_SOURCE_DIR}/capi/include/zero/zero_backend.h backend_header)
+  string(APPEND header "${backend_header}")
   string(REGEX MATCHALL "ZERO_API (const )?[a-z0-9_]+\\*? \\**[a-z0-9_]+\\(" decls "${header}")
   set(names "")
   foreach(decl IN LISTS decls)

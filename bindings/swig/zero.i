@@ -15,8 +15,9 @@
  *  - Engine memory (zero_param_data, zero_grad_data) comes back as an address; the layers make a direct
  *    ByteBuffer (Java, directBuffer below) or an unsafe.Slice (Go) over it, without copying.
  *
- * Not wrapped: custom communicators and the log callback (function pointers: a JVM or Go transport is future
- * work), the allocator hook, and the collective descriptor.
+ * Not wrapped: zero/zero_backend.h (custom communicators and the collective descriptor: SWIG reads the headers it
+ * is given, not the ones they include), the log callback (function pointers: a JVM or Go transport is future
+ * work), and the allocator hook.
  */
 #if defined(SWIGJAVA)
 %module ZeroNative
@@ -264,11 +265,6 @@ ZERO_OUT_STRING(out_json)
 %ignore zero_string_destroy; /* the string typemaps free what they copy */
 %ignore zero_set_log_callback;
 %ignore zero_log_fn;
-%ignore zero_collective;
-%ignore zero_collective_init;
-%ignore zero_comm_ops;
-%ignore zero_comm_ops_init;
-%ignore zero_comm_create_custom;
 %ignore zero_allocator;
 %ignore zero_allocator_init;
 %ignore zero_engine_set_allocator;

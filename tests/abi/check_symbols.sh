@@ -24,14 +24,15 @@ if [[ "$module_soname" != "libzero-mpi.so.1" || "$module_exports" != "ZERO_MPI_0
   exit 1
 fi
 
-declared=$(grep -o -E 'ZERO_API (const )?[a-z0-9_]+\*? \**[a-z0-9_]+\(' "$root/capi/include/zero/zero.h" |
+declared=$(cat "$root/capi/include/zero/zero.h" "$root/capi/include/zero/zero_backend.h" |
+           grep -o -E 'ZERO_API (const )?[a-z0-9_]+\*? \**[a-z0-9_]+\(' |
            sed -E 's/.*[ *]([a-z0-9_]+)\($/\1/' | sort)
 listed=$(grep -E '^ZERO_[0-9A-Z.]+ ' "$root/capi/exports.txt" | awk '{print $2 "@@" $1}' | sort)
 exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v -E '^ZERO_[0-9A-Z.]+$' | sort)
 
 status=0
 if ! diff <(echo "$declared") <(echo "$listed" | sed 's/@@.*//') >/tmp/zero_abi_diff.$$; then
-  echo "zero.h (<) and capi/exports.txt (>) disagree:"; cat /tmp/zero_abi_diff.$$; status=1
+  echo "zero.h and zero_backend.h (<) and capi/exports.txt (>) disagree:"; cat /tmp/zero_abi_diff.$$; status=1
 fi
 if ! diff <(echo "$listed") <(echo "$exported") >/tmp/zero_abi_diff.$$; then
   echo "capi/exports.txt (<) and the symbols $lib exports (>) disagree:"; cat /tmp/zero_abi_diff.$$; status=1
