@@ -87,6 +87,11 @@ ZERO_API zero_status_t zero_memory_placement_init(zero_memory_placement_t* place
   return init("zero_memory_placement_init", "zero_memory_placement_t", placement, struct_size, d);
 }
 
+ZERO_API zero_status_t zero_window_info_init(zero_window_info_t* info, size_t struct_size) {
+  const zero_window_info_t d = ZERO_WINDOW_INFO_INIT;
+  return init("zero_window_info_init", "zero_window_info_t", info, struct_size, d);
+}
+
 ZERO_API zero_status_t zero_comm_stats_init(zero_comm_stats_t* stats, size_t struct_size) {
   const zero_comm_stats_t d = ZERO_COMM_STATS_INIT;
   return init("zero_comm_stats_init", "zero_comm_stats_t", stats, struct_size, d);
@@ -200,6 +205,21 @@ ZERO_API zero_status_t zero_memory_placement(zero_memory_placement_t* out_placem
     p.nvme_bytes = m.nvme_bytes;
     p.staging_bytes = m.staging_bytes;
     zero::write_output_struct(out_placement, p);
+  });
+}
+
+ZERO_API zero_status_t zero_engine_window(zero_window_info_t* out_info, const zero_engine_t* engine) {
+  const char* call = "zero_engine_window";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::check_output_struct(out_info, sizeof(zero_window_info_t), call, "zero_window_info_t",
+                              "zero_window_info_init");
+    const zero::Engine& e = engine_of(engine, call);
+    zero_window_info_t w = ZERO_WINDOW_INFO_INIT;
+    w.micro_steps = e.window().ended();
+    w.accumulation_steps = e.window().accumulation_steps();
+    w.total_micro_steps = e.window().total_ended();
+    w.steps = e.steps();
+    zero::write_output_struct(out_info, w);
   });
 }
 

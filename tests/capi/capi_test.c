@@ -685,6 +685,10 @@ static void test_training_run(void** state) {
   for (int step = 1; step <= 3; ++step) {
     float* p = NULL;
     float* g = NULL;
+    zero_window_info_t window = ZERO_WINDOW_INFO_INIT;
+    assert_int_equal(zero_engine_window(&window, engine), ZERO_OK);
+    assert_true(window.micro_steps == 0 && window.accumulation_steps == 1);
+    assert_true(window.total_micro_steps == step - 1 && window.steps == step - 1);
     assert_int_equal(zero_gather(engine, 0), ZERO_OK);
     assert_int_equal(zero_param_data((void**)&p, engine, w), ZERO_OK);
     if (step == 1) assert_memory_equal(p, init, sizeof init);
@@ -693,6 +697,8 @@ static void test_training_run(void** state) {
     assert_int_equal(zero_grad_ready(engine, w), ZERO_OK);
     assert_int_equal(zero_release(engine, 0), ZERO_OK);
     assert_int_equal(zero_backward_end(engine), ZERO_OK);
+    assert_int_equal(zero_engine_window(&window, engine), ZERO_OK);
+    assert_true(window.micro_steps == 1 && window.total_micro_steps == step); /* zero_step's turn */
     zero_step_info_t si = ZERO_STEP_INFO_INIT;
     assert_int_equal(zero_step(&si, engine), ZERO_OK);
     assert_int_equal(si.step, step);

@@ -74,7 +74,9 @@ class Engine:
         self._inits: list[Any] = []  # initial values, read by finalize on rank 0
         self._infos: list[dict[str, Any]] = []
         self._ready: list[int] = []  # per param: grad_ready calls so far
-        self._window = 0  # micro-steps ended (backward_end) and steps taken
+        # The epoch of gradient views: every call after which a view of a gradient buffer may be stale (a micro-step's
+        # end, a step, a load) starts a new one, even a call that failed (it may have moved the buffers first).
+        self._grad_views_epoch = 0
         self._leases: weakref.WeakSet[Any] = weakref.WeakSet()  # of the views alive
         info = self._native.info()
         self._param_dtype = info["param_dtype"]
@@ -215,12 +217,12 @@ class Engine:
 
     def backward_end(self) -> None:
         """Ends the micro-step: reduces every bucket still pending. Collective."""
-        self._window += 1  # grad views of this micro-step end here, also if the call fails
+        self._grad_views_epoch += 1
         self._n.backward_end()
 
     def step(self) -> StepResult:
         """The optimizer step, after gradient_accumulation_steps micro-steps. Collective."""
-        self._window += 1
+        self._grad_views_epoch += 1
         return StepResult(**self._n.step())
 
     # ---- hyper-parameters ----------------------------------------------------------------------------------------
@@ -244,13 +246,20 @@ class Engine:
 
     def load_checkpoint(self, directory: str | os.PathLike[str], tag: str | None = None) -> None:
         """Loads ``directory/tag`` (the latest when None), saved at any rank count and stage. Collective."""
-        self._window += 1
+        self._grad_views_epoch += 1
         self._n.load_checkpoint(os.fspath(directory), None if tag is None else str(tag))
 
     # ---- statistics ------------------------------------------------------------------------------------------------
     def memory_stats(self) -> dict[str, int]:
         """Bytes this rank allocated per category."""
         return dict(self._n.memory_stats())
+
+    @property
+    def window(self) -> dict[str, int]:
+        """Where the engine is in its accumulation window: micro_steps ended since the last step, of
+        accumulation_steps (step()'s turn when they are equal), total_micro_steps since finalize, and the optimizer
+        steps taken. Experimental."""
+        return dict(self._n.window())
 
     def memory_placement(self) -> dict[str, int]:
         """Where this rank's model states live: host_bytes (what host memory holds, offloading's buffers included),
@@ -311,4 +320,4 @@ class Engine:
         return pid
 
     def _grad_epoch(self, param: int) -> tuple[int, int]:
-        return (self._window, self._ready[param])
+        return (self._grad_views_epoch, self._ready[param])

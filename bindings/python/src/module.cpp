@@ -496,6 +496,18 @@ class Engine {
     return d;
   }
 
+  py::dict window() const {
+    zero_window_info_t s;
+    check(zero_window_info_init(&s, sizeof s));
+    check(zero_engine_window(&s, get()), engine_);
+    py::dict d;
+    d["micro_steps"] = s.micro_steps;
+    d["accumulation_steps"] = s.accumulation_steps;
+    d["total_micro_steps"] = s.total_micro_steps;
+    d["steps"] = s.steps;
+    return d;
+  }
+
   py::dict comm_stats() const {
     zero_comm_stats_t s;
     check(zero_comm_stats_init(&s, sizeof s));
@@ -648,5 +660,6 @@ PYBIND11_MODULE(_native, m) {
       .def("memory_stats", &Engine::memory_stats)
       .def("memory_placement", &Engine::memory_placement)
       .def("comm_stats", &Engine::comm_stats)
-      .def("recent_collectives", &Engine::recent_collectives);
+      .def("recent_collectives", &Engine::recent_collectives)
+      .def("window", &Engine::window);
 }

@@ -598,6 +598,24 @@ typedef struct zero_memory_placement {
 ZERO_API zero_status_t zero_memory_placement_init(zero_memory_placement_t* placement, size_t struct_size);
 ZERO_API zero_status_t zero_memory_placement(zero_memory_placement_t* out_placement, const zero_engine_t* engine);
 
+/* Where the engine is in its accumulation window, so that a binding or a training loop need not count micro-steps
+ * itself: the micro-steps ended (zero_backward_end) since the last zero_step, of gradient_accumulation_steps
+ * (zero_step's turn when they are equal); every micro-step ended since finalize; the optimizer steps taken
+ * (skipped ones excluded). Valid any time after zero_engine_create (all 0 before finalize). Local. */
+typedef struct zero_window_info {
+  size_t struct_size;
+  int64_t micro_steps;        /* ended in this window */
+  int64_t accumulation_steps; /* gradient_accumulation_steps */
+  int64_t total_micro_steps;  /* ended since finalize */
+  int64_t steps;              /* optimizer steps taken */
+} zero_window_info_t;
+
+#define ZERO_WINDOW_INFO_INIT \
+  { sizeof(zero_window_info_t), 0, 0, 0, 0 }
+
+ZERO_API zero_status_t zero_window_info_init(zero_window_info_t* info, size_t struct_size);
+ZERO_API zero_status_t zero_engine_window(zero_window_info_t* out_info, const zero_engine_t* engine);
+
 #endif /* ZERO_EXPERIMENTAL_API */
 
 #ifdef __cplusplus
