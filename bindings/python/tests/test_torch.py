@@ -510,6 +510,20 @@ def test_stage3_params_between_steps_are_empty_placeholders_not_freed_memory():
     assert model.blocks[0].a.weight.grad is not None
 
 
+def test_stage3_with_the_whole_model_in_one_unit_warns_that_it_saves_nothing():
+    big = torch.nn.Linear(1100, 1000)  # 1.1 M params and no block list: one unit
+    with pytest.warns(UserWarning, match="stage 3 with one unit"):
+        eng = lzt.initialize(big, config(3, "fp32", WORLD), comm())
+    eng.close()
+    small = torch.nn.Linear(8, 8)  # a small model in one unit is no mistake
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eng = lzt.initialize(small, config(3, "fp32", WORLD), comm())
+    eng.close()
+
+
 @pytest.mark.skipif(WORLD != 1, reason="one process")
 def test_a_bf16_config_casts_frozen_params_and_buffers_as_deepspeed_does():
     class LoRA(torch.nn.Module):

@@ -1,0 +1,69 @@
+"""libzero for PyTorch models, in the spirit of ``deepspeed.initialize``.
+
+    engine = libzero.torch.initialize(model, "ds_config.json")
+    for batch in data:
+        loss = engine(batch)        # the model's forward
+        engine.backward(loss)       # gradients go into libzero's buffers as autograd produces them
+        engine.step()               # the optimizer step at the accumulation boundary
+
+What happens to the model (docs/python.md has the whole story):
+
+- params with ``requires_grad`` are registered with the engine (rank 0's values); frozen params and floating-point
+  buffers get rank 0's values too and, with a bf16/fp16 config, that dtype (DeepSpeed casts the module likewise);
+- stages 0-2: every trained ``param.data`` is a tensor over libzero's own parameter memory (DLPack, no copy);
+  ``zero_step`` writes the new values there;
+- stage 3: a unit is gathered before the first module owning its params runs, its values copied into tensors the
+  model computes with; a unit whose params are exactly one module's (a ``ModuleList`` block) is released after
+  that module's forward, and autograd keeps, instead of those tensors, where to find them again: backward
+  gathers the unit anew when it needs it (a saved-tensor hook), and releases it when its last gradient is in.
+  Released params show an empty placeholder (shape [0]), as DeepSpeed's do;
+- gradients: a post-accumulate-grad hook adds each param's gradient into ``engine.grad(i)``, drops
+  ``param.grad`` and declares it ready, so stages 2-3 reduce buckets while backward goes on.
+
+Units (stage 3's gather granularity): by default each element of the outermost ``torch.nn.ModuleList``s is a unit
+and the other params form one unit each side of them (before the first block, after the last), numbered in
+registration order; ``units=fn(name, param) -> key`` groups params by any key instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import torch
+
+from ..comm import Comm
+from ..engine import ConfigLike, Engine
+from .config import engine_config, optimizer_block
+from .engine import TorchEngine
+from .process_group import ProcessGroupComm, _default_comm
+from .stage3 import Stage3Engine
+from .units import default_units
+
+# The package's private names, importable from libzero.torch as well (where tests and tools look for them).
+from .config import _TORCH_DTYPE, _UNSUPPORTED_OPTIONS, _group_overrides  # noqa: F401
+from .process_group import _ProcessGroupTransport  # noqa: F401
+from .stage3 import _Saved  # noqa: F401
+
+__all__ = ["initialize", "TorchEngine", "Stage3Engine", "ProcessGroupComm", "optimizer_block", "default_units"]
+
+
+def initialize(
+    model: torch.nn.Module,
+    config: ConfigLike,
+    comm: Comm | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    units: Callable[[str, torch.nn.Parameter], Hashable] | None = None,
+) -> TorchEngine:
+    """Trains ``model`` with libzero as ``config`` says (a DeepSpeed config: dict, JSON text or path). Without an
+    ``optimizer`` block the hyper-parameters come from ``optimizer`` (AdamW, Adam, Adagrad, SGD), as DeepSpeed takes a
+    client optimizer. ``comm`` by default: torch.distributed's default group when it is initialised (torchrun; a
+    gloo group beside it when the default is NCCL), else MPI_COMM_WORLD under an MPI launcher, else one process.
+    Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below."""
+    comm = comm if comm is not None else _default_comm()
+    cfg, groups = engine_config(config, optimizer)
+    engine = Engine(cfg, comm)
+    # The stage as the engine read it (libzero's parser, its defaults and spellings), not as the config text says.
+    cls = Stage3Engine if int(engine.info["stage"]) == 3 else TorchEngine
+    out = cls.__new__(cls)  # not cls(...): that would create a second engine
+    out._start(model, engine, units, groups)
+    return out
