@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -124,14 +125,34 @@ def test_gathered_releases_when_the_block_raises():
     e.close()
 
 
-def test_statistics_are_dicts():
-    e, _ = one_param_engine(stage=2)
+def test_statistics_report_the_engine_s_bytes_and_traffic():
+    # One fp32 param of 12 elements at stage 2 on one rank: its unit is padded to 16 elements (a multiple of 16 x N),
+    # SGD without momentum keeps no state, and the gradient bucket holds the one unit.
+    e, w = one_param_engine(stage=2)
     m = e.memory_stats()
-    assert m["total_bytes"] == sum(v for k, v in m.items() if k != "total_bytes")
-    assert e.memory_placement() == {"host_bytes": m["total_bytes"], "nvme_bytes": 0, "staging_bytes": 0}
+    assert m == {"param_bytes": 64, "grad_bytes": 64, "master_param_bytes": 0, "optimizer_state_bytes": 0,
+                 "bucket_bytes": 64, "gathered_bytes": 0, "total_bytes": 192}, m
+    assert e.memory_placement() == {"host_bytes": 192, "nvme_bytes": 0, "staging_bytes": 0}
+    before = e.comm_stats()
+    with e.gathered(0):
+        e.grad(w)[...] = 1.0
+        e.grad_ready(w)
+    e.backward_end()
+    e.step()
     c = e.comm_stats()
-    assert set(c) >= {"sequence", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "control"}
-    assert isinstance(e.recent_collectives(), list)
+    # One bucket reduced (a reduce-scatter of the unit: 16 fp32 = 64 bytes; one rank sends none of it) and the new
+    # params all-gathered after the step; every collective call agreed first (control messages, counted apart).
+    assert c["reduce_scatter"]["calls"] - before["reduce_scatter"]["calls"] == 1
+    assert c["reduce_scatter"]["bytes"] - before["reduce_scatter"]["bytes"] == 64
+    assert c["reduce_scatter"]["wire_bytes"] == 0
+    assert c["all_gather"]["calls"] - before["all_gather"]["calls"] == 1
+    assert c["control"]["calls"] > before["control"]["calls"]
+    assert c["sequence"] == before["sequence"] + sum(
+        c[k]["calls"] - before[k]["calls"] for k in ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "control"))
+    recent = e.recent_collectives()
+    assert recent[-1]["state"] == "done" and recent[-1]["kind"] == "all-gather"
+    assert "all-gather of the new params of unit 0" in recent[-1]["label"]
+    assert [r["sequence"] for r in recent] == sorted(r["sequence"] for r in recent)
     e.set_num_threads(1)
     assert e.info["optimizer_threads"] == 1
     e.close()
@@ -365,11 +386,25 @@ def test_a_transport_error_becomes_a_comm_error_with_its_text():
 
 
 def test_exceptions_mirror_the_status_codes():
+    import re
+    from pathlib import Path
+
     from libzero import errors
 
-    for status in range(1, 14):
+    # Every status the header declares, whatever their number: each has its own class, which carries it.
+    header = (Path(__file__).resolve().parents[3] / "capi/include/zero/zero.h").read_text()
+    statuses = {name: int(value) for name, value in re.findall(r"\b(ZERO_ERR_[A-Z_]+) = (\d+)", header)}
+    assert len(statuses) >= 13 and "ZERO_ERR_ABORTED" in statuses
+    classes = set()
+    for name, status in statuses.items():
         err = errors._from_status(status, "m")
-        assert err.status == status and err.message == "m" and isinstance(err, libzero.ZeroError)
+        assert err.status == status and err.message == "m" and isinstance(err, libzero.ZeroError), name
+        assert type(err) is not libzero.ZeroError, f"{name} has no class of its own"
+        assert libzero._native.status_string(status) == name
+        classes.add(type(err))
+    assert len(classes) == len(statuses)
+    unknown = errors._from_status(max(statuses.values()) + 1, "m")
+    assert type(unknown) is libzero.ZeroError and unknown.status == max(statuses.values()) + 1
     assert issubclass(libzero.TimeoutError, TimeoutError)
     assert issubclass(libzero.RemoteError, libzero.CommError)
     assert issubclass(libzero.FileSystemError, OSError)
@@ -429,8 +464,16 @@ def test_a_torchrun_style_job_without_mpi_is_refused_not_split_into_single_proce
 
 
 def test_nvme_offload_trains_the_same_bits(tmp_path):
-    """examples/configs/zero3_bf16_nvme.json (offload_optimizer and offload_param to NVMe) with its paths pointed at
-    tmp_path: the fp32 master, Adam's state and the bf16 param shard in files there, the same weights as without."""
+    """examples/configs/zero3_bf16_nvme.json (offload_optimizer and offload_param to NVMe) with its paths pointed at a
+    scratch directory: the fp32 master, Adam's state and the bf16 param shard in files there, the same weights as
+    without. The directory is ZERO_TEST_NVME_DIR's (CTest: on the build tree's disk) or pytest's tmp_path; it must
+    support O_DIRECT, or the test fails (it never skips: a machine where it cannot run must show up as one)."""
+    import tempfile
+
+    scratch = os.environ.get("ZERO_TEST_NVME_DIR")
+    if scratch:
+        os.makedirs(scratch, exist_ok=True)
+        tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="python-nvme-", dir=scratch))
     example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "configs" / "zero3_bf16_nvme.json"
     offloaded = json.loads(example.read_text())
     offloaded["gradient_accumulation_steps"] = 1
@@ -448,9 +491,10 @@ def test_nvme_offload_trains_the_same_bits(tmp_path):
         e.add_param("w", (5000,), init=init)
         try:
             e.finalize()
-        except libzero.FileSystemError as err:  # a file system without O_DIRECT (tmpfs)
+        except libzero.FileSystemError as err:
             e.close()
-            pytest.skip(f"no O_DIRECT under {tmp_path}: {err}")
+            pytest.fail(f"NVMe offload cannot run under {tmp_path} (no O_DIRECT there? set ZERO_TEST_NVME_DIR to a "
+                        f"directory on a disk): {err}")
         engines.append(e)
     memory, offload = engines
     placement = offload.memory_placement()
