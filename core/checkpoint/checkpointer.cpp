@@ -407,7 +407,7 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
     const std::optional<int> master_array = store_.file_array(ShardKind::kMaster);
     std::vector<float> piece;
     error = attempt([&] {
-      if (store_.offloaded()) {
+      if (store_.optimizer_on_nvme()) {
         incoming = store_.new_optimizer_file();
         piece.resize(size_t{1} << 20);
       }
@@ -464,7 +464,7 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
       if (incoming) store_.adopt_optimizer_file(std::move(incoming));  // the old file goes
       for (int u = 0; u < store_.num_units(); ++u) {
         if (!master_array) store_.write_updated(u, ShardKind::kMaster, master[u].data());
-        if (!store_.offloaded())
+        if (!store_.optimizer_on_nvme())
           for (int s = 0; s < n_states; ++s) store_.write_updated(u, state_shard(s), states[u][s].data());
       }
     });

@@ -155,7 +155,7 @@ void Engine::finalize() {
     if (!allocation.failed()) clear();
     throw;
   }
-  if (config_.offload.nvme() && !store_.offloaded() && comm_.rank() == 0)
+  if (config_.offload.nvme() && !store_.optimizer_on_nvme() && comm_.rank() == 0)
     log_message(ZERO_LOG_WARNING, 0,
                 "offload_optimizer to NVMe: nothing to offload (fp32 params are their own master, and " +
                     std::string(optimizer_name(config_.optimizer.kind)) +

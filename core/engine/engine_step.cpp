@@ -101,12 +101,12 @@ StepResult Engine::step() {
     // 4. The fused optimizer pass over what this rank updates (skipped on overflow: weights, state, step counter
     //    and schedule untouched).
     double local_sq = 0.0;
-    store_.check_offload_files();
+    store_.check_nvme_files();
     if (!result.skipped)
       stepper_.update(store_, groups, decision, reducer_.clear_in_update(), norm_in_update ? &local_sq : nullptr);
     // With offloaded state the pass does I/O that may fail on one rank (a broken engine, an aborted communicator):
     // one small exchange lets every rank hear of it in this zero_step, even where nothing collective follows.
-    if (store_.offloaded() || store_.plan().nvme_params.enabled)
+    if (store_.optimizer_on_nvme() || store_.plan().nvme_params.enabled)
       comm_.sum_over_ranks(0.0, guard_.label("the end of the offloaded optimizer pass"));
     if (norm_in_update)
       result.grad_norm =

@@ -41,7 +41,7 @@ AheadPlan ParameterStore::plan_ahead_of(int unit) const {
 void ParameterStore::put_own_shard(int unit, void* buffer) {
   const size_t shard = layout_.units[unit].shard_elems, esize = dtype_size(plan_.compute_dtype);
   char* own = static_cast<char*>(buffer) + comm_.rank() * shard * esize;
-  if (params_offloaded(unit))
+  if (params_on_nvme(unit))
     nvme_params_->read(unit, 0, 0, own, shard);
   else
     copy_bytes(gathered_pool_.space(), own, units_[unit].params.space(), units_[unit].params.data(), shard * esize);

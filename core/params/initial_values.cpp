@@ -30,7 +30,7 @@ void ParameterStore::broadcast_initial_values(const Registration& registration, 
     const UnitLayout& ul = layout_.units[u];
     const UnitPlan& up = plan_.units[u];
     Unit& unit = units_[u];
-    const bool on_nvme = params_offloaded(static_cast<int>(u));
+    const bool on_nvme = params_on_nvme(static_cast<int>(u));
     const ElementOps& ops = element_ops(on_nvme ? MemorySpace::kHost : up.params.space);
     const size_t own = up.sharded_params() ? rank * ul.shard_elems : 0, own_end = own + up.params.elems;
     for (size_t begin = 0; begin < ul.padded_elems; begin += kInitialValuesChunk) {

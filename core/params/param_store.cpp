@@ -83,7 +83,7 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params, const NormS
     nvme_ = new_optimizer_file();
     warn_about_offload();
   }
-  norm_plan_ = NormPlan(plan_, layout_, units_, norm, offloaded());
+  norm_plan_ = NormPlan(plan_, layout_, units_, norm, optimizer_on_nvme());
 }
 
 void ParameterStore::clear() {
@@ -122,7 +122,7 @@ GradientView ParameterStore::grads(int u) {
 
 float* ParameterStore::master(int u) {
   Unit& unit = units_[u];
-  if (offloaded_master()) return nullptr;
+  if (master_on_nvme()) return nullptr;
   if (plan_.separate_master()) return unit.master.f32();
   return unit.params.f32() + plan_.units[u].update_in_params;
 }
@@ -134,7 +134,7 @@ UpdateView ParameterStore::update(int u) {
   v.segments = &unit.update_segments;
   v.grads = unit.grads.at(up.update_in_grads);
   v.master = master(u);
-  for (int s = 0; s < 2; ++s) v.state[s] = offloaded() || unit.state[s].empty() ? nullptr : unit.state[s].f32();
+  for (int s = 0; s < 2; ++s) v.state[s] = optimizer_on_nvme() || unit.state[s].empty() ? nullptr : unit.state[s].f32();
   v.first_index = up.element_base + up.update_begin;
   v.space = unit.grads.space();
   return v;
@@ -147,7 +147,7 @@ const void* ParameterStore::norm_grads(int u) const {
 
 void* ParameterStore::copy(int u) {
   if (!plan_.separate_master()) return nullptr;
-  if (params_offloaded(u)) return param_copy_.data();  // between begin_copy(u) and end_copy(u)
+  if (params_on_nvme(u)) return param_copy_.data();  // between begin_copy(u) and end_copy(u)
   return units_[u].params.at(plan_.units[u].update_in_params);
 }
 

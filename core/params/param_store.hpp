@@ -138,17 +138,17 @@ class ParameterStore {
   // offload_optimizer to NVMe: the file and window (null otherwise), and which of its arrays holds what (none:
   // in memory).
   io::NvmeState* nvme() { return nvme_.get(); }
-  bool offloaded() const { return nvme_ != nullptr; }
-  bool offloaded_master() const { return offloaded() && plan_.nvme_optimizer.master; }
+  bool optimizer_on_nvme() const { return nvme_ != nullptr; }
+  bool master_on_nvme() const { return optimizer_on_nvme() && plan_.nvme_optimizer.master; }
   std::optional<int> file_array(ShardKind kind) const;
   // offload_param to NVMe: whether unit u's param shard is in the params file.
-  bool params_offloaded(int u) const { return plan_.units[u].params.space == MemorySpace::kNvme; }
+  bool params_on_nvme(int u) const { return plan_.units[u].params.space == MemorySpace::kNvme; }
   // A checkpoint's load into an offloaded engine: the state is streamed into a second file of the same layout,
   // which replaces the current one only once every rank read everything (so a failed load changes nothing).
   std::unique_ptr<io::NvmeState> new_optimizer_file() const;
   void adopt_optimizer_file(std::unique_ptr<io::NvmeState> state) { nvme_ = std::move(state); }
   // zero_step: a warning if a param file was deleted under the engine (the optimizer's is checked by its pass).
-  void check_offload_files();
+  void check_nvme_files();
 
   // ---- what a checkpoint stores per rank: this rank's shard [rank * S, (rank + 1) * S), whatever the stage
   // (shard_io.cpp). The fp32 shards are handed to `sink` in pieces (one piece in memory; pieces of a bounded buffer

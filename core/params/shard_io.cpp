@@ -35,7 +35,7 @@ void make_directories(const std::string& dir) {
 }  // namespace
 
 std::optional<int> ParameterStore::file_array(ShardKind kind) const {
-  if (!offloaded()) return std::nullopt;
+  if (!optimizer_on_nvme()) return std::nullopt;
   const bool master_in_file = plan_.nvme_optimizer.master;
   switch (kind) {
     case ShardKind::kMaster:
@@ -65,7 +65,7 @@ void ParameterStore::warn_about_offload() const {
                     "' is on a file system in memory (tmpfs): the offloaded state still takes RAM");
 }
 
-void ParameterStore::check_offload_files() {
+void ParameterStore::check_nvme_files() {
   if (nvme_params_ != nullptr) nvme_params_->notice_deletion();
 }
 
@@ -116,13 +116,13 @@ std::unique_ptr<io::NvmeState> ParameterStore::new_state_file(const char* kind, 
 }
 
 void ParameterStore::begin_copy(int u) {
-  if (!params_offloaded(u)) return;
+  if (!params_on_nvme(u)) return;
   // Zeros where no param is (the padding between params and at the shard's end), as the file has there.
   std::memset(param_copy_.data(), 0, plan_.units[u].params.elems * dtype_size(plan_.compute_dtype));
 }
 
 void ParameterStore::end_copy(int u) {
-  if (!params_offloaded(u)) return;
+  if (!params_on_nvme(u)) return;
   if (test_hooks::active("params.write", comm_.rank()))
     fail(ZERO_ERR_IO, "writing '" + nvme_params_->path() + "': Input/output error (errno 5) (test hook)");
   nvme_params_->write(u, 0, 0, param_copy_.data(), plan_.units[u].params.elems);
@@ -130,7 +130,7 @@ void ParameterStore::end_copy(int u) {
 
 void ParameterStore::write_params_shard(int u, const void* values) {
   begin_copy(u);
-  copy_bytes(params_offloaded(u) ? MemorySpace::kHost : units_[u].params.space(), copy(u), MemorySpace::kHost, values,
+  copy_bytes(params_on_nvme(u) ? MemorySpace::kHost : units_[u].params.space(), copy(u), MemorySpace::kHost, values,
              plan_.units[u].update_elems * dtype_size(plan_.compute_dtype));
   end_copy(u);
 }
@@ -171,7 +171,7 @@ void ParameterStore::write_updated(int u, ShardKind kind, const float* values) {
 void ParameterStore::read_params_shard(int u, const std::function<void(const void*, size_t bytes)>& sink) {
   const UnitPlan& up = plan_.units[u];
   const size_t n = layout_.units[u].shard_elems, esize = dtype_size(plan_.compute_dtype);
-  if (!params_offloaded(u)) {
+  if (!params_on_nvme(u)) {
     sink(units_[u].params.at(up.sharded_params() ? 0 : up.norm_begin), n * esize);
     return;
   }
@@ -191,7 +191,7 @@ void ParameterStore::write_params_from_master() {
     const int unit = static_cast<int>(u);
     Unit& un = units_[u];
     const size_t n = plan_.units[u].update_elems;
-    const ElementOps& ops = element_ops(params_offloaded(unit) ? MemorySpace::kHost : un.params.space());
+    const ElementOps& ops = element_ops(params_on_nvme(unit) ? MemorySpace::kHost : un.params.space());
     begin_copy(unit);
     if (!master_array) {
       ops.round_from_f32(copy(unit), plan_.compute_dtype, un.master.f32(), n);

@@ -152,7 +152,7 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
       *sum_sq += segment;
     }
   };
-  if (store.offloaded()) {
+  if (store.optimizer_on_nvme()) {
     // The master (when separate) and the state stream through the NVMe state's window, a chunk at a time: every
     // element gets the same per-element operations as in memory, so the bits are the same.
     const NvmeOptimizerPlan& o = store.plan().nvme_optimizer;
