@@ -22,8 +22,10 @@ void Backend::abort(const std::string& reason) {
     std::lock_guard<std::mutex> lock(window_mutex_);  // the progress thread sees it before its next step
   }
   window_cv_.notify_one();
-  // Tell the others now if this thread may call MPI; otherwise the next call on the libzero thread does.
-  if (may_call_mpi_now()) say_goodbye(reason);
+  // Tell the others now if this thread may call MPI and no call is running (its wait loop tells them); otherwise the
+  // next call on the libzero thread does. Never waiting: an abort returns at once.
+  std::unique_lock<std::recursive_timed_mutex> call(call_mutex_, std::try_to_lock);
+  if (call.owns_lock() && !g_exiting.load() && may_call_mpi_now()) say_goodbye(reason);
 }
 
 std::string Backend::abort_reason() const {
@@ -32,6 +34,7 @@ std::string Backend::abort_reason() const {
 }
 
 void Backend::enter() {
+  if (g_exiting.load()) fail(ZERO_ERR_ABORTED, "this process is exiting (exit() was called): the communicator is gone");
   if (mpi_gone_) fail(ZERO_ERR_INVALID_STATE, "MPI has been finalized in this process; the communicator is gone");
   if (finalized_) fail(ZERO_ERR_INVALID_STATE, "the communicator was finalized (zero_comm_finalize)");
   if (g_provided == MPI_THREAD_FUNNELED) {
@@ -50,6 +53,13 @@ void Backend::enter() {
 // The notice of an abort requested from another thread that could not send it (once: say_goodbye).
 void Backend::tell_pending_abort() {
   if (abort_requested_.load() && !goodbye_sent_.load()) say_goodbye(abort_reason());
+}
+
+// After a call released the call lock: the notice of an abort that found the lock held, if no one sent it.
+void Backend::tell_abort_left_to_us() {
+  if (!abort_requested_.load() || goodbye_sent_.load()) return;
+  std::unique_lock<std::recursive_timed_mutex> call(call_mutex_, std::try_to_lock);
+  if (call.owns_lock() && !g_exiting.load() && may_call_mpi_now()) say_goodbye(abort_reason());
 }
 
 // Never while the thread inside libzero's calls is in one, whatever the thread level: its wait loop sees the

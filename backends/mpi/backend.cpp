@@ -72,36 +72,41 @@ void Backend::finalize() {
     if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
     MPI_Comm_free(&data_);
     MPI_Comm_free(&ctl_);
+    finalized_ = true;
   }
-  finalized_ = true;
-  bool last_ours = false;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
-    last_ours = g_we_initialized_mpi && g_live.empty();
-  }
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (last_ours && !finalized) MPI_Finalize();
 }
 
-// Local. The MPI communicators stay (freeing one is collective); MPI_Finalize reclaims them.
-Backend::~Backend() {
-  stop_progress_thread();
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
-  }
+// MPI_Finalize runs under the process lock: an exit on another thread meanwhile waits for it (up to its deadline)
+// instead of ending the process under it, and no backend opens while it runs.
+void Backend::leave_process() {
+  std::lock_guard<std::timed_mutex> lock(g_mutex);
+  g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
+  const bool last_ours = g_we_initialized_mpi && g_live.empty() && !g_finalize_claimed && !g_exiting.load();
+  if (!last_ours) return;
+  g_finalize_claimed = true;
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized || finalized_ || mpi_gone_) return;
+  if (!finalized) {
+    g_libzero_finalizes.store(true);  // its hook must not take the process lock
+    MPI_Finalize();
+  }
+}
+
+// Local. The MPI communicators stay (freeing one is collective); MPI_Finalize reclaims them. Under g_mutex: the exit
+// hook tells the others of every live backend, so it must not find this one half gone (nor run MPI under it).
+Backend::~Backend() {
+  std::lock_guard<std::timed_mutex> lock(g_mutex);
+  g_live.erase(std::remove(g_live.begin(), g_live.end(), this), g_live.end());
+  stop_progress_thread();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || finalized_ || mpi_gone_ || g_exiting.load()) return;
   if (may_call_mpi_now()) {
     say_goodbye("it destroyed its communicator");
     close_control(0.5);
   }
 }
 
-// Called first thing in MPI_Finalize, or at exit: the last chance to tell the others.
 void Backend::last_goodbye(const std::string& reason) {
   stop_progress_thread();  // MPI_Finalize frees the window under it
   if (finalized_ || mpi_gone_) return;

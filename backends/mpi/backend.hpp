@@ -75,21 +75,32 @@ class Backend {
   int local_size() const { return local_size_; }
   const char* error() const { return error_.c_str(); }
 
+  // One call from libzero, under the call lock (the exit hook takes it before it tears MPI down).
   template <typename Body>
   zero_status_t guarded(Body&& body) {
-    try {
-      body();
-      return ZERO_OK;
-    } catch (const Failure& f) {
-      error_ = f.message;
-      return f.status;
-    } catch (const std::bad_alloc&) {
-      error_ = "out of memory in the MPI backend";
-      return ZERO_ERR_OUT_OF_MEMORY;
-    } catch (const std::exception& e) {  // nothing may cross into libzero's C++ (std::thread's system_error)
-      error_ = std::string("the MPI backend: ") + e.what();
-      return ZERO_ERR_INTERNAL;
+    zero_status_t status = ZERO_OK;
+    {
+      std::lock_guard<std::recursive_timed_mutex> call(call_mutex_);
+      try {
+        body();
+      } catch (const Failure& f) {
+        error_ = f.message;
+        status = f.status;
+      } catch (const std::bad_alloc&) {
+        error_ = "out of memory in the MPI backend";
+        status = ZERO_ERR_OUT_OF_MEMORY;
+      } catch (const std::exception& e) {  // nothing may cross into libzero's C++ (std::thread's system_error)
+        error_ = std::string("the MPI backend: ") + e.what();
+        status = ZERO_ERR_INTERNAL;
+      }
     }
+    // An abort from another thread after this call last looked (InCall's end) and before the lock went: that thread
+    // found the lock held and left the notice to this one.
+    try {
+      tell_abort_left_to_us();
+    } catch (...) {  // the next call, the destroy or the exit hook sends it
+    }
+    return status;
   }
 
   // ---- Collectives (collectives.cpp)
@@ -104,8 +115,15 @@ class Backend {
 
   // ---- Teardown (backend.cpp)
   void finalize();
+  // After finalize, outside the call lock: no longer live; the last of the ranks' communicators that libzero's MPI
+  // served finalizes MPI.
+  void leave_process();
   ~Backend();
+  // Called first thing in MPI_Finalize, or by the exit hook (holding call_mutex()): the last chance to tell the others.
   void last_goodbye(const std::string& reason);
+  // Held by every call from libzero (guarded) and by the exit hook while it tells the others and finalizes MPI;
+  // recursive, since exit() may come from inside a call on the same thread (a callback).
+  std::recursive_timed_mutex& call_mutex() { return call_mutex_; }
 
  private:
   // Marks the thread inside the backend, so that abort() from another thread knows not to call MPI.
@@ -130,6 +148,7 @@ class Backend {
   // abort.cpp
   void enter();
   void tell_pending_abort();
+  void tell_abort_left_to_us();
   bool may_call_mpi_now() const;
 
   // control_channel.cpp
@@ -202,6 +221,7 @@ class Backend {
   std::atomic<std::thread::id> caller_{};  // read by abort() from other threads
   std::atomic<bool> goodbye_sent_{false};  // by whichever thread says it first
   bool control_closed_ = false, finalized_ = false, mpi_gone_ = false;
+  std::recursive_timed_mutex call_mutex_;
 };
 
 }  // namespace zero_mpi

@@ -12,6 +12,7 @@
 
 #include "backend.hpp"
 #include "comm/rank_order_sum.hpp"
+#include "process_state.hpp"
 
 namespace zero_mpi {
 
@@ -114,6 +115,10 @@ bool Backend::wait(Op* op, double timeout_s) {
       return true;
     }
     poll_control();
+    if (g_exiting.load()) {  // exit() on another thread: leave MPI to the exit hook, which tells the others
+      abandon(op);
+      fail(ZERO_ERR_ABORTED, "this process is exiting (exit() was called on another thread while this call waited)");
+    }
     if (abort_requested_.load()) {  // zero_engine_abort from another thread: tell the others from this one
       abandon(op);
       say_goodbye(abort_reason());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "process_state.hpp"
 
 namespace zero_mpi {
 namespace {
@@ -82,7 +83,7 @@ std::string Backend::diagnose(uint64_t sequence, double grace_s) {
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && peers_[static_cast<size_t>(r)].left_after == UINT64_MAX) send(r, q);
   const auto begin = Clock::now();
-  while (seconds_since(begin) < grace_s) {
+  while (seconds_since(begin) < grace_s && !g_exiting.load()) {  // an exit cuts the diagnosis short
     poll_control();
     bool all = true;
     for (int r = 0; r < size_; ++r)

@@ -7,6 +7,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -22,10 +24,13 @@
 namespace zero_mpi {
 
 // ---- Process-wide state --------------------------------------------------------------------------------------
-std::mutex g_mutex;
+std::timed_mutex g_mutex;
 bool g_we_initialized_mpi = false;
-std::vector<Backend*> g_live;
+bool g_finalize_claimed = false;
+std::vector<Backend*>& g_live = *new std::vector<Backend*>();
 int g_provided = MPI_THREAD_SINGLE;
+std::atomic<bool> g_exiting{false};
+std::atomic<bool> g_libzero_finalizes{false};
 
 }  // namespace zero_mpi
 
@@ -35,6 +40,9 @@ using zero_mpi::Backend;
 using zero_mpi::check;
 using zero_mpi::fail;
 using zero_mpi::Failure;
+using zero_mpi::g_exiting;
+using zero_mpi::g_finalize_claimed;
+using zero_mpi::g_libzero_finalizes;
 using zero_mpi::g_live;
 using zero_mpi::g_mutex;
 using zero_mpi::g_provided;
@@ -42,35 +50,55 @@ using zero_mpi::g_we_initialized_mpi;
 using zero_mpi::Op;
 
 bool g_hooks_installed = false;
-
 void say_goodbye_all(const std::string& reason) {
   std::vector<Backend*> live;
   {
-    std::lock_guard<std::mutex> lock(g_mutex);
+    std::lock_guard<std::timed_mutex> lock(g_mutex);
     live = g_live;
   }
   for (Backend* b : live) b->last_goodbye(reason);
 }
 
 int finalize_hook(MPI_Comm, int, void*, void*) {
-  say_goodbye_all("it called MPI_Finalize");
+  if (!g_libzero_finalizes.load()) say_goodbye_all("it called MPI_Finalize");
   return MPI_SUCCESS;
 }
 
+// The process is exiting, from any thread. Another thread may be inside a libzero call, in MPI: it is told to leave
+// (g_exiting: its wait returns, no call enters MPI again) and waited for (up to 3 s); only then does this thread tell
+// the other ranks and finalize MPI, so that MPI is never torn down under a call. A call that does not leave in time (or
+// a thread level that forbids this thread MPI) leaves MPI as it is: the process ends without telling the others, who
+// learn it from their launcher or their timeout.
 void exit_hook() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized) return;
-  say_goodbye_all("its process is exiting");
-  bool ours = false;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    ours = g_we_initialized_mpi;
+  g_exiting.store(true);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  std::unique_lock<std::timed_mutex> live(g_mutex, std::defer_lock);
+  if (!live.try_lock_until(deadline)) return;
+  std::vector<std::unique_lock<std::recursive_timed_mutex>> calls;
+  for (Backend* b : g_live) {
+    calls.emplace_back(b->call_mutex(), std::defer_lock);
+    if (!calls.back().try_lock_until(deadline)) return;
   }
+  if (g_provided == MPI_THREAD_FUNNELED) {
+    int main_thread = 0;
+    MPI_Is_thread_main(&main_thread);
+    if (!main_thread) return;
+  }
+  for (Backend* b : g_live) b->last_goodbye("its process is exiting");
   // libzero started MPI for this program, so libzero ends it (MPI_Finalize is collective over the world: every
   // rank reaches this as its process exits).
-  if (ours) MPI_Finalize();
+  const bool ours = g_we_initialized_mpi && !g_finalize_claimed;
+  g_finalize_claimed = g_finalize_claimed || ours;
+  calls.clear();
+  live.unlock();
+  if (ours) {
+    g_libzero_finalizes.store(true);
+    MPI_Finalize();
+  }
 }
 
 void install_hooks() {
@@ -127,7 +155,9 @@ zero_status_t op_diagnose(char* out, size_t capacity, void* ud, uint64_t sequenc
 
 zero_status_t op_finalize(void* ud) {
   Backend* b = as_backend(ud);
-  return b->guarded([&] { b->finalize(); });
+  const zero_status_t status = b->guarded([&] { b->finalize(); });
+  if (status == ZERO_OK) b->leave_process();  // outside the call's lock: the exit hook takes the two the other way
+  return status;
 }
 
 void op_destroy(void* ud) {
@@ -154,13 +184,15 @@ extern "C" ZERO_API zero_status_t zero_mpi_backend_open(zero_comm_ops_t* out_ops
     report("zero_mpi_backend_open: bad arguments (a libzero.so / libzero-mpi.so version mismatch?)");
     return ZERO_ERR_INVALID_ARGUMENT;
   }
-  std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<std::timed_mutex> lock(g_mutex);
   MPI_Comm dup_data = MPI_COMM_NULL, dup_ctl = MPI_COMM_NULL;
   try {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (finalized) fail(ZERO_ERR_INVALID_STATE, "MPI has already been finalised in this process; it cannot restart");
+    if (g_exiting.load()) fail(ZERO_ERR_INVALID_STATE, "this process is exiting (exit() was called)");
+    if (g_finalize_claimed) fail(ZERO_ERR_INVALID_STATE, "libzero has finalized the MPI it initialised");
     if (!initialized) {
       int provided = 0;
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
@@ -187,6 +219,7 @@ extern "C" ZERO_API zero_status_t zero_mpi_backend_open(zero_comm_ops_t* out_ops
     MPI_Comm_set_errhandler(dup_data, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(dup_ctl, MPI_ERRORS_RETURN);
     install_hooks();
+    g_live.reserve(g_live.size() + 1);  // nothing may throw once the backend exists: its destructor takes g_mutex
     auto backend = std::make_unique<Backend>(dup_data, dup_ctl);
     zero_comm_ops_t ops;
     std::memset(&ops, 0, sizeof ops);

@@ -53,8 +53,14 @@
  *                    error reaches the others (ZERO_ERR_REMOTE), it does not leave them waiting.
  *   early-step       the last rank calls zero_step before zero_backward_end: the others, in zero_backward_end,
  *                    get ZERO_ERR_REMOTE naming zero_step and its message.
+ *   exit-during-finalize  stage 3, bf16: another thread of rank 1 calls exit(1) at a random moment while rank 1's
+ *                    main thread is in zero_engine_finalize. Rank 1 ends with status 1, never by a signal (the exit
+ *                    hook waits for the call to leave MPI before it tells the others and finalizes MPI); the others'
+ *                    finalize completes or fails naming rank 1, and then their next collective fails naming it.
+ *                    tests/mpi/exit_during_finalize.sh runs it many times.
  *   different-tag    the last rank saves under another tag: ZERO_ERR_MISMATCH on every rank naming both.
  *   different-checkpoint  the last rank loads another checkpoint (same step): ZERO_ERR_MISMATCH naming both.
+ *                    Either way the engine goes on (a save and load under one tag, a step).
  *
  * libzero initialises MPI itself here (the program never calls MPI_Init), which also covers the exit hooks.
  */
@@ -352,6 +358,54 @@ static int exit_early(zero_comm_t* comm, int silently) {
   return 0;
 }
 
+static void* exit_after_delay(void* delay_us) {
+  const size_t us = (size_t)delay_us;
+  const struct timespec delay = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+  nanosleep(&delay, NULL);
+  exit(1);
+}
+
+static void exit_during_finalize(zero_comm_t* comm) {
+  zero_engine_t* engine = NULL;
+  CHECK(zero_engine_create(&engine,
+                           "{\"optimizer\": {\"type\": \"AdamW\"}, \"bf16\": {\"enabled\": true},"
+                           " \"zero_optimization\": {\"stage\": 3, \"stage3_param_persistence_threshold\": 0},"
+                           " \"libzero\": {\"timeout_s\": 60}}",
+                           comm));
+  int32_t ids[kNumParams];
+  register_test_model(engine, ZERO_DTYPE_BF16, NULL, ids);
+  /* A large unit, so that finalize (its planning, allocation and the initial values' broadcast) takes a while. */
+  zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+  int64_t shape[1] = {1 << 22};
+  d.name = "large";
+  d.ndim = 1;
+  d.shape = shape;
+  d.unit = kNumUnits;
+  d.dtype = ZERO_DTYPE_BF16;
+  int32_t large = -1;
+  CHECK(zero_engine_add_param(&large, engine, &d));
+  if (g_rank == 1) {
+    /* Anywhere in finalize, from its first agreement to after its last broadcast: 10 us to 40 ms, as many tries in
+     * each doubling of the delay (the early moments, inside the agreements, are the narrow ones). */
+    struct timespec seed;
+    clock_gettime(CLOCK_REALTIME, &seed);
+    srand((unsigned)(seed.tv_nsec ^ getpid()));
+    const size_t scale = (size_t)10 << (rand() % 12);
+    const size_t delay_us = scale + (size_t)rand() % scale;
+    pthread_t exiting;
+    EXPECT(pthread_create(&exiting, NULL, exit_after_delay, (void*)delay_us) == 0, "pthread_create");
+    const zero_status_t s = zero_engine_finalize(engine);
+    printf("rank 1: zero_engine_finalize: %s (exit after %zu us)\n", zero_status_string(s), delay_us);
+    fflush(stdout);
+    for (;;) pause(); /* the other thread ends the process */
+  }
+  const double t = now();
+  zero_status_t s = zero_engine_finalize(engine);
+  if (s == ZERO_OK) s = zero_gather(engine, 0); /* the exit came after finalize: the next collective hears of it */
+  expect_status(engine, s, ZERO_ERR_REMOTE, "rank 1", t, 8.0, "zero_engine_finalize or the next collective");
+  zero_engine_destroy(engine);
+}
+
 /* The last rank finalises the communicator while the others finalise an engine: two different calls whose first
  * exchanges must be of the same size (a first exchange of another size than the agreement, such as the
  * registration digests, is answered by Open MPI with MPI_ERR_TRUNCATE, killing the job). Every rank must get
@@ -586,6 +640,8 @@ int main(int argc, char** argv) {
     divergence(comm, g_scenario);
   else if (strcmp(g_scenario, "comm-finalize-during-finalize") == 0)
     comm_finalize_during_finalize(comm);
+  else if (strcmp(g_scenario, "exit-during-finalize") == 0)
+    exit_during_finalize(comm);
   else if (strcmp(g_scenario, "exit-while-fetching") == 0)
     left = exit_while_fetching(comm, stage);
   else if (strcmp(g_scenario, "abort-with-prefetch-open") == 0)
