@@ -181,7 +181,7 @@ ZERO_API zero_status_t zero_memory_stats(zero_memory_stats_t* out_stats, const z
   return guard(call, handle_or_null(engine), [&] {
     zero::check_output_struct(out_stats, sizeof(zero_memory_stats_t), call, "zero_memory_stats_t",
                               "zero_memory_stats_init");
-    const zero::MemoryStats m = engine_of(engine, call).memory_stats();
+    const zero::MemoryStats m = engine_of(engine, call).memory_report();
     zero_memory_stats_t s = ZERO_MEMORY_STATS_INIT;
     s.param_bytes = m.param_bytes;
     s.grad_bytes = m.grad_bytes;
@@ -199,7 +199,7 @@ ZERO_API zero_status_t zero_memory_placement(zero_memory_placement_t* out_placem
   return guard(call, handle_or_null(engine), [&] {
     zero::check_output_struct(out_placement, sizeof(zero_memory_placement_t), call, "zero_memory_placement_t",
                               "zero_memory_placement_init");
-    const zero::MemoryStats m = engine_of(engine, call).memory_stats();
+    const zero::MemoryStats m = engine_of(engine, call).placement_report();
     zero_memory_placement_t p = ZERO_MEMORY_PLACEMENT_INIT;
     p.host_bytes = m.host_bytes;
     p.nvme_bytes = m.nvme_bytes;

@@ -81,6 +81,23 @@ const ParamShape& Engine::param_shape(int param) const {
   return registration_.param(param);
 }
 
+MemoryStats Engine::memory_report() const {
+  CallScope scope(guard_, "zero_memory_stats");
+  return planned_memory();
+}
+
+MemoryStats Engine::placement_report() const {
+  CallScope scope(guard_, "zero_memory_placement");
+  return planned_memory();
+}
+
+MemoryStats Engine::planned_memory() const {
+  if (guard_.state() == CallGuard::State::kRegistering)
+    guard_.fail(ZERO_ERR_INVALID_STATE,
+                "needs zero_engine_finalize first (it plans and allocates the buffers this reports)");
+  return memory_stats();
+}
+
 UnitInfo Engine::unit_info(int unit) const {
   CallScope scope(guard_, "zero_unit_info");
   guard_.require(CallGuard::State::kReady);

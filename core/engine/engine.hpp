@@ -62,6 +62,10 @@ class Engine {
 
   // ---- what the engine reports about itself
   MemoryStats memory_stats() const { return store_.memory_stats(reducer_.buckets_held()); }
+  // The same for zero_memory_stats and zero_memory_placement: ZERO_ERR_INVALID_STATE before finalize, when nothing
+  // is planned yet.
+  MemoryStats memory_report() const;
+  MemoryStats placement_report() const;
   const Plan& plan() const { return store_.plan(); }
   const CommStats& comm_stats() const { return comm_.stats(); }
   std::string recent_collectives() const { return comm_.recent_json(); }
@@ -84,6 +88,7 @@ class Engine {
   void check_param(int param) const;
   void settle_fetches();
   PlanSpec plan_spec() const;
+  MemoryStats planned_memory() const;  // inside a CallScope
 
   Config config_;
   EngineComm comm_;

@@ -276,6 +276,13 @@ static void test_wrong_order(void** state) {
   assert_fails(zero_unit_info(&ui, engine, 0), ZERO_ERR_INVALID_STATE, "zero_engine_finalize first");
   /* The engine remembers its last error, whichever thread made it. */
   assert_non_null(strstr(zero_engine_last_error(engine), "zero_unit_info needs zero_engine_finalize first"));
+  /* Nothing is planned before finalize: no figures rather than zeros that read as a measurement. */
+  zero_memory_stats_t early_stats = ZERO_MEMORY_STATS_INIT;
+  zero_memory_placement_t early_placement = ZERO_MEMORY_PLACEMENT_INIT;
+  assert_fails(zero_memory_stats(&early_stats, engine), ZERO_ERR_INVALID_STATE,
+               "zero_memory_stats: needs zero_engine_finalize first");
+  assert_fails(zero_memory_placement(&early_placement, engine), ZERO_ERR_INVALID_STATE,
+               "zero_memory_placement: needs zero_engine_finalize first");
   int32_t w = add_param(engine, "w", 10, 0);
   assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
   assert_fails(zero_engine_finalize(engine), ZERO_ERR_INVALID_STATE, "already finalized");
@@ -792,8 +799,9 @@ static void test_allocator_hook(void** state) {
   assert_int_equal(zero_engine_set_allocator(engine, ZERO_MEMORY_HOST, &a), ZERO_OK);
   add_param(engine, "w", 1000, 0);
   assert_fails(zero_engine_finalize(engine), ZERO_ERR_OUT_OF_MEMORY, "out of memory");
-  assert_int_equal(zero_memory_stats(&mem, engine), ZERO_OK);
-  assert_true(mem.total_bytes == 0); /* nothing is held after a failed finalize, and nothing is reported */
+  /* Nothing is held after a failed finalize: the engine is as before finalize, with no figures to report. */
+  assert_fails(zero_memory_stats(&mem, engine), ZERO_ERR_INVALID_STATE, "needs zero_engine_finalize first");
+  assert_int_equal(pool.live_bytes, 0);
   pool.refuse = 0;
   assert_int_equal(zero_engine_finalize(engine), ZERO_OK); /* a retry works */
   /* Stage 3: a second unit gathered at once needs a second buffer; the pool refuses it. The engine reports what it

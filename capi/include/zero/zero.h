@@ -492,7 +492,7 @@ typedef struct zero_memory_stats {
 
 ZERO_API zero_status_t zero_memory_stats_init(zero_memory_stats_t* stats, size_t struct_size);
 
-/* Valid after finalize. */
+/* After finalize (ZERO_ERR_INVALID_STATE before: nothing is planned yet). Local. */
 ZERO_API zero_status_t zero_memory_stats(zero_memory_stats_t* out_stats, const zero_engine_t* engine);
 
 /* Traffic of one collective kind since finalize started. `bytes` is the payload as nccl-tests counts "size" (the
@@ -582,7 +582,8 @@ ZERO_API zero_status_t zero_prefetch(zero_engine_t* engine, int32_t unit);
  * optimizer state are in one file per rank under nvme_path and stream through a window of host memory during
  * zero_step; with offload_param {device: "nvme"} (stage 3) the param shards of non-resident units are in another
  * (docs/architecture.md, "NVMe offload"). Without offload, host_bytes is zero_memory_stats' total_bytes
- * and the others are 0. Valid after finalize; local. Both equal what `zero-config estimate` predicts. */
+ * and the others are 0. After finalize (ZERO_ERR_INVALID_STATE before); local. Both equal what `zero-config estimate`
+ * predicts. */
 typedef struct zero_memory_placement {
   size_t struct_size;
   uint64_t host_bytes;    /* the kinds held in host memory, plus staging_bytes */
