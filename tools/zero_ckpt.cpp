@@ -39,11 +39,17 @@ struct Checkpoint {
   ckpt::Manifest manifest;
 };
 
+// The checkpoint `dir`/`tag`, or the one `dir`/latest names; a tag that is no directory name of `dir` (a path out
+// of it, a control character) is refused as the engine refuses it.
 Checkpoint open_checkpoint(const std::string& dir, std::string tag) {
   if (tag.empty()) {
     tag = ckpt::read_text_file(dir + "/latest");
     while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+    const std::string problem = ckpt::tag_problem(tag);
+    if (!problem.empty()) fail(ZERO_ERR_CHECKPOINT_CORRUPT, "'" + dir + "/latest' names no checkpoint: " + problem);
   }
+  const std::string problem = ckpt::tag_problem(tag);
+  if (!problem.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, "--tag: " + problem);
   Checkpoint c;
   c.path = dir + "/" + tag;
   c.manifest = ckpt::read_manifest(c.path);

@@ -41,10 +41,8 @@ int64_t digest(const std::string& text) {
 }  // namespace
 
 void Checkpointer::check_tag(const std::string& tag) const {
-  if (tag.empty() || tag == "latest" || tag[0] == '.' || tag.find('/') != std::string::npos)
-    guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "tag '" + tag +
-                                               "' is not usable as a directory name (empty, 'latest', starting with "
-                                               "'.' or containing '/')");
+  const std::string problem = ckpt::tag_problem(tag);
+  if (!problem.empty()) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, problem);
 }
 
 std::unique_ptr<Error> Checkpointer::attempt(const std::function<void()>& body) const {
@@ -326,6 +324,9 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
                       std::string("'") + latest + "' does not exist (no checkpoint saved in '" + dir + "'?)");
         tag = ckpt::read_text_file(latest);
         while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+        const std::string problem = ckpt::tag_problem(tag);
+        if (!problem.empty())
+          guard_.fail(ZERO_ERR_CHECKPOINT_CORRUPT, "'" + latest + "' names no checkpoint: " + problem);
       }
       check_tag(tag);
       path = dir + "/" + tag;

@@ -21,6 +21,42 @@ std::string shard_file_name(const std::string& kind, int rank, int world_size) {
   return buffer;
 }
 
+std::string tag_problem(const std::string& tag) {
+  std::string shown;
+  size_t control_at = std::string::npos;
+  for (size_t i = 0; i < tag.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(tag[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      shown += escaped;
+      if (control_at == std::string::npos) control_at = i;
+    } else {
+      shown += tag[i];
+    }
+  }
+  std::string why;
+  if (tag.empty())
+    why = "it is empty";
+  else if (control_at != std::string::npos)
+    why = "it contains a control character at byte " + std::to_string(control_at);
+  else if (tag.find('/') != std::string::npos)
+    why = "it contains '/'";
+  else if (tag[0] == '.')
+    why = "it starts with '.'";
+  else if (tag.front() == ' ' || tag.back() == ' ')
+    why = "it starts or ends with a space (the line in 'latest' is read without them)";
+  else if (tag == "latest")
+    why = "'latest' names the file that points at the newest checkpoint";
+  else if (tag.size() > kMaxTagBytes)
+    why = "it is " + std::to_string(tag.size()) + " bytes long";
+  if (why.empty()) return "";
+  return "tag '" + shown + "' is not usable as a checkpoint directory name: " + why + " (a tag is 1 to " +
+         std::to_string(kMaxTagBytes) +
+         " bytes, without control characters or '/', not starting with '.', not starting or ending with a space, and "
+         "not 'latest')";
+}
+
 const ManifestFile* Manifest::file(const std::string& kind, int rank) const {
   for (const auto& f : files)
     if (f.kind == kind && f.rank == rank) return &f;

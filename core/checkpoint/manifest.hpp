@@ -62,6 +62,13 @@ struct Manifest {
   void validate() const;  // throws std::runtime_error naming the first impossible value
 };
 
+// A tag names a directory (`DIR`/TAG, and `DIR`/.tmp.TAG while it is written) and is the one line of `DIR`/latest:
+// 1 to kMaxTagBytes bytes, no control character (bytes 0x00-0x1f, 0x7f), no '/', not starting with '.' (hidden
+// names, '.' and '..'), no space at either end (`latest` is read without them), not "latest". Returns what is
+// wrong with `tag` (the tag itself printed with its control characters escaped), or "" when it is usable.
+constexpr size_t kMaxTagBytes = 250;  // ".tmp." + the tag within a file name's 255 bytes
+std::string tag_problem(const std::string& tag);
+
 // File names inside a checkpoint directory.
 std::string shard_file_name(const std::string& kind, int rank, int world_size);
 

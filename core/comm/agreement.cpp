@@ -126,17 +126,25 @@ void EngineComm::agree(const std::string& call, const CallTag& tag, const Error*
   std::memcpy(all.data() + 5 * rank(), mine, sizeof mine);
   control_all_gather(all.data(), sizeof mine, std::string(call) + ": the ranks' calls, to explain a divergence");
   std::ostringstream os;
-  os << "ranks diverged: they are not making the same collective call (the program runs different code on "
-        "different ranks): ";
+  if (same_call)
+    os << "the ranks passed different arguments to " << describe_call(tag) << ":";
+  else
+    os << "ranks diverged: they are not making the same collective call (the program runs different code on "
+          "different ranks): ";
   for (int r = 0; r < size(); ++r) {
     const int64_t* t = all.data() + 5 * r;
     CallTag other{static_cast<CallKind>(t[1]), t[2], t[3], t[4]};
+    if (same_call) {
+      os << (r ? "; " : " ") << "rank " << r << " has check value " << t[4];
+      continue;
+    }
     os << (r ? "; " : "") << "rank " << r << " is in " << describe_call(other);
     if (t[0] != sequence) os << " as its collective #" << t[0];
-    if (same_call) os << " with check value " << t[4];
   }
+  // The same call with different inputs: every rank learns it here, before data moves, and may call again.
+  if (same_call) fail(ZERO_ERR_MISMATCH, os.str() + ". Every rank must pass the same values");
   os << ". Every rank must make the same collective calls in the same order; this engine is unusable now";
-  fail(ZERO_ERR_MISMATCH, os.str());
+  throw Divergence(os.str());
 }
 
 }  // namespace zero

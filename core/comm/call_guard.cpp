@@ -32,8 +32,12 @@ void CallGuard::agree(const CallTag& tag, const Error* local, const EngineComm::
                       bool share_status) {
   try {
     comm_.agree(call(), tag, local, explain, share_status);
+  } catch (const Divergence& e) {
+    broken(e);
   } catch (const Error& e) {
-    if (e.status() == ZERO_ERR_MISMATCH || comm_.failed()) broken(e);
+    // Any other error out of the agreement reached every rank before data moved (a rank's failed checks, inputs
+    // that differ between ranks): the engine stays usable, unless the exchange itself failed.
+    if (comm_.failed()) broken(e);
     throw;
   }
 }

@@ -65,7 +65,8 @@ class CallGuard {
  private:
   friend class CallScope;
   friend class CollectiveCall;
-  // The agreement (EngineComm::agree); a divergence or a communication failure breaks the engine.
+  // The agreement (EngineComm::agree); a divergence (ranks in different calls) or a communication failure breaks
+  // the engine, every other error leaves it usable.
   void agree(const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain, bool share_status);
 
   EngineComm& comm_;

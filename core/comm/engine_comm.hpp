@@ -147,8 +147,9 @@ class EngineComm {
 
   // ---- The agreement before a collective call moves data. `local_error` is this rank's failure (or null).
   // Throws: this rank's own error if it failed; ZERO_ERR_REMOTE naming the lowest failed rank and its message on
-  // the others; ZERO_ERR_MISMATCH on every rank if the tags differ. `explain_check`, if given, turns differing
-  // `check` values into a message (it runs on every rank and may use control collectives). With `share_status`
+  // the others; ZERO_ERR_MISMATCH on every rank if the tags differ: a Divergence if the ranks are in different
+  // calls, a plain Error if only `check` differs. `explain_check`, if given, turns differing `check` values into a
+  // message (it runs on every rank and may use control collectives). With `share_status`
   // the other ranks throw the failed rank's own status instead of ZERO_ERR_REMOTE (checkpoint files: a corrupt
   // or unwritable checkpoint is the same news for every rank).
   using ExplainCheck = std::function<std::string()>;

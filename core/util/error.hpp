@@ -19,6 +19,15 @@ class Error : public std::runtime_error {
   zero_status_t status_;
 };
 
+// The ranks are making different collective calls (ZERO_ERR_MISMATCH): the program runs different code on
+// different ranks, so the engine cannot go on. Every other failure the ranks learn of in an agreement, before data
+// moves (a rank's bad argument, inputs that differ between ranks, a checkpoint that does not fit), leaves the engine
+// as it was and usable.
+class Divergence : public Error {
+ public:
+  explicit Divergence(const std::string& message) : Error(ZERO_ERR_MISMATCH, message) {}
+};
+
 // "ZERO_ERR_CONFIG" for ZERO_ERR_CONFIG; "unknown" for any other int32 (a status is an int32_t, so no value is
 // undefined behaviour). Static strings.
 const char* status_name(zero_status_t status);

@@ -654,6 +654,63 @@ static void test_comm_finalize(void** state) {
 }
 
 /* A whole run through the ABI: the comm may be destroyed before the engine (the engine keeps it alive). */
+static zero_engine_t* engine_with_matrix(zero_comm_t* comm, int64_t rows, int64_t cols) {
+  zero_engine_t* engine = NULL;
+  assert_int_equal(zero_engine_create(&engine, kConfig, comm), ZERO_OK);
+  zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+  int64_t shape[2] = {rows, cols};
+  d.name = "w";
+  d.ndim = 2;
+  d.shape = shape;
+  int32_t id = -1;
+  assert_int_equal(zero_engine_add_param(&id, engine, &d), ZERO_OK);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  return engine;
+}
+
+/* A checkpoint of another model (the same param transposed) fails to load on every rank before anything is read:
+ * the engine is as it was and trains on, and its communicator serves another engine. */
+static void test_load_of_another_model(void** state) {
+  (void)state;
+  const char* tmp = getenv("TMPDIR");
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/zero-capi-XXXXXX", tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+  assert_non_null(mkdtemp(dir));
+  zero_comm_t* comm = NULL;
+  assert_int_equal(zero_comm_create_single(&comm), ZERO_OK);
+  zero_engine_t* saver = engine_with_matrix(comm, 2, 3);
+  assert_int_equal(zero_save_checkpoint(saver, dir, "2x3"), ZERO_OK);
+  zero_engine_destroy(saver);
+
+  zero_engine_t* engine = engine_with_matrix(comm, 3, 2);
+  assert_fails(zero_load_checkpoint(engine, dir, NULL), ZERO_ERR_MISMATCH,
+               "param #0 'w': shape [2, 3] in the checkpoint, [3, 2] in this engine");
+  float* g = NULL;
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  assert_int_equal(zero_grad_data((void**)&g, engine, 0), ZERO_OK);
+  for (int i = 0; i < 6; ++i) g[i] += 0.25f;
+  assert_int_equal(zero_grad_ready(engine, 0), ZERO_OK);
+  assert_int_equal(zero_release(engine, 0), ZERO_OK);
+  assert_int_equal(zero_backward_end(engine), ZERO_OK);
+  zero_step_info_t info = ZERO_STEP_INFO_INIT;
+  assert_int_equal(zero_step(&info, engine), ZERO_OK);
+  assert_int_equal(info.step, 1);
+  /* Tags name directories and are the line in `latest`: a newline or a path out of the directory is refused. */
+  assert_fails(zero_save_checkpoint(engine, dir, "step\n2"), ZERO_ERR_INVALID_ARGUMENT,
+               "tag 'step\\x0a2' is not usable as a checkpoint directory name: it contains a control character");
+  assert_fails(zero_save_checkpoint(engine, dir, "../outside"), ZERO_ERR_INVALID_ARGUMENT, "contains '/'");
+  assert_fails(zero_load_checkpoint(engine, dir, "step\n2"), ZERO_ERR_INVALID_ARGUMENT, "control character");
+  assert_int_equal(zero_save_checkpoint(engine, dir, "3x2"), ZERO_OK);
+  zero_engine_t* other = engine_with_matrix(comm, 3, 2);
+  assert_int_equal(zero_load_checkpoint(other, dir, NULL), ZERO_OK);
+  zero_engine_destroy(other);
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 static void test_training_run(void** state) {
   (void)state;
   zero_comm_t* comm = NULL;
@@ -913,6 +970,7 @@ int main(void) {
       cmocka_unit_test(test_custom_backend_that_never_completes),
       cmocka_unit_test(test_comm_finalize),
       cmocka_unit_test(test_training_run),
+      cmocka_unit_test(test_load_of_another_model),
       cmocka_unit_test(test_allocator_hook),
       cmocka_unit_test(test_prefetch),
       cmocka_unit_test(test_nothing_to_offload),

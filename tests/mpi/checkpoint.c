@@ -43,9 +43,8 @@ static float grad_value(int t, int p, size_t i) { /* the same on every rank */
   return (float)ldexp((double)((int)((t * 7 + p * 13 + (int)i * 5) % 9) - 4), -10);
 }
 
-static zero_engine_t* make_engine(zero_comm_t* comm, int32_t* ids) {
-  char config[640];
-  snprintf(config, sizeof config,
+static void engine_config(char* config, size_t size) {
+  snprintf(config, size,
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.02}},"
            " \"zero_optimization\": {\"stage\": %d, \"stage3_param_persistence_threshold\": 0,"
            " \"reduce_bucket_size\": 300%s}%s}",
@@ -53,6 +52,11 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int32_t* ids) {
            g_stochastic
                ? ", \"bf16\": {\"enabled\": true, \"stochastic_rounding\": true, \"stochastic_rounding_seed\": 5}"
                : dtype_config(g_dtype));
+}
+
+static zero_engine_t* make_engine(zero_comm_t* comm, int32_t* ids) {
+  char config[640];
+  engine_config(config, sizeof config);
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
   float* init[kNumParams];
@@ -193,10 +197,10 @@ static float* snapshot(zero_engine_t* e, const int32_t* ids) {
   return out;
 }
 
-static void expect_load_fails(zero_engine_t* e, const int32_t* ids, const char* tag, zero_status_t want,
-                              const char* fragment, const char* what) {
+static void expect_load_fails_from(zero_engine_t* e, const int32_t* ids, const char* dir, const char* tag,
+                                   zero_status_t want, const char* fragment, const char* what) {
   float* before = snapshot(e, ids);
-  zero_status_t s = zero_load_checkpoint(e, g_dir, tag);
+  zero_status_t s = zero_load_checkpoint(e, dir, tag);
   EXPECT(s == want, "%s: rank %d got %s: %s", what, g_rank, zero_status_string(s), zero_last_error());
   EXPECT(strstr(zero_last_error(), fragment) != NULL, "%s: rank %d: message lacks '%s': %s", what, g_rank, fragment,
          zero_last_error());
@@ -209,10 +213,42 @@ static void expect_load_fails(zero_engine_t* e, const int32_t* ids, const char* 
   free(after);
 }
 
+static void expect_load_fails(zero_engine_t* e, const int32_t* ids, const char* tag, zero_status_t want,
+                              const char* fragment, const char* what) {
+  expect_load_fails_from(e, ids, g_dir, tag, want, fragment, what);
+}
+
 static void copy_checkpoint(const char* from, const char* to) { /* rank 0, with the shell */
   char cmd[1024];
   snprintf(cmd, sizeof cmd, "rm -rf '%s/%s' && cp -r '%s/%s' '%s/%s'", g_dir, to, g_dir, from, g_dir, to);
   EXPECT(system(cmd) == 0, "%s failed", cmd);
+}
+
+/* Saves a checkpoint of another model in `dir`: the test model with its first param transposed. */
+static void save_transposed_model(zero_comm_t* comm, const char* dir, const char* tag) {
+  char config[640];
+  engine_config(config, sizeof config);
+  zero_engine_t* engine = NULL;
+  CHECK(zero_engine_create(&engine, config, comm));
+  zero_param_group_desc_t g = ZERO_PARAM_GROUP_DESC_INIT;
+  g.name = "no_decay";
+  int32_t group = -1;
+  CHECK(zero_engine_add_param_group(&group, engine, &g));
+  for (int p = 0; p < kNumParams; ++p) {
+    int64_t shape[2] = {kModel[p].shape[p == 0 ? 1 : 0], kModel[p].shape[p == 0 ? 0 : 1]};
+    zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+    d.name = kModel[p].name;
+    d.ndim = kModel[p].ndim;
+    d.shape = shape;
+    d.unit = kModel[p].unit;
+    d.group = kModel[p].group;
+    d.dtype = g_dtype;
+    int32_t id = -1;
+    CHECK(zero_engine_add_param(&id, engine, &d));
+  }
+  CHECK(zero_engine_finalize(engine));
+  CHECK(zero_save_checkpoint(engine, dir, tag));
+  zero_engine_destroy(engine);
 }
 
 static void mode_faults(zero_comm_t* comm) {
@@ -254,6 +290,16 @@ static void mode_faults(zero_comm_t* comm) {
   }
   barrier();
   expect_load_fails(e, ids, "deleted", ZERO_ERR_CHECKPOINT_CORRUPT, "is missing", "deleted file");
+
+  /* Another model's checkpoint: every rank fails before anything is read, the engine stays usable (the snapshot
+   * after the failure gathers, and training goes on below) and so does its communicator (another engine on it). */
+  char other_dir[600];
+  snprintf(other_dir, sizeof other_dir, "%s/other-model", g_dir);
+  save_transposed_model(comm, other_dir, "transposed");
+  expect_load_fails_from(e, ids, other_dir, NULL, ZERO_ERR_MISMATCH,
+                         "shape [5, 37] in the checkpoint, [37, 5] in this engine", "another model");
+  save_transposed_model(comm, other_dir, "transposed-again");
+  train(e, ids, kHalf + 4, kHalf + 4);
 
   /* A full disk on one rank in the middle of a save: every rank fails, `latest` and "good" are untouched. */
   char fault[64];

@@ -17,7 +17,7 @@
  *                    ZERO_ERR_MISMATCH on every rank, naming both calls.
  *   different-unit   stage 3: rank 0 gathers unit 0, the others unit 1 (same size): ZERO_ERR_MISMATCH everywhere.
  *   different-lr     zero_set_lr with a different value on the last rank: zero_step fails with ZERO_ERR_MISMATCH
- *                    on every rank, naming both values in decimal.
+ *                    on every rank, naming both values in decimal; the engine is usable (same rates, then a step).
  *   stall            the last rank is stuck before zero_backward_end for 6 s; with a 2 s timeout the others get
  *                    ZERO_ERR_TIMEOUT naming the collective and saying the last rank does not answer; when it
  *                    arrives it gets ZERO_ERR_REMOTE at once.
@@ -469,6 +469,12 @@ static void divergence(zero_comm_t* comm, const char* scenario) {
     expect_status(engine, s, ZERO_ERR_MISMATCH, "different learning rates", t, 8.0, "zero_step after zero_set_lr");
     EXPECT(strstr(zero_last_error(), "0.0025") && strstr(zero_last_error(), "0.002"), "names both rates: %s",
            zero_last_error());
+    /* Every rank learnt it before data moved, in the same call: the engine is as it was, and steps once the rates
+     * agree. */
+    CHECK(zero_set_lr(engine, -1, 0.002));
+    CHECK(zero_step(NULL, engine));
+    zero_engine_destroy(engine);
+    return;
   }
   /* Divergence leaves the engine unusable on every rank. */
   EXPECT(zero_gather(engine, 0) == ZERO_ERR_INVALID_STATE, "after a divergence: %s", zero_last_error());
@@ -591,6 +597,11 @@ static void checkpoint_mismatch(zero_comm_t* comm, const char* scenario) {
     expect_status(engine, s, ZERO_ERR_MISMATCH, "do not agree on the checkpoint", t, 8.0, "loading two checkpoints");
     EXPECT(strstr(zero_last_error(), "/A'") && strstr(zero_last_error(), "/B'"), "names both: %s", zero_last_error());
   }
+  /* Nothing moved before the ranks learnt of the difference: the engine goes on. */
+  CHECK(zero_save_checkpoint(engine, g_dir, "agreed"));
+  CHECK(zero_load_checkpoint(engine, g_dir, "agreed"));
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
   zero_engine_destroy(engine);
 }
 

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/file_io.hpp"
 #include "checkpoint/manifest.hpp"
@@ -170,6 +172,36 @@ TEST(CheckpointIo, TheManifestHasAChecksum) {
   EXPECT_EQ(status_of([&] { ckpt::read_manifest(dir); }, &message), ZERO_ERR_CHECKPOINT_CORRUPT);
   EXPECT_NE(message.find("manifest.json.xxh64' is missing"), std::string::npos) << message;
   ckpt::remove_tree(dir);
+}
+
+// A tag is a directory name of the checkpoint directory and the line in `latest`: nothing that leaves the
+// directory, hides, or breaks the line.
+TEST(CheckpointIo, TagsAreDirectoryNamesOnOneLine) {
+  for (const std::string& good :
+       std::vector<std::string>{"step1000", "epoch-2_final", "a", "with space", "ünïcode", std::string(250, 't')})
+    EXPECT_EQ(ckpt::tag_problem(good), "") << good;
+  const std::pair<std::string, std::string> bad[] = {
+      {"", "it is empty"},
+      {"step\n2", "control character at byte 4"},
+      {std::string("a\0b", 3), "control character at byte 1"},
+      {"tab\there", "control character at byte 3"},
+      {"del\x7f", "control character at byte 3"},
+      {"../escape", "contains '/'"},
+      {"..", "starts with '.'"},
+      {".hidden", "starts with '.'"},
+      {"a/b", "contains '/'"},
+      {"latest", "'latest' names the file"},
+      {"run1 ", "ends with a space"},
+      {" run1", "starts or ends with a space"},
+      {std::string(251, 't'), "251 bytes long"},
+  };
+  for (const auto& [tag, why] : bad) {
+    const std::string problem = ckpt::tag_problem(tag);
+    EXPECT_NE(problem.find(why), std::string::npos) << problem;
+    EXPECT_NE(problem.find("1 to 250 bytes"), std::string::npos) << problem;  // says what is allowed
+    EXPECT_EQ(problem.find('\n'), std::string::npos) << problem;              // the message stays one line
+  }
+  EXPECT_NE(ckpt::tag_problem("step\n2").find("'step\\x0a2'"), std::string::npos) << ckpt::tag_problem("step\n2");
 }
 
 }  // namespace

@@ -35,9 +35,11 @@
  *    exits) or stalls, every rank returns an error naming it (ZERO_ERR_REMOTE, ZERO_ERR_MISMATCH or, after the
  *    engine's timeout plus a few seconds of diagnosis, ZERO_ERR_TIMEOUT). This needs a backend that can wait with
  *    a timeout: the MPI and single-process ones, or a custom one with start/wait (a blocking custom backend gets
- *    every check but the timeout). Destroying only an engine tells no one. After ZERO_ERR_TIMEOUT or
- *    ZERO_ERR_ABORTED the communicator is unusable: only destroy calls remain. See docs/architecture.md,
- *    "Failure safety".
+ *    every check but the timeout). Destroying only an engine tells no one. An error every rank learns of before
+ *    data moves (a rank's failed checks, arguments that differ between ranks) leaves the engine as it was and
+ *    usable; after a divergence, or a failure once data moved, the engine is unusable (destroy it). After
+ *    ZERO_ERR_TIMEOUT or ZERO_ERR_ABORTED the communicator is unusable: only destroy calls remain. See
+ *    docs/architecture.md, "Failure safety".
  *  - "Local" calls never communicate and never block on other ranks.
  *
  * The section guarded by ZERO_EXPERIMENTAL_API (at the end) holds calls that may still change between minor
@@ -429,17 +431,20 @@ ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double 
 
 /* Collective, between steps (after zero_step, no unit gathered, no gradient asked for since). Every rank writes its
  * shard of the fp32 master weights and of the optimizer state into `dir`/.tmp.`tag`, then rank 0 writes the manifest,
- * renames the directory to `dir`/`tag` and atomically points `dir`/latest at it. `dir` must be visible to every rank (a
- * shared file system for several nodes). An existing `tag` is never overwritten (ZERO_ERR_INVALID_ARGUMENT). On
- * any failure (ZERO_ERR_IO: no space, permissions) every rank returns the error and the previous checkpoint and
- * `latest` are untouched. */
+ * renames the directory to `dir`/`tag` and atomically points `dir`/latest at it. `tag` is a directory name: 1 to
+ * 250 bytes, no control characters or '/', not starting with '.', no space at either end, not "latest"
+ * (ZERO_ERR_INVALID_ARGUMENT otherwise).
+ * `dir` must be visible to every rank (a shared file system for several nodes). An existing `tag` is never
+ * overwritten (ZERO_ERR_INVALID_ARGUMENT). On any failure (ZERO_ERR_IO: no space, permissions) every rank returns
+ * the error and the previous checkpoint and `latest` are untouched. */
 ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* dir, const char* tag);
 
 /* Collective, between steps. Loads `dir`/`tag` (or the tag in `dir`/latest when `tag` is NULL), whatever rank
  * count and stage saved it: each rank reads only the element ranges it now owns. Files are checked against the
  * manifest's sizes and checksums first; a missing, truncated or corrupted file gives ZERO_ERR_CHECKPOINT_CORRUPT
  * naming it, and params that differ from the registration give ZERO_ERR_MISMATCH — on every rank, with the
- * engine's state untouched. Restores weights, optimizer state, step count, loss scaler and group learning rates. */
+ * engine's state untouched and the engine usable (another checkpoint may be loaded, or training go on). Restores
+ * weights, optimizer state, step count, loss scaler and group learning rates. */
 ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* dir, const char* tag);
 
 /* ---------------------------------------------------------------------------------------------------------------
