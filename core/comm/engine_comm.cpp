@@ -26,7 +26,6 @@ std::string format_seconds(double s) {
 EngineComm::EngineComm(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
 
 void EngineComm::count(Counter counter, uint64_t bytes, uint64_t wire_bytes) {
-  stats_.sequence += 1;
   CommKindStats* k = nullptr;
   switch (counter) {
     case Counter::kAllGather:
@@ -56,6 +55,7 @@ std::string EngineComm::recent_json() const { return recorder_.json(); }
 
 // Start, then wait (below). A failure to start leaves the sequences apart on this rank: the engine breaks.
 EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
+  stats_.sequence += 1;
   count(counter, bytes, wire_bytes);
   Pending p;
   p.begin_ = std::chrono::steady_clock::now();
@@ -257,7 +257,7 @@ void keep_forever(std::unique_ptr<char[]> buffer) {
 
 }  // namespace
 
-void EngineComm::run_control(Collective c, size_t total_bytes, uint64_t bytes, uint64_t wire_bytes) {
+void EngineComm::run_small(Collective c, size_t total_bytes, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
   void* const caller = c.buf;
   if (control_staging_bytes_ < total_bytes || control_staging_ == nullptr) {
     control_staging_.reset(new char[std::max<size_t>(total_bytes, 64)]);
@@ -266,7 +266,7 @@ void EngineComm::run_control(Collective c, size_t total_bytes, uint64_t bytes, u
   if (total_bytes != 0) std::memcpy(control_staging_.get(), caller, total_bytes);
   c.buf = control_staging_.get();
   try {
-    run(std::move(c), Counter::kControl, bytes, wire_bytes);
+    run(std::move(c), counter, bytes, wire_bytes);
   } catch (...) {
     if (abandoned_) keep_forever(std::move(control_staging_)), control_staging_bytes_ = 0;
     throw;
@@ -277,21 +277,21 @@ void EngineComm::run_control(Collective c, size_t total_bytes, uint64_t bytes, u
 void EngineComm::control_min(int64_t* values, size_t n, const std::string& label) {
   Collective c = collective(CollKind::kAllReduce, values, n, ElemType::kI64, label);
   c.op = ReduceOp::kMin;
-  run_control(std::move(c), n * 8, n * 8,
-              2 * n * 8 * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+  run_small(std::move(c), n * 8, Counter::kControl, n * 8,
+            2 * n * 8 * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
 }
 
 void EngineComm::control_all_gather(void* buf, size_t block_bytes, const std::string& label) {
   const uint64_t total = block_bytes * static_cast<uint64_t>(size());
-  run_control(collective(CollKind::kAllGather, buf, block_bytes, ElemType::kU8, label), total, total,
-              block_bytes * static_cast<uint64_t>(size() - 1));
+  run_small(collective(CollKind::kAllGather, buf, block_bytes, ElemType::kU8, label), total, Counter::kControl, total,
+            block_bytes * static_cast<uint64_t>(size() - 1));
 }
 
 void EngineComm::control_broadcast(void* buf, size_t n_bytes, int root, const std::string& label) {
   Collective c = collective(CollKind::kBroadcast, buf, n_bytes, ElemType::kU8, label);
   c.root = root;
-  run_control(std::move(c), n_bytes, n_bytes,
-              n_bytes * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
+  run_small(std::move(c), n_bytes, Counter::kControl, n_bytes,
+            n_bytes * static_cast<uint64_t>(size() - 1) / static_cast<uint64_t>(size()));
 }
 
 std::string EngineComm::broadcast_text(const std::string& text, int root, const std::string& label) {
@@ -310,7 +310,11 @@ double EngineComm::sum_over_ranks(double local, const std::string& label) {
   double* all = stack;
   if (n > 64) heap.resize(n), all = heap.data();
   all[rank()] = local;
-  control_all_gather(all, sizeof(double), label);
+  // Counted as what it computes, an all-reduce of one fp64 (its bandwidth-optimal cost); it runs as an all-gather
+  // of one value per rank so that every rank adds them in rank order.
+  count(Counter::kAllReduce, sizeof(double), 2 * sizeof(double) * (n - 1) / n);
+  run_small(collective(CollKind::kAllGather, all, sizeof(double), ElemType::kU8, label), n * sizeof(double),
+            Counter::kNone, 0, 0);
   double sum = 0.0;
   for (size_t r = 0; r < n; ++r) sum += all[r];
   return sum;

@@ -141,8 +141,8 @@ class EngineComm {
   void control_broadcast(void* buf, size_t n_bytes, int root, const std::string& label);
   // Rank `root`'s text on every rank.
   std::string broadcast_text(const std::string& text, int root, const std::string& label);
-  // The sum of every rank's `local` value, added in rank order on every rank: the same bits everywhere, whatever
-  // the backend.
+  // ---- Data of the step: the sum of every rank's `local` value, added in rank order on every rank (the same bits
+  // everywhere, whatever the backend). Counted as an all-reduce of one fp64.
   double sum_over_ranks(double local, const std::string& label);
 
   // ---- The agreement before a collective call moves data. `local_error` is this rank's failure (or null).
@@ -170,11 +170,11 @@ class EngineComm {
  private:
   enum class Counter { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kControl, kNone };
   void run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
-  // A control collective: its buffer is small and often on the caller's stack, and a collective given up in flight
-  // may still be written by the backend later (no backend can cancel one: an MPI request completes when the late
-  // ranks arrive). So it runs on a staging copy the communicator owns, copied back when it completes; a staging
-  // buffer left in flight is kept and never freed.
-  void run_control(Collective c, size_t total_bytes, uint64_t bytes, uint64_t wire_bytes);
+  // A small collective (control messages, the step's sum): its buffer is small and often on the caller's stack, and a
+  // collective given up in flight may still be written by the backend later (no backend can cancel one: an MPI
+  // request completes when the late ranks arrive). So it runs on a staging copy the communicator owns, copied back
+  // when it completes; a staging buffer left in flight is kept and never freed.
+  void run_small(Collective c, size_t total_bytes, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   Pending start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);

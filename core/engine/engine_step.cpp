@@ -106,8 +106,10 @@ StepResult Engine::step() {
       stepper_.update(store_, groups, decision, reducer_.clear_in_update(), norm_in_update ? &local_sq : nullptr);
     // With offloaded state the pass does I/O that may fail on one rank (a broken engine, an aborted communicator):
     // one small exchange lets every rank hear of it in this zero_step, even where nothing collective follows.
-    if (store_.optimizer_on_nvme() || store_.plan().nvme_params.enabled)
-      comm_.sum_over_ranks(0.0, guard_.label("the end of the offloaded optimizer pass"));
+    if (store_.optimizer_on_nvme() || store_.plan().nvme_params.enabled) {
+      int64_t nothing = 0;
+      comm_.control_min(&nothing, 1, guard_.label("the end of the offloaded optimizer pass"));
+    }
     if (norm_in_update)
       result.grad_norm =
           Stepper::norm_from(comm_.sum_over_ranks(local_sq, guard_.label("partial sums of squares")), decision);

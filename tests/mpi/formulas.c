@@ -17,10 +17,10 @@
  * compute dtype (DeepSpeed's default communication_data_type), and a separate fp32 master appears: 4 Psi at stage
  * 0, 4 Psi / N at stages 1-3. The fp32 master copy aliases fp32 params (master_param_bytes = 0). Traffic per step, in
  * elements sent by one rank: stages 0-2 2 Psi (N-1)/N (all-reduce = reduce-scatter + all-gather), stage 3 3 Psi (N-1)/N
- * (gather in forward and backward, reduce-scatter of gradients). The small messages of the failure-safety mechanism
- * (the agreement before each collective call), the exchange of the squared norm's partial sums and, at stages 2-3,
- * of which params had gradients in the micro-step are counted apart,
- * as control traffic: this test bounds them too (a few per collective call, each at most a few hundred bytes).
+ * (gather in forward and backward, reduce-scatter of gradients), plus the gradient norm's sum: one all-reduce of
+ * one fp64 per step (2 x 8 (N-1)/N bytes). The small messages of the failure-safety mechanism (the agreement before
+ * each collective call) and, at stages 2-3, the exchange of which params had gradients in the micro-step are counted
+ * apart, as control traffic: this test counts them too (each at most a few hundred bytes).
  */
 #include <string.h>
 
@@ -96,13 +96,17 @@ static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_
   uint64_t ar_calls = after.all_reduce.calls - before.all_reduce.calls;
   uint64_t one_psi = c * psi * (uint64_t)(world - 1) / (uint64_t)world; /* Psi (N-1)/N elements, in bytes */
   uint64_t model_traffic = ag + rs + ar;
-  uint64_t want_traffic = (stage == 3 ? 3 : 2) * one_psi;
+  uint64_t norm_traffic = 2 * 8 * (uint64_t)(world - 1) / (uint64_t)world;
+  uint64_t want_traffic = (stage == 3 ? 3 : 2) * one_psi + norm_traffic;
   EXPECT(model_traffic == want_traffic, "stage %d: %llu bytes of model traffic per step, formula %llu", stage,
          (unsigned long long)model_traffic, (unsigned long long)want_traffic);
-  EXPECT(ar_calls == (stage == 0 ? (uint64_t)kNumUnits : 0), "stage %d: %llu all-reduce calls per step", stage,
+  EXPECT(ar_calls == (stage == 0 ? (uint64_t)kNumUnits : 0) + 1, "stage %d: %llu all-reduce calls per step", stage,
          (unsigned long long)ar_calls);
+  EXPECT(after.all_reduce.bytes - before.all_reduce.bytes == (stage == 0 ? c * psi : 0) + 8,
+         "stage %d: %llu all-reduce bytes per step (the norm's sum is 8)", stage,
+         (unsigned long long)(after.all_reduce.bytes - before.all_reduce.bytes));
   /* Control: one agreement per collective call (the step, the micro-step's end, each stage-3 gather and each
-   * bucket), the norm's partial sums, nothing else; each message is small. */
+   * bucket) and which params had gradients, nothing else; each message is small. */
   uint64_t control_calls = after.control.calls - before.control.calls;
   uint64_t control_bytes = after.control.bytes - before.control.bytes;
   uint64_t buckets = 0;
@@ -111,7 +115,7 @@ static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_
     if (u == 0 || b + n > (uint64_t)kBucketElems) buckets += 1, b = 0;
     b += n;
   }
-  uint64_t want_control = 1 /* step */ + 1 /* backward_end */ + 1 /* norm */ + (stage >= 2 ? buckets : 0) +
+  uint64_t want_control = 1 /* step */ + 1 /* backward_end */ + (stage >= 2 ? buckets : 0) +
                           (stage >= 2) /* which params had gradients (what each bucket expects next) */ +
                           (stage == 3 ? 2 * kNumUnits : 0);
   EXPECT(control_calls == want_control, "stage %d: %llu control messages per step, expected %llu", stage,
@@ -119,6 +123,9 @@ static void run_stage(int stage, zero_comm_t* comm, int rank, int world, uint64_
   EXPECT(control_bytes <= 96 * control_calls * (uint64_t)world, "stage %d: %llu control bytes", stage,
          (unsigned long long)control_bytes);
   if (stage == 0) EXPECT(ag == 0 && rs == 0, "stage 0 must only all-reduce");
+  if (stage > 0)
+    EXPECT(ar == norm_traffic, "stage %d: %llu all-reduce bytes sent, the norm's %llu", stage, (unsigned long long)ar,
+           (unsigned long long)norm_traffic);
   if (stage == 3)
     EXPECT(ag == 2 * one_psi && rs == one_psi, "stage 3: all-gather %llu, reduce-scatter %llu", (unsigned long long)ag,
            (unsigned long long)rs);

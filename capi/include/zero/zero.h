@@ -512,13 +512,16 @@ typedef struct zero_comm_kind_stats {
 
 typedef struct zero_comm_stats {
   size_t struct_size;
-  uint64_t sequence; /* collectives issued by this engine so far, control messages included */
+  uint64_t sequence; /* collectives issued by this engine so far, control messages included (an all-reduce of
+                      * gradients is issued as a reduce-scatter and an all-gather: two) */
   zero_comm_kind_stats_t all_gather;
   zero_comm_kind_stats_t reduce_scatter;
   zero_comm_kind_stats_t all_reduce;
   zero_comm_kind_stats_t broadcast;
-  /* The small messages of the failure-safety mechanism (the agreement before each collective call and the
-   * divergence checks), counted here only: the four kinds above are the data traffic of the ZeRO formulas. */
+  /* The engine's small bookkeeping messages, counted here only: the failure-safety mechanism's (the agreement
+   * before each collective call, a failed rank's message, the divergence checks) and, at stages 2-3, each
+   * micro-step's exchange of which params had gradients. The four kinds above are the data: the ZeRO formulas'
+   * traffic plus the gradient norm's sum, one 8-byte all_reduce per step. */
   zero_comm_kind_stats_t control;
 } zero_comm_stats_t;
 
