@@ -20,10 +20,13 @@ if not quick or quick[0] != expected:
 PY
 
 /usr/bin/python3 -m venv "$work/venv"
-# pip builds in a temporary directory: under the scratch directory, so that a compiler cache whose base directory
-# holds both the sources and the scratch directory (scripts/test.sh) finds the same paths again in the next run.
+# scikit-build-core builds in a directory of its own choosing, a new temporary one each time: here a fixed one under
+# the scratch directory, so that a compiler cache whose base directory holds both the sources and the scratch
+# directory (scripts/test.sh) finds the same paths again in the next run; with every core, as the other builds.
 mkdir -p "$work/tmp"
-TMPDIR="$work/tmp" "$work/venv/bin/pip" install --quiet --disable-pip-version-check "$src/bindings/python"
+TMPDIR="$work/tmp" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+  "$work/venv/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$work/build" \
+  "$src/bindings/python"
 cp "$src/examples/python/quickstart.py" "$work/"
 cd "$work"  # the installed package is what gets imported, not the source tree's
 check() {  # every rank converged (mpirun may interleave the ranks' lines: count the reports, not the lines)
