@@ -12,28 +12,16 @@ scratch=$(mktemp -d /tmp/libzero-fuzz.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 artifacts=$PWD/build/fuzz/artifacts
 mkdir -p "$artifacts"
-# The two targets run side by side, one core each (libFuzzer runs one process per target here).
-targets=(config checkpoint)
-pids=()
-for target in "${targets[@]}"; do
+for target in config checkpoint; do
   mkdir -p "$scratch/$target"
   echo "fuzz_$target: ${seconds} s from fuzz/corpus/$target"
-  build/fuzz/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
-    -artifact_prefix="$artifacts/$target-" "$scratch/$target" "fuzz/corpus/$target" >"$scratch/$target.log" 2>&1 &
-  pids+=($!)
-done
-failed=0
-for i in "${!targets[@]}"; do
-  target=${targets[i]}
-  if ! wait "${pids[i]}"; then
+  if ! build/fuzz/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
+      -artifact_prefix="$artifacts/$target-" "$scratch/$target" "fuzz/corpus/$target" >"$scratch/$target.log" 2>&1; then
     grep -v "^#" "$scratch/$target.log" | tail -60
     echo "fuzz_$target failed: the input is in $artifacts" >&2
-    failed=1
-    continue
+    exit 1
   fi
-  echo -n "fuzz_$target: "
   grep -E "^stat::number_of_executed_units|^Done" "$scratch/$target.log" | tr '\n' ' '
   echo
 done
-[[ $failed == 0 ]] || exit 1
 echo "fuzzers ok: config and checkpoint, ${seconds} s each, no crash, sanitizer report, leak or timeout"
