@@ -44,7 +44,8 @@ static uint16_t expected(size_t i) {
 enum { kInitialPeriod = 251, kGradPeriod = 61, kExpectedPeriod = 251 * 61 };
 
 static void fill_periodic(uint16_t* out, size_t numel, const uint16_t* period, size_t length) {
-  for (size_t i = 0; i < numel; i += length) memcpy(out + i, period, (numel - i < length ? numel - i : length) * 2);
+  for (size_t i = 0; i < numel; i += length)
+    memcpy(out + i, period, (numel - i < length ? numel - i : length) * sizeof *period);
 }
 
 /* The elements of data that differ from the periodic sequence. */
@@ -52,7 +53,7 @@ static size_t count_periodic_differences(const uint16_t* data, size_t numel, con
   size_t bad = 0;
   for (size_t i = 0; i < numel; i += length) {
     const size_t n = numel - i < length ? numel - i : length;
-    if (memcmp(data + i, period, n * 2) == 0) continue;
+    if (memcmp(data + i, period, n * sizeof *period) == 0) continue;
     for (size_t j = 0; j < n; ++j) bad += data[i + j] != period[j];
   }
   return bad;
