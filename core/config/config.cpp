@@ -587,12 +587,6 @@ Config parse_config(const std::string& json_text, int world_size) {
     cfg.optimizer_threads = static_cast<int>(l.get_int("optimizer_threads", 0, 0, 4096));
     cfg.require_deterministic = l.get_bool("deterministic", false);
   }
-  if (cfg.offload.params_nvme() && cfg.compute_dtype == DType::kF32)
-    fail(ZERO_ERR_UNSUPPORTED,
-         "config key 'zero_optimization.offload_param.device' = \"nvme\" is not supported with fp32 params: libzero "
-         "offloads 16-bit param shards (bf16.enabled or fp16.enabled). fp32 params are also the optimizer's master, "
-         "which the optimizer pass updates in place, so they stay in host memory (offload_optimizer with device "
-         "\"nvme\" still moves the optimizer state to NVMe)");
   cfg.timeout_s = timeout_from_environment(cfg.timeout_s);
   return cfg;
 }

@@ -193,16 +193,19 @@ std::string config_report(const Config& c, int world) {
     put("  persistence threshold  %lld elements (smaller units stay resident)\n",
         static_cast<long long>(c.param_persistence_threshold));
   if (c.offload.nvme())
-    put("  offload                fp32 master and optimizer state to NVMe: a file per rank under '%s', streamed "
+    put("  offload                %s to NVMe: a file per rank under '%s', streamed "
         "through %d chunks of %lld elements (aio: %lld-byte requests, %d in flight)\n",
+        c.compute_dtype == DType::kF32 ? "optimizer state (fp32 params are their own master)"
+                                       : "fp32 master and optimizer state",
         c.offload.nvme_path.c_str(), c.offload.buffer_count, static_cast<long long>(c.offload.chunk_elems),
         static_cast<long long>(c.offload.aio_block_size), c.offload.aio_queue_depth);
   else
     os << "  offload                optimizer state in host memory\n";
   if (c.offload.params_nvme())
-    put("  offload params         stage 3's param shards to NVMe: a file per rank under '%s', read through a "
+    put("  offload params         stage 3's param shards%s to NVMe: a file per rank under '%s', read through a "
         "buffer of up to %lld elements (at most one shard)\n",
-        c.offload.param_nvme_path.c_str(), static_cast<long long>(c.offload.param_buffer_size));
+        c.compute_dtype == DType::kF32 ? " (fp32: the optimizer's master too)" : "", c.offload.param_nvme_path.c_str(),
+        static_cast<long long>(c.offload.param_buffer_size));
   put("  collective timeout     %g s\n", c.timeout_s);
   if (c.require_deterministic) os << "  deterministic sums     required (libzero.deterministic)\n";
   if (c.optimizer_threads > 0)

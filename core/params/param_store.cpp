@@ -124,6 +124,8 @@ float* ParameterStore::master(int u) {
   Unit& unit = units_[u];
   if (master_on_nvme()) return nullptr;
   if (plan_.separate_master()) return unit.master.f32();
+  // fp32 params in the params file: read into the copy buffer by begin_copy(u), written back by end_copy(u).
+  if (master_in_params_file(u)) return reinterpret_cast<float*>(param_copy_.data());
   return unit.params.f32() + plan_.units[u].update_in_params;
 }
 

@@ -127,7 +127,9 @@ class ParameterStore {
   const void* norm_grads(int u) const;
   // Where the optimizer writes the compute-dtype copy of what this rank updates (null when params are the master).
   // Writers bracket it with begin_copy(u) and end_copy(u): with offload_param it is a buffer in memory that
-  // end_copy writes to the params file.
+  // end_copy writes to the params file. fp32 params offloaded are the master itself: begin_copy reads the shard
+  // from the params file into that buffer, the optimizer updates it in place (update(u).master), end_copy writes it
+  // back.
   void* copy(int u);
   void begin_copy(int u);
   void end_copy(int u);
@@ -143,6 +145,9 @@ class ParameterStore {
   std::optional<int> file_array(ShardKind kind) const;
   // offload_param to NVMe: whether unit u's param shard is in the params file.
   bool params_on_nvme(int u) const { return plan_.units[u].params.space == MemorySpace::kNvme; }
+  // fp32 params are their own master: offloaded, the one fp32 copy of the shard is in the params file, and the
+  // optimizer file (if any) holds only the state.
+  bool master_in_params_file(int u) const { return !plan_.separate_master() && params_on_nvme(u); }
   // A checkpoint's load into an offloaded engine: the state is streamed into a second file of the same layout,
   // which replaces the current one only once every rank read everything (so a failed load changes nothing).
   std::unique_ptr<io::NvmeState> new_optimizer_file() const;

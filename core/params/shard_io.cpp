@@ -117,6 +117,10 @@ std::unique_ptr<io::NvmeState> ParameterStore::new_state_file(const char* kind, 
 
 void ParameterStore::begin_copy(int u) {
   if (!params_on_nvme(u)) return;
+  if (master_in_params_file(u)) {  // the master the optimizer updates in place
+    nvme_params_->read(u, 0, 0, param_copy_.data(), plan_.units[u].params.elems);
+    return;
+  }
   // Zeros where no param is (the padding between params and at the shard's end), as the file has there.
   std::memset(param_copy_.data(), 0, plan_.units[u].params.elems * dtype_size(plan_.compute_dtype));
 }
@@ -138,6 +142,10 @@ void ParameterStore::write_params_shard(int u, const void* values) {
 void ParameterStore::read_shard(int u, ShardKind kind, const std::function<void(const void*, size_t bytes)>& sink) {
   const UnitPlan& up = plan_.units[u];
   const size_t offset = up.norm_begin - up.update_begin, n = layout_.units[u].shard_elems;
+  if (kind == ShardKind::kMaster && master_in_params_file(u)) {  // the fp32 params are the master
+    read_params_shard(u, sink);
+    return;
+  }
   const std::optional<int> array = file_array(kind);
   if (!array) {  // in memory
     const float* base = kind == ShardKind::kMaster ? master(u) : units_[u].state[kind == ShardKind::kState1].f32();
@@ -154,6 +162,10 @@ void ParameterStore::read_shard(int u, ShardKind kind, const std::function<void(
 
 void ParameterStore::write_updated(int u, ShardKind kind, const float* values) {
   const size_t n = plan_.units[u].update_elems;
+  if (kind == ShardKind::kMaster && master_in_params_file(u)) {  // the fp32 params are the master
+    nvme_params_->write(u, 0, 0, values, n);
+    return;
+  }
   if (const std::optional<int> array = file_array(kind)) {
     nvme_->write(u, *array, 0, values, n);
     return;

@@ -322,9 +322,10 @@ static void test_bad_config(void** state) {
   assert_null(engine);
   assert_fails(zero_engine_create(&engine,
                                   "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 3, "
-                                  "\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/x\"}}}",
+                                  "\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/x\", "
+                                  "\"ratio\": 0.5}}}",
                                   comm),
-               ZERO_ERR_UNSUPPORTED, "offload_param");
+               ZERO_ERR_UNSUPPORTED, "offload_optimizer.ratio");
   assert_fails(zero_engine_create(&engine, "not json", comm), ZERO_ERR_CONFIG, "not valid JSON");
   assert_fails(
       zero_engine_create(&engine, "{\"optimizer\": {\"type\": \"AdamW\"}, \"libzero\": {\"timeout\": 5}}", comm),

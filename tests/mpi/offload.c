@@ -10,7 +10,9 @@
  *
  * --sr 1 trains bf16 with stochastic rounding, whose checkpoints carry the params (read from and written to the
  * params file with --params 1).
- * --params 1 also puts the offloaded engine's param shards on NVMe (offload_param, stage 3, every unit sharded).
+ * --params 1 also puts the offloaded engine's param shards on NVMe (offload_param, stage 3, every unit sharded);
+ * with fp32 params the params file holds the master (the optimizer file only the state), which checkpoints read and
+ * loads write there.
  *
  * Scenarios:
  *   parity      (default) after every step the params are the same bits; the file and window are the sizes the

@@ -25,7 +25,9 @@
  *
  * --nvme DIR offloads the fp32 master and the optimizer state to a file under DIR (offload_optimizer device nvme),
  * streamed in chunks of 1024 elements through a window of 3: the same bits as in memory. --nvme-params DIR puts
- * stage 3's param shards there too (offload_param), read through a 100-element buffer, also when prefetched.
+ * stage 3's param shards in a file under DIR (offload_param; with or without --nvme), read through a 100-element
+ * buffer, also when prefetched; fp32 params are their own master, so there the params file holds the one fp32 copy
+ * the optimizer updates.
  *
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.

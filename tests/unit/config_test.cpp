@@ -144,8 +144,6 @@ TEST(Config, InconsistentBatchSizesShowTheArithmetic) {
 
 TEST(Config, KeysThatChangeResultsAreRefusedUntilSupported) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x"}})",
-       "zero_optimization.offload_param.device"},
       {R"("scheduler": {"type": "OneCycle"})", "scheduler.type"},
       {R"("bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"}, "communication_data_type": "fp32")",
        "communication_data_type"},
@@ -413,13 +411,18 @@ TEST(Config, OffloadBlocks) {
   }
   EXPECT_NE(parse_error(with_optimizer(R"("aio": {"use_gds": true})"), ZERO_ERR_UNSUPPORTED).find("use_gds"),
             std::string::npos);
-  // offload_param to NVMe: stage 3, 16-bit params, a path.
+  // offload_param to NVMe: stage 3, a path; 16-bit params, or fp32 ones (their own master, in the params file).
   c = parse_config(with_optimizer(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
       "offload_param": {"device": "nvme", "nvme_path": "/p", "buffer_size": 1e6, "buffer_count": 4}})"),
                    2);
   EXPECT_TRUE(c.offload.params_nvme());
   EXPECT_EQ(c.offload.param_nvme_path, "/p");
   EXPECT_EQ(c.offload.param_buffer_size, 1000000);
+  c = parse_config(with_optimizer(R"("zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/p"}})"),
+                   2);
+  EXPECT_TRUE(c.offload.params_nvme());
+  EXPECT_EQ(c.compute_dtype, DType::kF32);
   EXPECT_NE(parse_error(with_optimizer(R"("bf16": {"enabled": true}, "zero_optimization": {"stage": 2,
       "offload_param": {"device": "nvme", "nvme_path": "/p"}})"),
                         ZERO_ERR_CONFIG)

@@ -463,10 +463,12 @@ def test_a_torchrun_style_job_without_mpi_is_refused_not_split_into_single_proce
     assert libzero.Comm.world().size == 1
 
 
-def test_nvme_offload_trains_the_same_bits(tmp_path):
+@pytest.mark.parametrize("example_name", ["zero3_bf16_nvme.json", "zero3_fp32_nvme.json"])
+def test_nvme_offload_trains_the_same_bits(tmp_path, example_name):
     """examples/configs/zero3_bf16_nvme.json (offload_optimizer and offload_param to NVMe) with its paths pointed at a
     scratch directory: the fp32 master, Adam's state and the bf16 param shard in files there, the same weights as
-    without. The directory is ZERO_TEST_NVME_DIR's (CTest: on the build tree's disk) or pytest's tmp_path; it must
+    without. zero3_fp32_nvme.json: fp32 params are their own master, so the optimizer file holds Adam's state and the
+    params file the one fp32 copy of the shard. The directory is ZERO_TEST_NVME_DIR's (CTest: on the build tree's disk) or pytest's tmp_path; it must
     support O_DIRECT, or the test fails (it never skips: a machine where it cannot run must show up as one)."""
     import tempfile
 
@@ -474,7 +476,7 @@ def test_nvme_offload_trains_the_same_bits(tmp_path):
     if scratch:
         os.makedirs(scratch, exist_ok=True)
         tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="python-nvme-", dir=scratch))
-    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "configs" / "zero3_bf16_nvme.json"
+    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "configs" / example_name
     offloaded = json.loads(example.read_text())
     offloaded["gradient_accumulation_steps"] = 1
     z = offloaded["zero_optimization"]
@@ -498,11 +500,14 @@ def test_nvme_offload_trains_the_same_bits(tmp_path):
         engines.append(e)
     memory, offload = engines
     placement = offload.memory_placement()
-    # master, m, v: 5008 elements padded to 5120; the bf16 shard padded to 6144 (4 KiB)
-    assert placement["nvme_bytes"] == 3 * 5120 * 4 + 6144 * 2
+    # The optimizer file's arrays (the master in bf16, m, v): 5008 elements padded to 5120; the param shard padded to
+    # 4 KiB (bf16: 6144 elements, fp32: 5120)
+    fp32 = "bf16" not in offloaded
+    arrays, param_size, param_file_elems = (2, 4, 5120) if fp32 else (3, 2, 6144)
+    assert placement["nvme_bytes"] == arrays * 5120 * 4 + param_file_elems * param_size
     # 3 chunks of 1024 elements per array; the params' buffer (one 4 KiB-aligned shard) and copy (one shard: the
     # unit padded to 16 elements, 5008)
-    assert placement["staging_bytes"] == 3 * 3 * 1024 * 4 + 6144 * 2 + 5008 * 2
+    assert placement["staging_bytes"] == arrays * 3 * 1024 * 4 + param_file_elems * param_size + 5008 * param_size
     assert len(list(tmp_path.iterdir())) == 2
     for step in range(3):
         for e in engines:
