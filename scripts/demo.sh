@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/install-deps.sh gnuplot-nox
-cmake --preset release >/dev/null
+bash scripts/configure-preset.sh release >/dev/null
 cmake --build --preset release -j "$(nproc)" --target train_gpt
 
 mpirun=(mpirun --oversubscribe -np 4)

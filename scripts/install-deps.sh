@@ -3,8 +3,8 @@
 # sudo available) on Debian 12.
 set -euo pipefail
 
-# cmake, g++, make: the toolchain (usually present already). Open MPI: it yields when ranks outnumber cores,
-# where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
+# cmake, g++, make: the toolchain (usually present already); ninja-build: the generator the CMake presets use.
+# Open MPI: it yields when ranks outnumber cores, where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
 # clang-format: the formatting check. abigail-tools, pkg-config: the ABI and install checks. debhelper, dpkg-dev,
 # lintian: the Debian packages. python3-yaml: parsing the conda recipe. python3-numpy, python3-venv: the checkpoint
 # interoperability test (scripts/test.sh adds the safetensors package from PyPI in a venv under ~/.cache/libzero). libxxhash-dev:
@@ -15,7 +15,7 @@ set -euo pipefail
 # golang-go: the Java and Go bindings and their tests (JUnit 4 from Debian; Go builds with no module downloads).
 # liburing-dev: io_uring for NVMe offload's direct I/O; fio: its benchmark's reference (bench/nvme/run.sh). ccache:
 # the compiler cache scripts/test.sh builds with.
-packages=(cmake g++ make libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
+packages=(cmake g++ make ninja-build libopenmpi-dev openmpi-bin nlohmann-json3-dev libxxhash-dev libgtest-dev libcmocka-dev clang-format
           abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv
           python3-dev python3-pytest python3-mpi4py
           swig openjdk-17-jdk-headless junit4 golang-go liburing-dev fio

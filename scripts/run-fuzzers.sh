@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${ZERO_FUZZ_SECONDS:-60}
-cmake --preset fuzz >/dev/null
+bash scripts/configure-preset.sh fuzz >/dev/null
 cmake --build --preset fuzz -j "$(nproc)"
 scratch=$(mktemp -d /tmp/libzero-fuzz.XXXXXX)
 trap 'rm -rf "$scratch"' EXIT

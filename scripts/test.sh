@@ -62,7 +62,7 @@ else
 fi
 
 echo "== release build (GCC) and full test suite"
-cmake --preset release -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
+bash scripts/configure-preset.sh release -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
   -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON "${cuda[@]}"
 cmake --build --preset release -j "$jobs"
 wait_for_torch
@@ -70,12 +70,12 @@ ctest --preset release -j "$jobs"
 
 echo "== ASan + UBSan build, single-process tests"
 # The JVM and the Go runtime would need the sanitizer runtime preloaded: the bindings are tested in the other builds.
-cmake --preset asan -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF
+bash scripts/configure-preset.sh asan -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
 
 echo "== clang 14 build with UBSan, full test suite (the 2 GiB unit test, the pip install and the torch tests ran in the release suite)"
-cmake --preset clang -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
+bash scripts/configure-preset.sh clang -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
   -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON
 cmake --build --preset clang -j "$jobs"
 ctest --preset clang -j "$jobs" -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.torch\.'

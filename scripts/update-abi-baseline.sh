@@ -3,7 +3,7 @@
 # together with a deliberate, documented ABI change (docs/abi.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake --preset release >/dev/null
+bash scripts/configure-preset.sh release >/dev/null
 cmake --build --preset release -j "$(nproc)" --target zero
 bash tests/abi/abi_xml.sh build/release/libzero.so.1 build/release/include >capi/abi/libzero.so.1.abi
 echo "wrote capi/abi/libzero.so.1.abi"

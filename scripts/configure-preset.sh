@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Configures a CMake preset: scripts/configure-preset.sh PRESET [cmake arguments...]. A build directory that an
+# older checkout configured with another generator (the presets once used Make) is removed first, since CMake
+# refuses to switch generators in place; a directory with the presets' generator is kept, so builds stay
+# incremental.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset=$1
+shift
+dir=build/$preset
+if [[ -f $dir/CMakeCache.txt ]] && ! grep -qx 'CMAKE_GENERATOR:INTERNAL=Ninja' "$dir/CMakeCache.txt"; then
+  echo "== $dir was configured with another generator: removing it"
+  rm -rf "$dir"
+fi
+exec cmake --preset "$preset" "$@"
