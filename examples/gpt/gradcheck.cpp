@@ -1,6 +1,6 @@
 // The GPT example's backward against central finite differences, in double precision, for every kind of tensor
-// (embeddings, final norm, and each of a block's twelve), plus: activation checkpointing gives exactly the same
-// gradients. Exits non-zero on failure (registered in CTest).
+// (embeddings, final norm, the head tied or untied, and each of a block's twelve), plus: activation checkpointing gives
+// exactly the same gradients. Exits non-zero on failure (registered in CTest).
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -39,8 +39,7 @@ class ArraySource : public gpt::ParamSource<double> {
   std::vector<std::vector<std::vector<double>>>& grads() { return grads_; }
 
   gpt::Embedding<const double*> gather_embedding() override {
-    auto& u = params_[0];
-    return {u[0].data(), u[1].data(), u[2].data(), u[3].data()};
+    return gpt::embedding_view(pointers<const double*>(params_[0]));
   }
   void release_embedding() override {}
   gpt::Block<const double*> gather_block(int l) override {
@@ -49,10 +48,7 @@ class ArraySource : public gpt::ParamSource<double> {
             u[6].data(), u[7].data(), u[8].data(), u[9].data(), u[10].data(), u[11].data()};
   }
   void release_block(int) override {}
-  gpt::Embedding<double*> embedding_grads() override {
-    auto& u = grads_[0];
-    return {u[0].data(), u[1].data(), u[2].data(), u[3].data()};
-  }
+  gpt::Embedding<double*> embedding_grads() override { return gpt::embedding_view(pointers<double*>(grads_[0])); }
   gpt::Block<double*> block_grads(int l) override {
     auto& u = grads_[static_cast<size_t>(l) + 1];
     return {u[0].data(), u[1].data(), u[2].data(), u[3].data(), u[4].data(),  u[5].data(),
@@ -63,14 +59,20 @@ class ArraySource : public gpt::ParamSource<double> {
   void embedding_grads_ready() override {}
 
  private:
+  template <class P>
+  static std::vector<P> pointers(std::vector<std::vector<double>>& unit) {
+    std::vector<P> out;
+    for (auto& tensor : unit) out.push_back(tensor.data());
+    return out;
+  }
   gpt::ModelConfig c_;
   std::vector<std::vector<std::vector<double>>> params_, grads_;
 };
 
-}  // namespace
-
-int main() {
+// Checks one model variant; returns the failures and adds to `checked` and `worst`.
+int check(bool tied_head, int& checked, double& worst) {
   gpt::ModelConfig c;
+  c.tied_head = tied_head;
   c.vocab = 32;
   c.seq_len = 8;
   c.layers = 2;
@@ -98,8 +100,6 @@ int main() {
   }
 
   const double h = 1e-5;
-  int checked = 0;
-  double worst = 0;
   for (size_t u = 0; u < src.params().size(); ++u) {
     for (size_t t = 0; t < src.params()[u].size(); ++t) {
       auto& values = src.params()[u][t];
@@ -125,10 +125,19 @@ int main() {
       }
     }
   }
+  return failures;
+}
+
+}  // namespace
+
+int main() {
+  int checked = 0;
+  double worst = 0;
+  const int failures = check(true, checked, worst) + check(false, checked, worst);
   std::printf(
-      "gradient check: %d elements over %zu tensor kinds, worst relative error %.2e; activation "
-      "checkpointing gives identical gradients: %s\n",
+      "gradient check (tied and untied head): %d elements over %zu tensor kinds, worst relative error %.2e; "
+      "activation checkpointing gives identical gradients: %s\n",
       checked, static_cast<size_t>(gpt::kEmbeddingTensors + gpt::kBlockTensors), worst, failures == 0 ? "yes" : "NO");
-  std::printf("%d passed, %d failed\n", checked + 1 - failures, failures);
+  std::printf("%d passed, %d failed\n", checked + 2 - failures, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -19,6 +19,7 @@ struct ModelConfig {
   int layers = 4;
   int heads = 6;
   int channels = 192;
+  bool tied_head = true;  // the output head is wte (GPT-2), or a tensor of its own
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -317,18 +318,26 @@ void block_backward(const ModelConfig& c, int B, const Block<const T*>& p, const
   layernorm_backward(dx, g.ln1_w, g.ln1_b, s.dnarrow.data(), x, p.ln1_w, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
-// Unit 0: the embeddings and the final norm (the output head is tied to wte).
+// Unit 0: the embeddings, the final norm and, untied, the output head.
 template <class P>
 struct Embedding {
   P wte, wpe, lnf_w, lnf_b;
+  P head;  // [vocab, channels]: wte itself when tied
 };
-constexpr int kEmbeddingTensors = 4;
+constexpr int kEmbeddingTensors = 5;  // untied; tied, the first four
 inline std::vector<std::vector<int>> embedding_shapes(const ModelConfig& c) {
-  return {{c.vocab, c.channels}, {c.seq_len, c.channels}, {c.channels}, {c.channels}};
+  std::vector<std::vector<int>> shapes = {{c.vocab, c.channels}, {c.seq_len, c.channels}, {c.channels}, {c.channels}};
+  if (!c.tied_head) shapes.push_back({c.vocab, c.channels});
+  return shapes;
 }
 inline const char* embedding_tensor_name(int i) {
-  static const char* names[kEmbeddingTensors] = {"wte", "wpe", "lnf.weight", "lnf.bias"};
+  static const char* names[kEmbeddingTensors] = {"wte", "wpe", "lnf.weight", "lnf.bias", "head.weight"};
   return names[i];
+}
+// The unit's tensors in registration order as an Embedding (the head is the fifth, or wte).
+template <class P>
+Embedding<P> embedding_view(const std::vector<P>& tensors) {
+  return {tensors[0], tensors[1], tensors[2], tensors[3], tensors.size() > 4 ? tensors[4] : tensors[0]};
 }
 
 // Where params come from and gradients go: libzero in the trainer, plain arrays in the gradient check. A unit is
@@ -343,7 +352,7 @@ struct ParamSource {
   virtual Embedding<T*> embedding_grads() = 0;
   virtual Block<T*> block_grads(int layer) = 0;
   virtual void block_grads_ready(int layer) = 0;
-  virtual void final_norm_grads_ready() = 0;  // lnf: after the head
+  virtual void final_norm_grads_ready() = 0;  // lnf (and an untied head): after the head
   virtual void embedding_grads_ready() = 0;   // wte, wpe: after the encoder
 };
 
@@ -385,16 +394,17 @@ class Runner {
     e = src.gather_embedding();
     layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual_[c_.layers].data(), e.lnf_w, e.lnf_b, N,
                       C);
-    gemm(CblasNoTrans, CblasTrans, N, V, C, lnf_.data(), C, e.wte, C, T(0), logits_.data(), V);
+    gemm(CblasNoTrans, CblasTrans, N, V, C, lnf_.data(), C, e.head, C, T(0), logits_.data(), V);
     const T loss = crossentropy_forward_backward(dlogits_.data(), logits_.data(), targets, N, V);
     if (!backward) {
       src.release_embedding();
       return loss;
     }
     Embedding<T*> eg = src.embedding_grads();
-    // The tied head: dlnf = dlogits . wte, dwte += dlogits^T . lnf.
-    gemm(CblasNoTrans, CblasNoTrans, N, C, V, dlogits_.data(), V, e.wte, C, T(0), dlnf_.data(), C);
-    gemm(CblasTrans, CblasNoTrans, V, C, N, dlogits_.data(), V, lnf_.data(), C, T(1), eg.wte, C);
+    // The head: dlnf = dlogits . head, dhead += dlogits^T . lnf (tied, into wte's gradient, which the encoder
+    // adds to below).
+    gemm(CblasNoTrans, CblasNoTrans, N, C, V, dlogits_.data(), V, e.head, C, T(0), dlnf_.data(), C);
+    gemm(CblasTrans, CblasNoTrans, V, C, N, dlogits_.data(), V, lnf_.data(), C, T(1), eg.head, C);
     std::fill(dx_.begin(), dx_.end(), T(0));
     layernorm_backward(dx_.data(), eg.lnf_w, eg.lnf_b, dlnf_.data(), residual_[c_.layers].data(), e.lnf_w,
                        lnf_mean_.data(), lnf_rstd_.data(), N, C);

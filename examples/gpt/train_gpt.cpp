@@ -39,8 +39,9 @@ struct Options {
   int steps = 200, micro_batch = 8, grad_accum = 1, stage = 3, print_every = 10, eval_every = 0;
   int compare_steps = 10, warmup = 30;
   bool redraw = false;
-  double lr = 2e-3, weight_decay = 0.1, clip = 1.0;
-  bool checkpointing = false, bf16 = false, compare = false, decay = false, digest = false;
+  double lr = 2e-3, weight_decay = 0.1, clip = 1.0, beta2 = 0.95;
+  bool checkpointing = false, bf16 = false, compare = false, digest = false;
+  std::string schedule = "constant";  // after the warmup: constant, linear or cosine to 0 at the last step
   uint64_t seed = 1234;
   std::string config_file, data_file, csv_file;
 };
@@ -53,14 +54,17 @@ model
   --layers L              transformer blocks (default 4)
   --channels C            width (default 192); --heads H attention heads (default 6)
   --seq-len T             context length in bytes (default 64)
+  --untied-head           the output head is a tensor of its own (default: tied to the token embedding)
 training
   --steps S               optimizer steps (default 200)
   --micro-batch B         sequences per rank per micro-step (default 8)
   --grad-accum G          micro-steps per step (default 1)
   --stage 0|1|2|3         ZeRO stage (default 3)
-  --lr X                  AdamW peak learning rate (default 2e-3), --weight-decay X (default 0.1), --clip X
-                          (default 1), --warmup N linear warmup steps (default 30, DeepSpeed's WarmupLR)
-  --decay                 then decay linearly to 0 at the last step (DeepSpeed's WarmupDecayLR)
+  --lr X                  AdamW peak learning rate (default 2e-3), --beta2 X (default 0.95), --weight-decay X
+                          (default 0.1), --clip X (default 1), --warmup N linear warmup steps (default 30,
+                          DeepSpeed's WarmupLR)
+  --schedule S            after the warmup: constant (default; DeepSpeed's WarmupLR), linear (WarmupDecayLR) or
+                          cosine (WarmupCosineLR) to 0 at the last step; --decay is --schedule linear
   --bf16                  bf16 params with fp32 master weights (default fp32)
   --activation-checkpointing
                           keep only each block's input; recompute the block's forward during backward
@@ -116,6 +120,8 @@ Options parse(int argc, char** argv, int rank) {
       o.stage = std::stoi(next());
     else if (a == "--lr")
       o.lr = std::stod(next());
+    else if (a == "--beta2")
+      o.beta2 = std::stod(next());
     else if (a == "--weight-decay")
       o.weight_decay = std::stod(next());
     else if (a == "--clip")
@@ -134,8 +140,12 @@ Options parse(int argc, char** argv, int rank) {
       o.print_every = std::stoi(next());
     else if (a == "--warmup")
       o.warmup = std::stoi(next());
+    else if (a == "--untied-head")
+      o.model.tied_head = false;
     else if (a == "--decay")
-      o.decay = true;
+      o.schedule = "linear";
+    else if (a == "--schedule")
+      o.schedule = next();
     else if (a == "--progress")
       o.redraw = next() == "redraw";
     else if (a == "--eval-every")
@@ -155,6 +165,11 @@ Options parse(int argc, char** argv, int rank) {
   }
   if (o.model.channels % o.model.heads != 0 || o.stage < 0 || o.stage > 3 || o.steps < 1 || o.micro_batch < 1) {
     if (rank == 0) std::fprintf(stderr, "train_gpt: invalid options (channels must divide by heads, stage 0-3)\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  if (o.schedule != "constant" && o.schedule != "linear" && o.schedule != "cosine") {
+    if (rank == 0)
+      std::fprintf(stderr, "train_gpt: --schedule %s: use constant, linear or cosine\n", o.schedule.c_str());
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   return o;
@@ -193,17 +208,27 @@ std::string engine_config(Options& o, int stage) try {
       j["zero_optimization"]["stage"] = stage;
     return j.dump();
   }
+  // DeepSpeed's schedulers: WarmupLR and WarmupDecayLR take learning rates, WarmupCosineLR ratios of the peak.
+  const std::string warmup = "\"warmup_num_steps\": " + std::to_string(o.warmup) + ", \"warmup_type\": \"linear\"";
+  const std::string total = ", \"total_num_steps\": " + std::to_string(o.steps);
+  char peak[32];
+  std::snprintf(peak, sizeof peak, "%g", o.lr);
+  const std::string rates = "\"warmup_min_lr\": 0, \"warmup_max_lr\": " + std::string(peak) + ", ";
+  std::string scheduler;
+  if (o.schedule == "constant")
+    scheduler = "{\"type\": \"WarmupLR\", \"params\": {" + rates + warmup + "}}";
+  else if (o.schedule == "linear")
+    scheduler = "{\"type\": \"WarmupDecayLR\", \"params\": {" + rates + warmup + total + "}}";
+  else
+    scheduler = "{\"type\": \"WarmupCosineLR\", \"params\": {\"cos_min_ratio\": 0, " + warmup + total + "}}";
   char buffer[1024];
   std::snprintf(buffer, sizeof buffer,
                 "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
                 " \"gradient_clipping\": %g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g,"
-                " \"betas\": [0.9, 0.95], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
+                " \"betas\": [0.9, %g], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
                 " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000},"
-                " \"scheduler\": {\"type\": \"%s\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %g,"
-                " \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"%s}}%s}",
-                o.micro_batch, o.grad_accum, o.clip, o.lr, o.weight_decay, stage,
-                o.decay ? "WarmupDecayLR" : "WarmupLR", o.lr, o.warmup,
-                o.decay ? (", \"total_num_steps\": " + std::to_string(o.steps)).c_str() : "",
+                " \"scheduler\": %s%s}",
+                o.micro_batch, o.grad_accum, o.clip, o.lr, o.beta2, o.weight_decay, stage, scheduler.c_str(),
                 o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
   return buffer;
 } catch (const std::exception& e) {
@@ -221,10 +246,7 @@ class ZeroSource : public gpt::ParamSource<float> {
   }
   std::vector<std::vector<int32_t>>& ids() { return ids_; }
 
-  Embedding<const float*> gather_embedding() override {
-    auto p = gather(0);
-    return {p[0], p[1], p[2], p[3]};
-  }
+  Embedding<const float*> gather_embedding() override { return gpt::embedding_view(gather(0)); }
   void release_embedding() override { ZCHECK(zero_release(e_, 0)); }
   Block<const float*> gather_block(int l) override {
     auto p = gather(l + 1);
@@ -235,8 +257,7 @@ class ZeroSource : public gpt::ParamSource<float> {
   // asking the engine again for lnf's (already declared ready) would rightly be refused.
   Embedding<float*> embedding_grads() override {
     if (embedding_grads_.empty()) embedding_grads_ = grads(0);
-    auto& g = embedding_grads_;
-    return {g[0], g[1], g[2], g[3]};
+    return gpt::embedding_view(embedding_grads_);
   }
   Block<float*> block_grads(int l) override {
     auto g = grads(l + 1);
@@ -248,6 +269,7 @@ class ZeroSource : public gpt::ParamSource<float> {
   void final_norm_grads_ready() override {
     ZCHECK(zero_grad_ready(e_, ids_[0][2]));
     ZCHECK(zero_grad_ready(e_, ids_[0][3]));
+    if (ids_[0].size() > 4) ZCHECK(zero_grad_ready(e_, ids_[0][4]));
   }
   void embedding_grads_ready() override {
     ZCHECK(zero_grad_ready(e_, ids_[0][0]));
@@ -362,6 +384,7 @@ void register_model(zero_engine_t* e, ZeroSource& src, const gpt::ModelConfig& c
   add(0, "wpe", es[1], 1);
   add(0, "lnf.weight", es[2], 3);
   add(0, "lnf.bias", es[3], 0);
+  if (!c.tied_head) add(0, "head.weight", es[4], 1);
   const auto bs = gpt::block_shapes(c);
   const int kinds[gpt::kBlockTensors] = {3, 0, 1, 0, 2, 0, 3, 0, 1, 0, 2, 0};
   for (int l = 0; l < c.layers; ++l)
@@ -417,10 +440,10 @@ Eval evaluate(gpt::Runner<float>& runner, ZeroSource& src, const gpt::Corpus& co
   ev.exact = answers ? 100.0 * exact / answers : 0;
   ev.answers = answers;
   if (!corpus.arithmetic) return ev;
-  // Samples: the sixth line of each window of the first held-out batch, its answer written by the model.
+  // Samples: the last whole line of each window of the first held-out batch, its answer written by the model.
   corpus.heldout_batch(o.micro_batch, T, tokens, targets, 0);
-  const int line = 5 * gpt::kAdditionLine;
-  if (line + gpt::kAdditionLine > T) return ev;
+  if (T < gpt::kAdditionLine) return ev;
+  const int line = (T / gpt::kAdditionLine - 1) * gpt::kAdditionLine;
   std::vector<int> written = tokens;
   for (int d = 0; d < 3; ++d) {
     runner.step(src, written.data(), targets.data(), false);
