@@ -74,11 +74,11 @@ bash scripts/configure-preset.sh asan -DZERO_TEST_PYTHON="$pyenv/bin/python3" -D
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
 
-echo "== clang 14 build with UBSan, full test suite (the 2 GiB unit test, the pip install and the torch tests ran in the release suite)"
+echo "== clang 14 build with UBSan, full test suite (the 2 GiB unit test, the pip install, the torch tests and the GPT's learning on each SIMD path and BLAS kernel set ran in the release suite)"
 bash scripts/configure-preset.sh clang -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
   -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON
 cmake --build --preset clang -j "$jobs"
-ctest --preset clang -j "$jobs" -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.torch\.'
+ctest --preset clang -j "$jobs" -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.torch\.|^mpi\.gpt\.learns\.'
 
 echo "== fuzzers"
 bash scripts/run-fuzzers.sh

@@ -4,8 +4,10 @@
 // The additions are written the way a small model learns them fastest: fixed width, zero-padded, and the sum's
 // digits reversed — "07+48=550\n" is 7 + 48 = 55 — so that every answer digit is produced after the digits it
 // depends on (the carry flows from the ones to the hundreds, as the model writes them). Windows start at a line,
-// so every position of a window has the same role in every batch. The loss counts only the answer and its
-// newline (targets of -1 are ignored): the operands are random, there is nothing in them to learn.
+// so every position of a window has the same role in every batch; a window of one line (T = 10) is one problem,
+// which the model learns fastest (in longer windows its learned absolute positions must learn the sum at each line's
+// place on its own). The loss counts only the answer and its newline (targets of -1 are ignored): the operands are
+// random, there is nothing in them to learn.
 #pragma once
 
 #include <cstdint>

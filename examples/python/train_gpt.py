@@ -1,6 +1,8 @@
 """The GPT of examples/gpt, rebuilt in plain torch and trained through libzero.torch: two-digit additions written
-with the sum's digits reversed ("07+48=550" is 7 + 48 = 55), byte-level, loss on the answers only. Each rank
-trains on its own problems; held-out problems are answered greedily at the end.
+with the sum's digits reversed ("07+48=550" is 7 + 48 = 55), byte-level, loss on the answers only, one problem per
+sequence (the context of 10 bytes; a longer one packs several lines, and learned absolute positions must then learn
+the sum at every line's place separately). Each rank trains on its own problems; held-out problems are answered
+greedily at the end.
 
     mpirun --allow-run-as-root --oversubscribe -np 2 python examples/python/train_gpt.py [--stage 3] [--steps 1500]
 
@@ -95,8 +97,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--context", type=int, default=64)
-    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--context", type=int, default=LINE)
+    ap.add_argument("--micro-batch", type=int, default=96)
     ap.add_argument("--lr", type=float, default=5e-3)
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
