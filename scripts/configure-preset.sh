@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Configures a CMake preset: scripts/configure-preset.sh PRESET [cmake arguments...]. A build directory that an
-# older checkout configured with another generator (the presets once used Make) is removed first, since CMake
-# refuses to switch generators in place; a directory with the presets' generator is kept, so builds stay
-# incremental.
+# Configures a CMake preset: scripts/configure-preset.sh PRESET [cmake arguments...]. A build directory configured
+# with another generator than the presets' (Ninja) is removed first, since CMake cannot change a build directory's
+# generator in place; a directory with the presets' generator is kept, so builds stay incremental.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=$1

@@ -22,7 +22,7 @@ mkdir -p "$out"
 # channels with an untied output head, one problem per sequence (10 bytes), 48 problems per rank per step, the
 # learning rate decaying linearly to 0 over 1500 steps (DeepSpeed's WarmupDecayLR). examples/gpt/README.md says why
 # and has its results over seeds and BLAS kernels.
-read -ra recipe < examples/gpt/addition.args
+read -ra recipe <examples/gpt/addition.args || [[ ${#recipe[@]} -gt 0 ]]
 "${mpirun[@]}" build/release/train_gpt --stage 3 "${recipe[@]}" --progress "$progress" --print-every 100 --eval-every 500 \
   --csv "$out/loss.csv" "$@"
 gnuplot -e "set terminal png size 800,480 noenhanced; set output '$out/loss.png'; set datafile separator ',';

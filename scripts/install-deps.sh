@@ -4,7 +4,8 @@
 set -euo pipefail
 
 # cmake, g++, make: the toolchain (usually present already); ninja-build: the generator the CMake presets use.
-# Open MPI: it yields when ranks outnumber cores, where MPICH busy-polls. nlohmann-json: the DeepSpeed config. GoogleTest, CMocka: unit and C API tests.
+# Open MPI: it yields when ranks outnumber cores, where MPICH busy-polls. nlohmann-json: the DeepSpeed config.
+# GoogleTest, CMocka: unit and C API tests.
 # clang-format: the formatting check. abigail-tools, pkg-config: the ABI and install checks. debhelper, dpkg-dev,
 # lintian: the Debian packages. python3-yaml: parsing the conda recipe. python3-numpy, python3-venv: the checkpoint
 # interoperability test (scripts/test.sh adds the safetensors package from PyPI in a venv under ~/.cache/libzero). libxxhash-dev:

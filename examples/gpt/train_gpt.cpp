@@ -1,5 +1,6 @@
 // Trains a small GPT across MPI ranks through libzero's public C API only (zero/zero.h): one unit per transformer
-// block plus one for the embeddings and final norm, so stage 3 gathers and releases block by block.
+// block plus one for the embeddings, the final norm and an untied head, so stage 3 gathers and releases block by
+// block.
 //
 //   mpirun -np 4 train_gpt [--stage 3] [--steps 300] [--compare-stages] [--help]
 #include <mpi.h>
@@ -74,7 +75,7 @@ training
   --seed N                data and initialisation seed (default 1234)
 data
   --data FILE             train on any text file (the last tenth is held out); default: generated two-digit
-                          additions ("37+48=85"), whose held-out answers the trainer scores
+                          additions ("37+48=580"), whose held-out answers the trainer scores
 output
   --progress redraw|lines redraw one progress line in place (a terminal) or print lines (default: lines; under
                           mpirun a rank cannot tell whether mpirun writes to a terminal, scripts/demo.sh can)
@@ -225,7 +226,7 @@ std::string engine_config(Options& o, int stage) try {
   std::snprintf(buffer, sizeof buffer,
                 "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
                 " \"gradient_clipping\": %g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g,"
-                " \"betas\": [0.9, %g], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
+                " \"betas\": [0.9, %.17g], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
                 " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000},"
                 " \"scheduler\": %s%s}",
                 o.micro_batch, o.grad_accum, o.clip, o.lr, o.beta2, o.weight_decay, stage, scheduler.c_str(),
@@ -237,7 +238,7 @@ std::string engine_config(Options& o, int stage) try {
   return "";
 }
 
-// libzero as the model's parameter source. Units: 0 = embeddings and final norm, 1 + l = block l.
+// libzero as the model's parameter source. Units: 0 = embeddings, final norm (and an untied head), 1 + l = block l.
 class ZeroSource : public gpt::ParamSource<float> {
  public:
   ZeroSource(zero_engine_t* e, const gpt::ModelConfig& c, bool bf16) : e_(e), c_(c), bf16_(bf16) {
@@ -638,18 +639,18 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   const gpt::ModelConfig& c = o.model;
-  const double params = static_cast<double>(c.vocab + c.seq_len + 2) * c.channels +
+  const double params = static_cast<double>(c.vocab * (c.tied_head ? 1 : 2) + c.seq_len + 2) * c.channels +
                         static_cast<double>(c.layers) * (12.0 * c.channels * c.channels + 13.0 * c.channels);
   if (!o.compare) {
     engine_config(o, o.stage);  // resolves --config into the options before printing them
     if (rank == 0)
       std::printf(
           "GPT: %d layers, %d channels, %d heads, context %d, %.2f M params | %d ranks, ZeRO stage %d, %s%s\n"
-          "data: %s | %d x %d tokens per rank per micro-step, %d micro-step(s) per step\n",
+          "data: %s | %d x %d tokens per rank per micro-step, %d micro-step(s) per step | OpenBLAS kernels: %s\n",
           c.layers, c.channels, c.heads, c.seq_len, params / 1e6, world, o.stage, o.bf16 ? "bf16" : "fp32",
           o.checkpointing ? ", activation checkpointing" : "",
           o.data_file.empty() ? "generated two-digit additions" : o.data_file.c_str(), o.micro_batch, c.seq_len,
-          o.grad_accum);
+          o.grad_accum, openblas_get_corename());
     RunResult r = train(o, o.stage, o.steps, true, corpus, rank, world);
     print_memory_table(r, rank, world);
     // What the other choice would keep, measured by building it.
