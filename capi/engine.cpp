@@ -1,5 +1,6 @@
 // The engine's life cycle and training calls: argument checks and struct translation around zero::Engine.
 #define ZERO_EXPERIMENTAL_API
+#include <cstddef>
 #include <cstring>
 
 #include "config/config.hpp"
@@ -89,17 +90,42 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
     require_arg(out_param != nullptr, call, "out_param is NULL");
     zero::Engine& e = engine_of(engine, call);
     const zero_param_desc_t defaults = ZERO_PARAM_DESC_INIT;
-    const zero_param_desc_t d = zero::read_input_struct(desc, sizeof(zero_param_desc_t), defaults, call,
+    const zero_param_desc_t d = zero::read_input_struct(desc, offsetof(zero_param_desc_t, flags), defaults, call,
                                                         "zero_param_desc_t", "zero_param_desc_init");
     require_arg(d.name != nullptr, call, "desc->name is NULL");
-    if (d.reserved != 0)
-      zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) +
-                                           ": desc->reserved is not 0 (a field this libzero does not "
-                                           "know; initialise the struct with zero_param_desc_init)");
+    if (d.reserved != 0 || d.reserved2 != 0)
+      zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": desc->" + (d.reserved != 0 ? "reserved" : "reserved2") +
+                                           " is not 0 (a field this libzero does not know; initialise the struct "
+                                           "with zero_param_desc_init)");
+    if ((d.flags & ~static_cast<uint32_t>(ZERO_PARAM_FROZEN)) != 0)
+      zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": desc->flags has bits this libzero does not know (" +
+                                           std::to_string(d.flags) + "; ZERO_PARAM_FROZEN is 1)");
     require_arg(d.ndim >= 0 && d.ndim <= ZERO_MAX_NDIM, call, "desc->ndim must be in 0..ZERO_MAX_NDIM (8)");
     require_arg(d.ndim == 0 || d.shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
+    const bool frozen = (d.flags & ZERO_PARAM_FROZEN) != 0;
+    zero::ParamShape shape;
+    shape.name = d.name;
+    shape.dims.assign(d.shape, d.shape + d.ndim);
+    shape.unit = d.unit;
+    shape.group = d.group;
+    zero::ParamInit init;
+    init.data = d.init_data;
+    if (frozen) {
+      require_arg(d.dtype == -1 || zero::stored_type_valid(d.dtype), call,
+                  "desc->dtype of a frozen param must be -1 (the engine's compute dtype) or a zero_dtype_t");
+      const int32_t dtype = d.dtype == -1 ? static_cast<int32_t>(e.config().compute_dtype) : d.dtype;
+      if (d.init_dtype != -1 && d.init_dtype != dtype)
+        zero::fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": param '" + d.name +
+                                                  "' is frozen: its initial values are copied as they are, so "
+                                                  "desc->init_dtype must be -1 or its dtype");
+      shape.frozen = true;
+      shape.stored = static_cast<zero::StoredType>(dtype);
+      *out_param = e.add_param(std::move(shape), init);
+      return;
+    }
     require_arg(d.dtype == -1 || valid_param_dtype(d.dtype), call,
-                "desc->dtype must be -1 (the engine's compute dtype) or ZERO_DTYPE_FP32, _BF16 or _FP16");
+                "desc->dtype must be -1 (the engine's compute dtype) or ZERO_DTYPE_FP32, _BF16 or _FP16 (other "
+                "dtypes only for a frozen param: ZERO_PARAM_FROZEN)");
     const int32_t dtype = d.dtype == -1 ? static_cast<int32_t>(e.config().compute_dtype) : d.dtype;
     require_arg(d.init_dtype == -1 || valid_param_dtype(d.init_dtype), call,
                 "desc->init_dtype must be -1 (same as dtype) or ZERO_DTYPE_FP32, _BF16 or _FP16");
@@ -108,14 +134,8 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
       zero::fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": param '" + d.name + "' has dtype " +
                                                 zero::dtype_name(static_cast<zero::DType>(dtype)) +
                                                 " but the engine computes in " + zero::dtype_name(compute) +
-                                                " (set by the config's bf16/fp16 blocks)");
-    zero::ParamShape shape;
-    shape.name = d.name;
-    shape.dims.assign(d.shape, d.shape + d.ndim);
-    shape.unit = d.unit;
-    shape.group = d.group;
-    zero::ParamInit init;
-    init.data = d.init_data;
+                                                " (set by the config's bf16/fp16 blocks; a param the optimizer "
+                                                "does not train may keep its own dtype: ZERO_PARAM_FROZEN)");
     init.dtype = static_cast<zero::DType>(d.init_dtype == -1 ? dtype : d.init_dtype);
     *out_param = e.add_param(std::move(shape), init);
   });
@@ -155,6 +175,11 @@ ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit) {
 ZERO_API zero_status_t zero_prefetch(zero_engine_t* engine, int32_t unit) {
   const char* call = "zero_prefetch";
   return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).prefetch(unit); });
+}
+
+ZERO_API zero_status_t zero_release_modified(zero_engine_t* engine, int32_t unit, int32_t modifier_rank) {
+  const char* call = "zero_release_modified";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).release_modified(unit, modifier_rank); });
 }
 
 ZERO_API zero_status_t zero_grad_ready(zero_engine_t* engine, int32_t param) {
@@ -204,6 +229,22 @@ ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* d
   return guard(call, handle_or_null(engine), [&] {
     // NULL arguments are checked inside, where a failing rank still tells the others.
     engine_of(engine, call).save_checkpoint(dir != nullptr ? dir : "", tag != nullptr ? tag : "");
+  });
+}
+
+ZERO_API zero_status_t zero_save_checkpoint_with(zero_engine_t* engine, const char* dir, const char* tag,
+                                                 const zero_save_options_t* options) {
+  const char* call = "zero_save_checkpoint";
+  return guard(call, handle_or_null(engine), [&] {
+    zero_save_options_t o = ZERO_SAVE_OPTIONS_INIT;
+    if (options != nullptr)
+      o = zero::read_input_struct(options, sizeof(zero_save_options_t), o, "zero_save_checkpoint_with",
+                                  "zero_save_options_t", "zero_save_options_init");
+    if (o.reserved != 0 || (o.exclude_frozen != 0 && o.exclude_frozen != 1))
+      zero::fail(ZERO_ERR_INVALID_ARGUMENT,
+                 "zero_save_checkpoint_with: options->exclude_frozen must be 0 or 1 and options->reserved 0");
+    engine_of(engine, call)
+        .save_checkpoint(dir != nullptr ? dir : "", tag != nullptr ? tag : "", o.exclude_frozen != 0);
   });
 }
 

@@ -1,6 +1,7 @@
 // Struct init functions, what bindings need for zero-copy views, engine information and statistics, the config
 // check, and the experimental flight recorder.
 #define ZERO_EXPERIMENTAL_API
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -31,9 +32,11 @@ char* give_string(const std::string& text) {
   return out;
 }
 
+// `first_size`: the struct's size when it appeared (what a program built against that header passes).
 template <typename T>
-zero_status_t init(const char* call, const char* type, T* s, size_t struct_size, const T& defaults) {
-  return guard(call, [&] { zero::init_struct(s, struct_size, sizeof(T), defaults, call, type); });
+zero_status_t init(const char* call, const char* type, T* s, size_t struct_size, const T& defaults,
+                   size_t first_size = sizeof(T)) {
+  return guard(call, [&] { zero::init_struct(s, struct_size, first_size, defaults, call, type); });
 }
 
 }  // namespace
@@ -49,12 +52,12 @@ ZERO_API zero_status_t zero_param_group_desc_init(zero_param_group_desc_t* desc,
 
 ZERO_API zero_status_t zero_param_desc_init(zero_param_desc_t* desc, size_t struct_size) {
   const zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
-  return init("zero_param_desc_init", "zero_param_desc_t", desc, struct_size, d);
+  return init("zero_param_desc_init", "zero_param_desc_t", desc, struct_size, d, offsetof(zero_param_desc_t, flags));
 }
 
 ZERO_API zero_status_t zero_param_info_init(zero_param_info_t* info, size_t struct_size) {
   const zero_param_info_t d = ZERO_PARAM_INFO_INIT;
-  return init("zero_param_info_init", "zero_param_info_t", info, struct_size, d);
+  return init("zero_param_info_init", "zero_param_info_t", info, struct_size, d, offsetof(zero_param_info_t, flags));
 }
 
 ZERO_API zero_status_t zero_unit_info_init(zero_unit_info_t* info, size_t struct_size) {
@@ -79,7 +82,13 @@ ZERO_API zero_status_t zero_allocator_init(zero_allocator_t* allocator, size_t s
 
 ZERO_API zero_status_t zero_memory_stats_init(zero_memory_stats_t* stats, size_t struct_size) {
   const zero_memory_stats_t d = ZERO_MEMORY_STATS_INIT;
-  return init("zero_memory_stats_init", "zero_memory_stats_t", stats, struct_size, d);
+  return init("zero_memory_stats_init", "zero_memory_stats_t", stats, struct_size, d,
+              offsetof(zero_memory_stats_t, frozen_param_bytes));
+}
+
+ZERO_API zero_status_t zero_save_options_init(zero_save_options_t* options, size_t struct_size) {
+  const zero_save_options_t d = ZERO_SAVE_OPTIONS_INIT;
+  return init("zero_save_options_init", "zero_save_options_t", options, struct_size, d);
 }
 
 ZERO_API zero_status_t zero_memory_placement_init(zero_memory_placement_t* placement, size_t struct_size) {
@@ -117,7 +126,8 @@ ZERO_API zero_status_t zero_collective_init(zero_collective_t* coll, size_t stru
 ZERO_API zero_status_t zero_param_info(zero_param_info_t* out_info, const zero_engine_t* engine, int32_t param) {
   const char* call = "zero_param_info";
   return guard(call, handle_or_null(engine), [&] {
-    zero::check_output_struct(out_info, sizeof(zero_param_info_t), call, "zero_param_info_t", "zero_param_info_init");
+    zero::check_output_struct(out_info, offsetof(zero_param_info_t, flags), call, "zero_param_info_t",
+                              "zero_param_info_init");
     const zero::Engine& e = engine_of(engine, call);
     const zero::ParamShape& p = e.param_shape(param);
     zero_param_info_t info = ZERO_PARAM_INFO_INIT;
@@ -127,10 +137,18 @@ ZERO_API zero_status_t zero_param_info(zero_param_info_t* out_info, const zero_e
     info.numel = p.numel();
     info.unit = p.unit;
     info.group = p.group;
-    info.param_dtype = static_cast<int32_t>(e.config().compute_dtype);
-    info.grad_dtype = static_cast<int32_t>(e.config().grad_accum_dtype);
-    info.param_bytes = info.numel * zero::dtype_size(e.config().compute_dtype);
-    info.grad_bytes = info.numel * zero::dtype_size(e.config().grad_accum_dtype);
+    if (p.frozen) {
+      info.flags = ZERO_PARAM_FROZEN;
+      info.param_dtype = static_cast<int32_t>(p.stored);
+      info.grad_dtype = -1;
+      info.param_bytes = info.numel * zero::stored_size(p.stored);
+      info.grad_bytes = 0;
+    } else {
+      info.param_dtype = static_cast<int32_t>(e.config().compute_dtype);
+      info.grad_dtype = static_cast<int32_t>(e.config().grad_accum_dtype);
+      info.param_bytes = info.numel * zero::dtype_size(e.config().compute_dtype);
+      info.grad_bytes = info.numel * zero::dtype_size(e.config().grad_accum_dtype);
+    }
     zero::write_output_struct(out_info, info);
   });
 }
@@ -179,7 +197,7 @@ ZERO_API zero_status_t zero_engine_info(zero_engine_info_t* out_info, const zero
 ZERO_API zero_status_t zero_memory_stats(zero_memory_stats_t* out_stats, const zero_engine_t* engine) {
   const char* call = "zero_memory_stats";
   return guard(call, handle_or_null(engine), [&] {
-    zero::check_output_struct(out_stats, sizeof(zero_memory_stats_t), call, "zero_memory_stats_t",
+    zero::check_output_struct(out_stats, offsetof(zero_memory_stats_t, frozen_param_bytes), call, "zero_memory_stats_t",
                               "zero_memory_stats_init");
     const zero::MemoryStats m = engine_of(engine, call).memory_report();
     zero_memory_stats_t s = ZERO_MEMORY_STATS_INIT;
@@ -189,6 +207,7 @@ ZERO_API zero_status_t zero_memory_stats(zero_memory_stats_t* out_stats, const z
     s.optimizer_state_bytes = m.optimizer_state_bytes;
     s.bucket_bytes = m.bucket_bytes;
     s.gathered_bytes = m.gathered_bytes;
+    s.frozen_param_bytes = m.frozen_param_bytes;
     s.total_bytes = m.total();
     zero::write_output_struct(out_stats, s);
   });

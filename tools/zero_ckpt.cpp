@@ -4,7 +4,7 @@
 //
 //   zero-ckpt inspect DIR [--tag TAG]
 //   zero-ckpt verify DIR [--tag TAG]
-//   zero-ckpt consolidate DIR [--tag TAG] --dtype fp32|bf16|fp16 -o OUT.safetensors
+//   zero-ckpt consolidate DIR [--tag TAG] --dtype fp32|bf16|fp16 [--skip-frozen] -o OUT.safetensors
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -28,8 +28,10 @@ int usage(FILE* out) {
                "usage:\n"
                "  zero-ckpt inspect DIR [--tag TAG]       layout, world size, step, sizes; checksums verified\n"
                "  zero-ckpt verify DIR [--tag TAG]        sizes and XXH64 checksums of every file\n"
-               "  zero-ckpt consolidate DIR [--tag TAG] --dtype fp32|bf16|fp16 -o OUT.safetensors\n"
-               "                                          one safetensors file with every param by name\n"
+               "  zero-ckpt consolidate DIR [--tag TAG] --dtype fp32|bf16|fp16 [--skip-frozen] -o OUT.safetensors\n"
+               "                                          one safetensors file with every param by name (the\n"
+               "                                          trained ones in --dtype, the frozen ones as they are;\n"
+               "                                          --skip-frozen: the trained ones only)\n"
                "TAG defaults to the one named in DIR/latest.\n");
   return out == stdout ? 0 : 2;
 }
@@ -84,8 +86,12 @@ int verify(const Checkpoint& c, bool quiet) {
 
 int inspect(const Checkpoint& c) {
   const ckpt::Manifest& m = c.manifest;
-  uint64_t elements = 0, bytes = 0;
-  for (const auto& p : m.params) elements += p.numel;
+  uint64_t elements = 0, bytes = 0, frozen_params = 0, frozen_bytes = 0;
+  for (const auto& p : m.params) {
+    elements += p.numel;
+    frozen_params += p.frozen ? 1 : 0;
+    frozen_bytes += p.frozen ? p.bytes : 0;
+  }
   for (const auto& f : m.files) bytes += f.bytes;
   std::printf("checkpoint  %s\n", c.path.c_str());
   std::printf("tag         %s (libzero %s)\n", m.tag.c_str(), m.library_version.c_str());
@@ -93,18 +99,22 @@ int inspect(const Checkpoint& c) {
               static_cast<long long>(m.step));
   std::printf("params      %zu tensors, %llu elements, trained in %s (fp32 master)\n", m.params.size(),
               static_cast<unsigned long long>(elements), m.param_dtype.c_str());
+  if (frozen_params > 0)
+    std::printf("frozen      %llu of them, %llu bytes, %s\n", static_cast<unsigned long long>(frozen_params),
+                static_cast<unsigned long long>(frozen_bytes),
+                m.frozen_saved ? "saved as they are" : "left out of this checkpoint (exclude_frozen)");
   std::printf("optimizer   %s, state:", m.optimizer.c_str());
   for (const auto& s : m.state_names) std::printf(" %s", s.c_str());
   std::printf("\nloss scale  %g\n", m.loss_scale);
   std::printf("units       %zu\n", m.units.size());
   std::printf("files       %zu, %llu bytes\n", m.files.size(), static_cast<unsigned long long>(bytes));
-  std::printf("\n%-40s %-16s %6s %12s\n", "param", "shape", "unit", "elements");
+  std::printf("\n%-40s %-16s %6s %12s %s\n", "param", "shape", "unit", "elements", frozen_params ? " frozen" : "");
   for (const auto& p : m.params) {
     std::string shape = "[";
     for (size_t i = 0; i < p.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(p.shape[i]);
     shape += "]";
-    std::printf("%-40s %-16s %6d %12llu\n", p.name.c_str(), shape.c_str(), p.unit,
-                static_cast<unsigned long long>(p.numel));
+    std::printf("%-40s %-16s %6d %12llu %s\n", p.name.c_str(), shape.c_str(), p.unit,
+                static_cast<unsigned long long>(p.numel), p.frozen ? (" " + p.dtype).c_str() : "");
   }
   std::printf("\n");
   int bad = verify(c, true);
@@ -112,24 +122,51 @@ int inspect(const Checkpoint& c) {
   return bad == 0 ? 0 : 1;
 }
 
-int consolidate(const Checkpoint& c, DType dtype, const std::string& out) {
+int consolidate(const Checkpoint& c, DType dtype, bool skip_frozen, const std::string& out) {
   const ckpt::Manifest& m = c.manifest;
   if (verify(c, true) != 0) {
     std::fprintf(stderr, "zero-ckpt: refusing to consolidate a corrupt checkpoint\n");
     return 1;
   }
+  if (m.has_frozen() && !m.frozen_saved && !skip_frozen) {
+    std::fprintf(stderr,
+                 "zero-ckpt: this checkpoint was saved without its frozen params (exclude_frozen): the "
+                 "consolidated file would lack them; pass --skip-frozen to write the trained params only\n");
+    return 1;
+  }
   std::vector<ckpt::TensorInfo> tensors;
-  for (const auto& p : m.params)
+  for (const auto& p : m.params) {
+    if (p.frozen) {
+      StoredType type = StoredType::kBytes;
+      stored_from_name(p.dtype, &type);  // the manifest was validated
+      if (!skip_frozen) tensors.push_back({p.name, stored_safetensors_dtype(type), p.shape, 0, p.bytes});
+      continue;
+    }
     tensors.push_back({p.name, ckpt::safetensors_dtype(dtype), p.shape, 0, p.numel * dtype_size(dtype)});
+  }
   ckpt::SafetensorsWriter writer(out + ".tmp", tensors,
                                  {{"format", "pt"}, {"producer", "zero-ckpt"}, {"source", m.tag}});
   // One reader per master shard, opened on first use; one buffer of elements, whatever the param sizes.
-  std::map<int, std::unique_ptr<ckpt::SafetensorsReader>> readers;
+  std::map<int, std::unique_ptr<ckpt::SafetensorsReader>> readers, frozen_readers;
   constexpr uint64_t kChunk = uint64_t{1} << 20;
   std::vector<float> in(kChunk);
   std::vector<char> converted(kChunk * 4);
   for (const auto& p : m.params) {
     const ckpt::ManifestUnit& u = m.units[static_cast<size_t>(p.unit)];
+    if (p.frozen) {  // its bytes, from whichever frozen shards hold them
+      if (skip_frozen) continue;
+      for (uint64_t at = p.offset_in_unit, end = p.offset_in_unit + p.bytes; at < end;) {
+        const int shard = static_cast<int>(at / u.frozen_shard_bytes);
+        const uint64_t shard_end = (static_cast<uint64_t>(shard) + 1) * u.frozen_shard_bytes;
+        const uint64_t n = std::min({end, shard_end, at + kChunk * 4}) - at;
+        auto& reader = frozen_readers[shard];
+        if (!reader) reader = std::make_unique<ckpt::SafetensorsReader>(c.path + "/" + m.file("frozen", shard)->name);
+        reader->read("unit." + std::to_string(p.unit), at - shard * u.frozen_shard_bytes, converted.data(), n);
+        writer.write(converted.data(), n);
+        at += n;
+      }
+      continue;
+    }
     uint64_t at = p.offset_in_unit;
     const uint64_t end = p.offset_in_unit + p.numel;
     while (at < end) {
@@ -157,9 +194,12 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "--help" || command == "-h" || command == "help") return usage(stdout);
   std::string dir, tag, out, dtype_text;
+  bool skip_frozen = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--tag" && i + 1 < argc) {
+    if (a == "--skip-frozen") {
+      skip_frozen = true;
+    } else if (a == "--tag" && i + 1 < argc) {
       tag = argv[++i];
     } else if (a == "--dtype" && i + 1 < argc) {
       dtype_text = argv[++i];
@@ -193,7 +233,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "zero-ckpt: --dtype must be fp32, bf16 or fp16\n");
         return 2;
       }
-      return consolidate(c, dtype, out);
+      return consolidate(c, dtype, skip_frozen, out);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "zero-ckpt: %s: %s\n", status_name(e.status()), e.what());

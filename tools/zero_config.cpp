@@ -3,7 +3,8 @@
 // the bytes zero_memory_stats reports after finalize, for the same layout.
 //
 //   zero-config check CONFIG.json [--world-size N]
-//   zero-config estimate --params P [--world-size N] [--units U] [--config CONFIG.json] [--device cpu|cuda]
+//   zero-config estimate --params P [--frozen-params F [--frozen-dtype T]] [--world-size N] [--units U]
+//                        [--config CONFIG.json] [--device cpu|cuda]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,8 +27,8 @@ int usage(FILE* out) {
                "  zero-config check CONFIG.json [--world-size N]\n"
                "      Validates a DeepSpeed config as libzero reads it and prints the resolved settings.\n"
                "      Exit status 0 if libzero accepts it, 1 otherwise (the message names the key).\n"
-               "  zero-config estimate --params P [--world-size N] [--units U] [--config CONFIG.json]\n"
-               "                      [--device cpu|cuda]\n"
+               "  zero-config estimate --params P [--frozen-params F [--frozen-dtype T]] [--world-size N]\n"
+               "                      [--units U] [--config CONFIG.json] [--device cpu|cuda]\n"
                "      Per-rank bytes of the model states at ZeRO stages 0-3, as libzero's placement plan\n"
                "      allocates them (what zero_memory_stats reports after finalize): params, gradients, fp32\n"
                "      master, optimizer state, one gradient bucket and one gathered unit, for P params in U\n"
@@ -35,7 +36,10 @@ int usage(FILE* out) {
                "      stage3_param_persistence_threshold (fp32 AdamW and DeepSpeed's defaults without one).\n"
                "      --device cuda plans a GPU engine: the model states in device memory, and with the config's\n"
                "      offload_optimizer / offload_param \"cpu\" (ZeRO-Offload) the offloaded ones in host memory\n"
-               "      (page-locked with pin_memory); two more columns split the total by where it lives.\n");
+               "      (page-locked with pin_memory); two more columns split the total by where it lives.\n"
+               "      --frozen-params F adds F frozen params (a fine-tuned model's base, in T: the compute dtype by\n"
+               "      default, or fp32, bf16, fp16, fp64, int64, uint8, int8, bytes), spread over the same units:\n"
+               "      whole on every rank at stages 0-2, sharded at stage 3.\n");
   return out == stdout ? 0 : 2;
 }
 
@@ -73,7 +77,8 @@ void print_bytes(double b) {
   std::printf(" %10.2f %-3s", b, units[u]);
 }
 
-int estimate(double params, int world, int64_t units, const std::string& config_path, bool cuda) {
+int estimate(double params, double frozen, const std::string& frozen_dtype, int world, int64_t units,
+             const std::string& config_path, bool cuda) {
   zero::Config config;
   if (!config_path.empty()) {
     std::string text;
@@ -90,13 +95,33 @@ int estimate(double params, int world, int64_t units, const std::string& config_
     std::fprintf(stderr, "zero-config: --params must be in [1, 1e16] and --units in [1, min(params, 1e6)]\n");
     return 2;
   }
-  // U units of equal size (the first ones one element larger when P does not divide), one param each.
-  std::vector<zero::ParamShape> shapes(static_cast<size_t>(units));
+  zero::StoredType frozen_type = static_cast<zero::StoredType>(config.compute_dtype);
+  if (!frozen_dtype.empty() && !zero::stored_from_name(frozen_dtype, &frozen_type)) {
+    std::fprintf(stderr, "zero-config: --frozen-dtype must be fp32, bf16, fp16, fp64, int64, uint8, int8 or bytes\n");
+    return 2;
+  }
+  const uint64_t frozen_total = static_cast<uint64_t>(frozen);
+  if (frozen < 0 || frozen > 1e16) {
+    std::fprintf(stderr, "zero-config: --frozen-params must be in [0, 1e16]\n");
+    return 2;
+  }
+  // U units of equal size (the first ones one element larger when P does not divide), one param each, and as
+  // many frozen params of F / U elements beside them.
+  std::vector<zero::ParamShape> shapes;
   for (int64_t u = 0; u < units; ++u) {
-    const uint64_t n = total / units + (static_cast<uint64_t>(u) < total % units ? 1 : 0);
-    shapes[u].name = "unit" + std::to_string(u);
-    shapes[u].dims = {static_cast<int64_t>(n)};
-    shapes[u].unit = static_cast<int>(u);
+    zero::ParamShape trained;
+    trained.name = "unit" + std::to_string(u);
+    trained.dims = {static_cast<int64_t>(total / units + (static_cast<uint64_t>(u) < total % units ? 1 : 0))};
+    trained.unit = static_cast<int>(u);
+    shapes.push_back(trained);
+    const uint64_t f = frozen_total / units + (static_cast<uint64_t>(u) < frozen_total % units ? 1 : 0);
+    if (f == 0) continue;
+    zero::ParamShape base = trained;
+    base.name += ".frozen";
+    base.dims = {static_cast<int64_t>(f)};
+    base.frozen = true;
+    base.stored = frozen_type;
+    shapes.push_back(base);
   }
   zero::Layout layout;
   try {
@@ -110,11 +135,15 @@ int estimate(double params, int world, int64_t units, const std::string& config_
               params, static_cast<long long>(units), world, cuda ? " (GPU engine)" : "",
               zero::dtype_name(config.compute_dtype), zero::dtype_name(config.grad_accum_dtype),
               zero::optimizer_name(config.optimizer.kind));
+  if (frozen_total > 0)
+    std::printf("and %.0f frozen params in %s (no gradient, master or optimizer state)\n", frozen,
+                zero::stored_name(frozen_type));
   // Offload to NVMe (stages 1-3 for the optimizer, 3 for the params) puts some kinds in a file; on a GPU engine,
   // offload to "cpu" puts them in host memory. The extra columns split the total by where it lives.
   const bool nvme = o.nvme() || o.params_nvme();
-  std::printf("stage       params          grads    fp32 master      optimizer  bucket+gather          total%s%s%s\n",
-              cuda ? "  device memory" : "", cuda || nvme ? "    host memory" : "", nvme ? "      NVMe file" : "");
+  std::printf("stage       params%s          grads    fp32 master      optimizer  bucket+gather          total%s%s%s\n",
+              frozen_total > 0 ? "         frozen" : "", cuda ? "  device memory" : "",
+              cuda || nvme ? "    host memory" : "", nvme ? "      NVMe file" : "");
   for (int stage = 0; stage < 4; ++stage) {
     const zero::PlanSpec spec =
         zero::plan_spec_for(config, stage, world, 0, cuda ? zero::MemorySpace::kDevice : zero::MemorySpace::kHost);
@@ -127,6 +156,7 @@ int estimate(double params, int world, int64_t units, const std::string& config_
       continue;
     }
     print_bytes(static_cast<double>(m.param_bytes));
+    if (frozen_total > 0) print_bytes(static_cast<double>(m.frozen_param_bytes));
     print_bytes(static_cast<double>(m.grad_bytes));
     print_bytes(static_cast<double>(m.master_param_bytes));
     print_bytes(static_cast<double>(m.optimizer_state_bytes));
@@ -174,15 +204,19 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   if (command == "--help" || command == "-h" || command == "help") return usage(stdout);
   int world = 1;
-  double params = -1;
+  double params = -1, frozen = 0;
   int64_t units = 1;
-  std::string file, config_path, device = "cpu";
+  std::string file, config_path, device = "cpu", frozen_dtype;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--world-size" && i + 1 < argc) {
       world = std::atoi(argv[++i]);
     } else if (a == "--params" && i + 1 < argc) {
       params = std::strtod(argv[++i], nullptr);
+    } else if (a == "--frozen-params" && i + 1 < argc) {
+      frozen = std::strtod(argv[++i], nullptr);
+    } else if (a == "--frozen-dtype" && i + 1 < argc) {
+      frozen_dtype = argv[++i];
     } else if (a == "--units" && i + 1 < argc) {
       units = std::strtoll(argv[++i], nullptr, 10);
     } else if (a == "--config" && i + 1 < argc) {
@@ -204,6 +238,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "zero-config: --device is \"cpu\" or \"cuda\", not \"%s\"\n", device.c_str());
     return 2;
   }
-  if (command == "estimate" && params > 0) return estimate(params, world, units, config_path, device == "cuda");
+  if (command == "estimate" && params > 0)
+    return estimate(params, frozen, frozen_dtype, world, units, config_path, device == "cuda");
   return usage(stderr);
 }

@@ -84,10 +84,20 @@ void Checkpointer::require_step_boundary(bool backward_started) const {
     guard_.fail(ZERO_ERR_INVALID_STATE, "unit " + std::to_string(u) + " is gathered; release every unit first");
 }
 
-// This rank's files: shard `rank` of every unit. Fills record = [master bytes, master xxh64, optimizer bytes,
-// optimizer xxh64, params bytes, params xxh64] (params only with stochastic rounding, whose bf16 copy is not a
-// function of the master).
-void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t>& record) {
+bool Checkpointer::has_frozen() const {
+  for (const UnitLayout& ul : store_.layout().units)
+    if (ul.has_frozen()) return true;
+  return false;
+}
+
+// The kinds of shard file, in the order of a rank's record of sizes and checksums.
+constexpr int kShardKinds = 4;
+constexpr const char* kShardKind[kShardKinds] = {"master", "optimizer", "params", "frozen"};
+
+// This rank's files: shard `rank` of every unit. Fills record = [bytes, xxh64] of each kind: master, optimizer,
+// params (only with stochastic rounding, whose bf16 copy is not a function of the master), frozen (the frozen
+// params' bytes, unless left out).
+void Checkpointer::write_shard_files(const std::string& dir, bool with_frozen, std::vector<int64_t>& record) {
   const int rank = comm_.rank(), world = comm_.size();
 
   const int n_states = state_count(config_.optimizer);
@@ -104,10 +114,17 @@ void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t
   const Layout& layout = store_.layout();
   const int units = store_.num_units();
   const size_t compute_size = dtype_size(config_.compute_dtype);
-  std::vector<ckpt::TensorInfo> master_tensors, state_tensors, param_tensors;
+  std::vector<ckpt::TensorInfo> master_tensors, state_tensors, param_tensors, frozen_tensors;
   for (int u = 0; u < units; ++u) {
     const uint64_t shard = layout.units[u].shard_elems;
     const std::string base = "unit." + std::to_string(u);
+    if (layout.units[u].has_frozen())
+      frozen_tensors.push_back({base,
+                                "U8",
+                                {static_cast<int64_t>(layout.units[u].frozen_shard_bytes)},
+                                0,
+                                layout.units[u].frozen_shard_bytes});
+    if (shard == 0) continue;  // frozen params only
     master_tensors.push_back({base, "F32", {static_cast<int64_t>(shard)}, 0, shard * 4});
     for (int s = 0; s < n_states; ++s)
       state_tensors.push_back(
@@ -119,14 +136,15 @@ void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t
       "master", master_tensors,
       [&](ckpt::SafetensorsWriter& w) {
         for (int u = 0; u < units; ++u)
-          store_.read_shard(u, ShardKind::kMaster, [&](const void* p, size_t n) { w.write(p, n); });
+          if (layout.units[u].shard_elems > 0)
+            store_.read_shard(u, ShardKind::kMaster, [&](const void* p, size_t n) { w.write(p, n); });
       },
       0);
   write_file(
       "optimizer", state_tensors,
       [&](ckpt::SafetensorsWriter& w) {
         for (int u = 0; u < units; ++u)
-          for (int s = 0; s < n_states; ++s)
+          for (int s = 0; s < n_states && layout.units[u].shard_elems > 0; ++s)
             store_.read_shard(u, state_shard(s), [&](const void* p, size_t n) { w.write(p, n); });
       },
       1);
@@ -134,9 +152,20 @@ void Checkpointer::write_shard_files(const std::string& dir, std::vector<int64_t
     write_file(
         "params", param_tensors,
         [&](ckpt::SafetensorsWriter& w) {
-          for (int u = 0; u < units; ++u) store_.read_params_shard(u, [&](const void* p, size_t n) { w.write(p, n); });
+          for (int u = 0; u < units; ++u)
+            if (layout.units[u].shard_elems > 0)
+              store_.read_params_shard(u, [&](const void* p, size_t n) { w.write(p, n); });
         },
         2);
+  }
+  if (with_frozen) {
+    write_file(
+        "frozen", frozen_tensors,
+        [&](ckpt::SafetensorsWriter& w) {
+          for (int u = 0; u < units; ++u)
+            if (layout.units[u].has_frozen()) w.write(store_.frozen_shard(u), layout.units[u].frozen_shard_bytes);
+        },
+        3);
   }
   if (test_hooks::active("save.kill", rank)) ::_exit(9);  // die after writing, before the save completes
 }
@@ -151,10 +180,14 @@ void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, 
   if (comm_.rank() == 0) {
     error = attempt([&] {
       std::vector<ckpt::TensorInfo> tensors;
-      for (const UnitLayout& ul : layout.units)
+      for (const UnitLayout& ul : layout.units) {
         for (int p : ul.params)
           tensors.push_back({registration_.param(p).name, ckpt::safetensors_dtype(config_.compute_dtype),
                              registration_.param(p).dims, 0, layout.params[p].numel * compute_size});
+        for (int p : ul.frozen_params)  // in their own dtype, as they are
+          tensors.push_back({registration_.param(p).name, stored_safetensors_dtype(registration_.param(p).stored),
+                             registration_.param(p).dims, 0, layout.params[p].bytes});
+      }
       w = std::make_unique<ckpt::SafetensorsWriter>(
           path, tensors, std::map<std::string, std::string>{{"format", "pt"}, {"producer", "libzero"}});
     });
@@ -167,6 +200,8 @@ void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, 
         for (int p : layout.units[u].params)
           w->write(static_cast<char*>(store_.gathered(u)) + layout.params[p].offset * compute_size,
                    layout.params[p].numel * compute_size);
+        for (int p : layout.units[u].frozen_params)
+          w->write(static_cast<char*>(store_.gathered_frozen(u)) + layout.params[p].offset, layout.params[p].bytes);
       });
     store_.release(u);
   }
@@ -175,8 +210,9 @@ void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, 
   if (comm_.rank() == 0) bytes = w->file().bytes_written(), xxh64 = w->file().xxh64();
 }
 
-void Checkpointer::save(const std::string& dir, const std::string& tag, bool backward_started) {
+void Checkpointer::save(const std::string& dir, const std::string& tag, bool backward_started, bool exclude_frozen) {
   const int rank = comm_.rank(), world = comm_.size();
+  const bool frozen = has_frozen(), with_frozen = frozen && !exclude_frozen;
   const std::string final_dir = dir + "/" + tag, tmp_dir = dir + "/.tmp." + tag;
   {
     // 0. Every rank checks the call — its state, arguments and step boundary — and that all ranks save to the same
@@ -190,8 +226,10 @@ void Checkpointer::save(const std::string& dir, const std::string& tag, bool bac
       check_tag(tag);
       test_hooks::maybe_fail("save", rank);
     });
-    first.agree(static_cast<int64_t>(CheckpointPhase::kSaveBegin), 0, digest(dir + '\0' + tag),
-                explain_difference("saves to '" + final_dir + "'"), true);
+    first.agree(
+        static_cast<int64_t>(CheckpointPhase::kSaveBegin), 0, digest(dir + '\0' + tag + (exclude_frozen ? "\1" : "")),
+        explain_difference("saves to '" + final_dir + "'" + (exclude_frozen ? " without the frozen params" : "")),
+        true);
     std::unique_ptr<Error> error;
     if (rank == 0)
       error = attempt([&] {
@@ -206,17 +244,18 @@ void Checkpointer::save(const std::string& dir, const std::string& tag, bool bac
     agree_phase(CallKind::kSaveCheckpoint, CheckpointPhase::kSaveDirectory, std::move(error));
 
     // 2. Every rank writes and syncs its shard files; the sizes and checksums go to every rank.
-    std::vector<int64_t> record(6, 0);
+    constexpr size_t kRecord = 2 * kShardKinds;
+    std::vector<int64_t> record(kRecord, 0);
     try {
       agree_phase(CallKind::kSaveCheckpoint, CheckpointPhase::kSaveShards,
-                  attempt([&] { write_shard_files(tmp_dir, record); }));
+                  attempt([&] { write_shard_files(tmp_dir, with_frozen, record); }));
     } catch (const Error&) {
       if (rank == 0) ckpt::remove_tree(tmp_dir);
       throw;
     }
-    std::vector<int64_t> records(6 * static_cast<size_t>(world), 0);
-    std::memcpy(records.data() + 6 * rank, record.data(), 6 * sizeof(int64_t));
-    comm_.control_all_gather(records.data(), 6 * sizeof(int64_t), guard_.label("file sizes and checksums"));
+    std::vector<int64_t> records(kRecord * static_cast<size_t>(world), 0);
+    std::memcpy(records.data() + kRecord * rank, record.data(), kRecord * sizeof(int64_t));
+    comm_.control_all_gather(records.data(), kRecord * sizeof(int64_t), guard_.label("file sizes and checksums"));
 
     // 3. Optionally the consolidated weights, unit by unit.
     uint64_t consolidated_bytes = 0, consolidated_xxh = 0;
@@ -251,21 +290,43 @@ void Checkpointer::save(const std::string& dir, const std::string& tag, bool bac
         for (const GroupSpec& g : registration_.groups())
           m.groups.push_back({g.name, g.base_lr, g.hyper.weight_decay, g.hyper.beta1, g.hyper.beta2, g.hyper.eps});
         const Layout& layout = store_.layout();
-        for (int u = 0; u < store_.num_units(); ++u)
-          m.units.push_back(
-              {u, layout.units[u].padded_elems, layout.units[u].shard_elems, store_.unit_plan(u).global_offset});
+        for (int u = 0; u < store_.num_units(); ++u) {
+          const UnitLayout& ul = layout.units[u];
+          ckpt::ManifestUnit mu;
+          mu.index = u;
+          mu.padded_elems = ul.padded_elems;
+          mu.shard_elems = ul.shard_elems;
+          mu.global_offset = store_.unit_plan(u).global_offset;
+          mu.frozen_padded_bytes = ul.frozen_padded_bytes;
+          mu.frozen_shard_bytes = ul.frozen_shard_bytes;
+          m.units.push_back(mu);
+        }
         for (int p = 0; p < registration_.num_params(); ++p) {
           const ParamPlacement& pl = layout.params[p];
           const ParamShape& shape = registration_.param(p);
-          m.params.push_back({shape.name, shape.dims, pl.unit, shape.group, pl.offset, pl.numel,
-                              store_.unit_plan(pl.unit).global_offset + pl.offset});
+          ckpt::ManifestParam mp;
+          mp.name = shape.name;
+          mp.shape = shape.dims;
+          mp.unit = pl.unit;
+          mp.group = shape.group;
+          mp.offset_in_unit = pl.offset;
+          mp.numel = pl.numel;
+          mp.global_offset = pl.frozen ? 0 : store_.unit_plan(pl.unit).global_offset + pl.offset;
+          if (pl.frozen) {
+            mp.frozen = true;
+            mp.dtype = stored_name(shape.stored);
+            mp.bytes = pl.bytes;
+          }
+          m.params.push_back(mp);
         }
-        const char* kinds[3] = {"master", "optimizer", "params"};
+        m.frozen_saved = with_frozen;
         for (int r = 0; r < world; ++r)
-          for (int k = 0; k < (config_.stochastic_rounding ? 3 : 2); ++k)
-            m.files.push_back({ckpt::shard_file_name(kinds[k], r, world), kinds[k], r,
-                               static_cast<uint64_t>(records[6 * r + 2 * k]),
-                               static_cast<uint64_t>(records[6 * r + 2 * k + 1])});
+          for (int k = 0; k < kShardKinds; ++k) {
+            if ((k == 2 && !config_.stochastic_rounding) || (k == 3 && !with_frozen)) continue;
+            m.files.push_back({ckpt::shard_file_name(kShardKind[k], r, world), kShardKind[k], r,
+                               static_cast<uint64_t>(records[kRecord * r + 2 * k]),
+                               static_cast<uint64_t>(records[kRecord * r + 2 * k + 1])});
+          }
         if (config_.gather_16bit_weights_on_save)
           m.files.push_back({"model.safetensors", "consolidated", -1, consolidated_bytes, consolidated_xxh});
         m.config_json = config_.source_json;
@@ -350,6 +411,12 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
         else if (mp.unit != params[p].unit)
           differs = "unit " + std::to_string(mp.unit) + " in the checkpoint, " + std::to_string(params[p].unit) +
                     " in this engine";
+        else if (mp.frozen != params[p].frozen)
+          differs = std::string(mp.frozen ? "frozen" : "trained") + " in the checkpoint, " +
+                    (params[p].frozen ? "frozen" : "trained") +
+                    " in this engine (whether a param trains is fixed at registration)";
+        else if (mp.frozen && mp.dtype != stored_name(params[p].stored))
+          differs = "dtype " + mp.dtype + " in the checkpoint, " + stored_name(params[p].stored) + " in this engine";
         else if (mp.offset_in_unit != store_.layout().params[p].offset)
           differs = "its place in the unit (the params before it differ)";
         if (!differs.empty())
@@ -368,8 +435,8 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
                                            " units, this engine " +
                                            std::to_string(static_cast<size_t>(store_.num_units())));
       for (int r = 0; r < m.world_size; ++r)
-        for (const char* kind : {"master", "optimizer"})
-          if (m.file(kind, r) == nullptr)
+        for (const char* kind : {"master", "optimizer", "frozen"})
+          if (m.file(kind, r) == nullptr && (std::string(kind) != "frozen" || (m.has_frozen() && m.frozen_saved)))
             guard_.fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string("the manifest of '") + path + "' lists no " + kind +
                                                          " file for rank " + std::to_string(r));
     });
@@ -402,6 +469,9 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
     std::vector<std::vector<float>> master(static_cast<size_t>(store_.num_units()));
     std::vector<std::vector<std::vector<float>>> states(static_cast<size_t>(store_.num_units()));
     std::vector<std::vector<uint16_t>> params16(static_cast<size_t>(store_.num_units()));
+    // The frozen bytes this rank keeps of each unit, unless the checkpoint left them out (the engine's stay).
+    const bool load_frozen = m.has_frozen() && m.frozen_saved;
+    std::vector<std::vector<char>> frozen(static_cast<size_t>(store_.num_units()));
     // An offloaded engine streams what lives in its file into a new file of the same layout, a piece at a time,
     // instead of staging it in memory (which may not hold it).
     std::unique_ptr<io::NvmeState> incoming;
@@ -422,21 +492,32 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
           incoming->write(static_cast<int>(u), array, at - begin, piece.data(), n);
         }
       };
-      std::vector<std::unique_ptr<ckpt::SafetensorsReader>> readers(3 * static_cast<size_t>(m.world_size));
+      std::vector<std::unique_ptr<ckpt::SafetensorsReader>> readers(kShardKinds * static_cast<size_t>(m.world_size));
       auto reader = [&](int kind, int r) -> ckpt::SafetensorsReader& {
-        auto& slot = readers[static_cast<size_t>(3 * r + kind)];
-        const char* kinds[3] = {"master", "optimizer", "params"};
-        if (!slot) slot = std::make_unique<ckpt::SafetensorsReader>(path + "/" + m.file(kinds[kind], r)->name);
+        auto& slot = readers[static_cast<size_t>(kShardKinds * r + kind)];
+        if (!slot) slot = std::make_unique<ckpt::SafetensorsReader>(path + "/" + m.file(kShardKind[kind], r)->name);
         return *slot;
       };
       for (size_t u = 0; u < static_cast<size_t>(store_.num_units()); ++u) {
+        const std::string base = "unit." + std::to_string(u);
+        if (load_frozen && m.units[u].frozen_shard_bytes > 0) {
+          const uint64_t begin = store_.frozen_kept_begin(static_cast<int>(u));
+          const uint64_t end = begin + store_.frozen_kept_bytes(static_cast<int>(u));
+          const uint64_t old_shard = m.units[u].frozen_shard_bytes;
+          frozen[u].assign(static_cast<size_t>(end - begin), 0);
+          for (int k = 0; k < m.world_size; ++k) {
+            // Beyond the saved padding (more ranks pad further) the bytes stay zero, as padding is.
+            const uint64_t lo = std::max(begin, k * old_shard), hi = std::min(end, (k + 1) * old_shard);
+            if (lo < hi) reader(3, k).read(base, lo - k * old_shard, frozen[u].data() + (lo - begin), hi - lo);
+          }
+        }
+        if (store_.layout().units[u].shard_elems == 0) continue;  // frozen params only
         const UnitPlan& us = store_.unit_plan(static_cast<int>(u));
         const uint64_t begin = us.update_begin, end = us.update_begin + us.update_elems;
         const uint64_t old_shard = m.units[u].shard_elems;
         if (!master_array) master[u].assign(us.update_elems, 0.0f);
         if (!incoming) states[u].assign(static_cast<size_t>(n_states), std::vector<float>(us.update_elems, 0.0f));
         if (load_params) params16[u].assign(us.update_elems, 0);
-        const std::string base = "unit." + std::to_string(u);
         for (int k = 0; k < m.world_size; ++k) {
           const uint64_t lo = std::max(begin, k * old_shard), hi = std::min(end, (k + 1) * old_shard);
           if (lo >= hi) continue;
@@ -464,6 +545,8 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
     guard_.moving_data([&] {
       if (incoming) store_.adopt_optimizer_file(std::move(incoming));  // the old file goes
       for (int u = 0; u < store_.num_units(); ++u) {
+        if (!frozen[u].empty()) store_.write_frozen_kept(u, frozen[u].data());
+        if (store_.layout().units[u].shard_elems == 0) continue;
         if (!master_array) store_.write_updated(u, ShardKind::kMaster, master[u].data());
         if (!store_.optimizer_on_nvme())
           for (int s = 0; s < n_states; ++s) store_.write_updated(u, state_shard(s), states[u][s].data());

@@ -46,7 +46,8 @@ class Checkpointer {
 
   // Collective, between steps: no micro-step of the window ended and none begun (`backward_started`: a gradient
   // asked for or declared since the last zero_backward_end).
-  void save(const std::string& dir, const std::string& tag, bool backward_started);
+  // `exclude_frozen`: the frozen params' bytes are left out (zero_save_options_t.exclude_frozen).
+  void save(const std::string& dir, const std::string& tag, bool backward_started, bool exclude_frozen = false);
   void load(const std::string& dir, const std::string& tag, bool backward_started);
 
  private:
@@ -55,7 +56,8 @@ class Checkpointer {
   void require_step_boundary(bool backward_started) const;
   void check_tag(const std::string& tag) const;
   std::unique_ptr<Error> attempt(const std::function<void()>& body) const;
-  void write_shard_files(const std::string& dir, std::vector<int64_t>& record);
+  void write_shard_files(const std::string& dir, bool with_frozen, std::vector<int64_t>& record);
+  bool has_frozen() const;
   void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);
 
   const Config& config_;

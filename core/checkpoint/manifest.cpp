@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_io.hpp"
+#include "numeric/dtype.hpp"
 #include "util/error.hpp"
 
 namespace zero {
@@ -57,6 +58,12 @@ std::string tag_problem(const std::string& tag) {
          "not 'latest')";
 }
 
+bool Manifest::has_frozen() const {
+  for (const auto& p : params)
+    if (p.frozen) return true;
+  return false;
+}
+
 const ManifestFile* Manifest::file(const std::string& kind, int rank) const {
   for (const auto& f : files)
     if (f.kind == kind && f.rank == rank) return &f;
@@ -66,7 +73,8 @@ const ManifestFile* Manifest::file(const std::string& kind, int rank) const {
 std::string Manifest::to_json() const {
   json j;
   j["format"] = kFormatName;
-  j["format_version"] = kFormatVersion;
+  const bool frozen = has_frozen();
+  j["format_version"] = frozen ? kFormatVersion : kFormatVersionWithoutFrozen;
   j["library_version"] = library_version;
   j["tag"] = tag;
   j["world_size"] = world_size;
@@ -87,29 +95,45 @@ std::string Manifest::to_json() const {
                            {"beta1", g.beta1},
                            {"beta2", g.beta2},
                            {"eps", g.eps}});
+  if (frozen) j["frozen_params"] = frozen_saved ? "saved" : "excluded";
   j["units"] = json::array();
-  for (const auto& u : units)
-    j["units"].push_back({{"index", u.index},
-                          {"padded_elems", u.padded_elems},
-                          {"shard_elems", u.shard_elems},
-                          {"global_offset", u.global_offset}});
+  for (const auto& u : units) {
+    json entry = {{"index", u.index},
+                  {"padded_elems", u.padded_elems},
+                  {"shard_elems", u.shard_elems},
+                  {"global_offset", u.global_offset}};
+    if (frozen) {
+      entry["frozen_padded_bytes"] = u.frozen_padded_bytes;
+      entry["frozen_shard_bytes"] = u.frozen_shard_bytes;
+    }
+    j["units"].push_back(entry);
+  }
   j["params"] = json::array();
-  for (const auto& p : params)
-    j["params"].push_back({{"name", p.name},
-                           {"shape", p.shape},
-                           {"dtype", param_dtype},
-                           {"unit", p.unit},
-                           {"group", p.group},
-                           {"offset_in_unit", p.offset_in_unit},
-                           {"numel", p.numel},
-                           {"global_offset", p.global_offset}});
+  for (const auto& p : params) {
+    json entry = {{"name", p.name},
+                  {"shape", p.shape},
+                  {"dtype", p.frozen ? p.dtype : param_dtype},
+                  {"unit", p.unit},
+                  {"group", p.group},
+                  {"offset_in_unit", p.offset_in_unit},
+                  {"numel", p.numel},
+                  {"global_offset", p.global_offset}};
+    if (p.frozen) {
+      entry["frozen"] = true;
+      entry["bytes"] = p.bytes;
+    }
+    j["params"].push_back(entry);
+  }
   j["files"] = json::array();
   for (const auto& f : files) {
     json entry = {{"name", f.name}, {"kind", f.kind}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh64", hex64(f.xxh64)}};
     if (f.rank >= 0) {
-      // The element ranges this shard holds: [unit, first, end) of each unit, end exclusive.
+      // What this shard holds of each unit, [unit, first, end): elements, or the frozen bytes of a "frozen" file.
       json ranges = json::array();
-      for (const auto& u : units) ranges.push_back({u.index, f.rank * u.shard_elems, (f.rank + 1) * u.shard_elems});
+      for (const auto& u : units) {
+        const uint64_t shard = f.kind == "frozen" ? u.frozen_shard_bytes : u.shard_elems;
+        if (shard > 0) ranges.push_back({u.index, f.rank * shard, (f.rank + 1) * shard});
+      }
       entry["unit_ranges"] = ranges;
     }
     j["files"].push_back(entry);
@@ -143,13 +167,38 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
     for (const json& g : j.at("groups"))
       m.groups.push_back({g.at("name").get<std::string>(), g.at("lr").get<double>(), g.at("weight_decay").get<double>(),
                           g.at("beta1").get<double>(), g.at("beta2").get<double>(), g.at("eps").get<double>()});
-    for (const json& u : j.at("units"))
-      m.units.push_back({u.at("index").get<int>(), u.at("padded_elems").get<uint64_t>(),
-                         u.at("shard_elems").get<uint64_t>(), u.at("global_offset").get<uint64_t>()});
-    for (const json& p : j.at("params"))
-      m.params.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>(),
-                          p.at("unit").get<int>(), p.at("group").get<int>(), p.at("offset_in_unit").get<uint64_t>(),
-                          p.at("numel").get<uint64_t>(), p.at("global_offset").get<uint64_t>()});
+    for (const json& u : j.at("units")) {
+      ManifestUnit unit;
+      unit.index = u.at("index").get<int>();
+      unit.padded_elems = u.at("padded_elems").get<uint64_t>();
+      unit.shard_elems = u.at("shard_elems").get<uint64_t>();
+      unit.global_offset = u.at("global_offset").get<uint64_t>();
+      unit.frozen_padded_bytes = u.value("frozen_padded_bytes", uint64_t{0});
+      unit.frozen_shard_bytes = u.value("frozen_shard_bytes", uint64_t{0});
+      m.units.push_back(unit);
+    }
+    for (const json& p : j.at("params")) {
+      ManifestParam param;
+      param.name = p.at("name").get<std::string>();
+      param.shape = p.at("shape").get<std::vector<int64_t>>();
+      param.unit = p.at("unit").get<int>();
+      param.group = p.at("group").get<int>();
+      param.offset_in_unit = p.at("offset_in_unit").get<uint64_t>();
+      param.numel = p.at("numel").get<uint64_t>();
+      param.global_offset = p.at("global_offset").get<uint64_t>();
+      param.frozen = p.value("frozen", false);
+      if (param.frozen) {
+        param.dtype = p.at("dtype").get<std::string>();
+        param.bytes = p.at("bytes").get<uint64_t>();
+      }
+      m.params.push_back(param);
+    }
+    if (m.has_frozen()) {
+      if (m.format_version < 3) throw std::runtime_error("frozen params in a format_version below 3");
+      const std::string saved = j.at("frozen_params").get<std::string>();
+      if (saved != "saved" && saved != "excluded") throw std::runtime_error("frozen_params is '" + saved + "'");
+      m.frozen_saved = saved == "saved";
+    }
     for (const json& f : j.at("files")) {
       ManifestFile file;
       file.name = f.at("name").get<std::string>();
@@ -196,11 +245,15 @@ void Manifest::validate() const {
   }
   if (groups.empty()) bad("there are no groups");
   uint64_t offset = 0;
+  const uint64_t most_per_rank = (uint64_t{1} << 56) / static_cast<uint64_t>(world_size);
   for (size_t u = 0; u < units.size(); ++u) {
     const ManifestUnit& mu = units[u];
     if (mu.index != static_cast<int>(u)) bad("unit #" + std::to_string(u) + " has index " + std::to_string(mu.index));
-    if (mu.shard_elems == 0 || mu.shard_elems > (uint64_t{1} << 56) / static_cast<uint64_t>(world_size) ||
-        mu.shard_elems * static_cast<uint64_t>(world_size) != mu.padded_elems)
+    // A unit of frozen params only has no elements to train (and so no shard of them).
+    if ((mu.shard_elems == 0 && mu.frozen_shard_bytes == 0) || mu.shard_elems > most_per_rank ||
+        mu.shard_elems * static_cast<uint64_t>(world_size) != mu.padded_elems ||
+        mu.frozen_shard_bytes > most_per_rank ||
+        mu.frozen_shard_bytes * static_cast<uint64_t>(world_size) != mu.frozen_padded_bytes)
       bad("unit " + std::to_string(u) + "'s shards do not tile it");
     if (mu.global_offset != offset) bad("unit " + std::to_string(u) + "'s global_offset does not follow the units");
     offset += mu.padded_elems;
@@ -213,6 +266,15 @@ void Manifest::validate() const {
       if (d <= 0 || static_cast<uint64_t>(d) > (uint64_t{1} << 56) / numel)
         bad("param '" + p.name + "' has a bad shape");
       numel *= static_cast<uint64_t>(d);
+    }
+    if (p.frozen) {
+      StoredType type;
+      if (!stored_from_name(p.dtype, &type)) bad("param '" + p.name + "' has dtype '" + p.dtype + "'");
+      const uint64_t space = units[p.unit].frozen_padded_bytes;
+      if (numel != p.numel || p.bytes != numel * stored_size(type) || p.offset_in_unit > space ||
+          p.bytes > space - p.offset_in_unit)
+        bad("param '" + p.name + "' does not fit its unit's frozen bytes");
+      continue;
     }
     if (numel != p.numel || p.offset_in_unit > units[p.unit].padded_elems ||
         p.numel > units[p.unit].padded_elems - p.offset_in_unit)
@@ -229,10 +291,13 @@ void Manifest::validate() const {
       count.resize(static_cast<size_t>(world_size), 0);
       count[static_cast<size_t>(f.rank)] += 1;
     }
-  for (const char* kind : {"master", "optimizer", "params"}) {
+  const bool frozen_files = has_frozen() && frozen_saved;
+  if (!frozen_files && shards.count("frozen") != 0) bad("frozen files, but no frozen params saved");
+  for (const char* kind : {"master", "optimizer", "params", "frozen"}) {
     const auto it = shards.find(kind);
     if (it == shards.end()) {
-      if (std::string(kind) != "params") bad(std::string("no ") + kind + " files");
+      if (std::string(kind) == "frozen" ? frozen_files : std::string(kind) != "params")
+        bad(std::string("no ") + kind + " files");
       continue;
     }
     for (int r = 0; r < world_size; ++r)

@@ -10,12 +10,15 @@ namespace zero {
 namespace ckpt {
 
 constexpr const char* kFormatName = "libzero-checkpoint";
-// 2: manifest.json has a checksum beside it (manifest.json.xxh64). Version 1 (libzero 0.2) still loads.
-constexpr int kFormatVersion = 2;
+// 2: manifest.json has a checksum beside it (manifest.json.xxh64). 3: frozen params (their bytes in "frozen"
+// files). A save writes 3 only when it has frozen params, 2 otherwise; versions 1 (libzero 0.2) to 3 load.
+constexpr int kFormatVersion = 3;
+constexpr int kFormatVersionWithoutFrozen = 2;
 
 struct ManifestUnit {
   int index = 0;
   uint64_t padded_elems = 0, shard_elems = 0, global_offset = 0;
+  uint64_t frozen_padded_bytes = 0, frozen_shard_bytes = 0;  // the unit's frozen params' bytes (format 3)
 };
 
 struct ManifestParam {
@@ -23,11 +26,16 @@ struct ManifestParam {
   std::vector<int64_t> shape;
   int unit = 0, group = 0;
   uint64_t offset_in_unit = 0, numel = 0, global_offset = 0;
+  // Format 3: a frozen param is `bytes` bytes of `dtype` elements at byte `offset_in_unit` of its unit's frozen bytes
+  // (global_offset is 0: nothing is rounded).
+  bool frozen = false;
+  std::string dtype;  // a frozen param's ("fp32" ... "bytes"); empty for trained ones (the manifest's param_dtype)
+  uint64_t bytes = 0;
 };
 
 struct ManifestFile {
   std::string name;  // relative to the checkpoint directory
-  std::string kind;  // "master", "optimizer", "params" or "consolidated"
+  std::string kind;  // "master", "optimizer", "params", "frozen" or "consolidated"
   int rank = -1;     // -1 for files that are not one rank's shard
   uint64_t bytes = 0;
   uint64_t xxh64 = 0;
@@ -53,6 +61,10 @@ struct Manifest {
   std::vector<ManifestUnit> units;
   std::vector<ManifestParam> params;
   std::vector<ManifestFile> files;
+  // Format 3 with frozen params: whether their bytes were saved ("frozen" files) or left out (exclude_frozen).
+  bool frozen_saved = true;
+
+  bool has_frozen() const;
 
   std::string to_json() const;
   // Throws ZERO_ERR_CHECKPOINT_CORRUPT naming `path` if the text is not a valid manifest, including values no

@@ -23,6 +23,8 @@ const char* safetensors_dtype(DType t) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }

@@ -31,6 +31,8 @@ const char* call_name(CallKind kind) {
       return "zero_comm_finalize";
     case CallKind::kPrefetch:
       return "zero_prefetch";
+    case CallKind::kReleaseModified:
+      return "zero_release_modified";
   }
   return "an unknown call";
 }
@@ -46,6 +48,9 @@ std::string describe_call(const CallTag& tag) {
       break;
     case CallKind::kPrefetch:
       os << " of unit " << tag.id << (tag.count ? " (starts an all-gather)" : " (already fetched ahead)");
+      break;
+    case CallKind::kReleaseModified:
+      os << " of unit " << tag.id << " (" << tag.count << " bytes)";
       break;
     case CallKind::kReduceBucket:
       if (tag.id < 0)

@@ -48,6 +48,7 @@ enum class CallKind : int64_t {
   kLoadCheckpoint = 7,
   kCommFinalize = 8,
   kPrefetch = 9,
+  kReleaseModified = 10,
 };
 
 struct CallTag {

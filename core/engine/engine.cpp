@@ -214,21 +214,28 @@ void* Engine::param_data(int param) {
   guard_.require(CallGuard::State::kReady);
   check_param(param);
   const ParamPlacement& pl = store_.layout().params[param];
-  void* unit = store_.gathered(pl.unit);
   // The same rule for every unit, so that code written against a small model or a low stage keeps working when
   // units grow past the persistence threshold or the stage changes.
-  if (unit == nullptr)
+  if (!store_.unit(pl.unit).gathered())
     guard_.fail(ZERO_ERR_INVALID_STATE, "param '" + registration_.param(param).name + "' lives in " +
                                             unit_name(pl.unit) + ", which is not gathered; call zero_gather(engine, " +
                                             std::to_string(pl.unit) +
                                             ") first (at every stage: it is free below stage 3)");
-  return static_cast<char*>(unit) + pl.offset * dtype_size(config_.compute_dtype);
+  if (pl.frozen) return static_cast<char*>(store_.gathered_frozen(pl.unit)) + pl.offset;
+  return static_cast<char*>(store_.gathered(pl.unit)) + pl.offset * dtype_size(config_.compute_dtype);
+}
+
+void Engine::check_trained(int param) const {
+  if (registration_.param(param).frozen)
+    guard_.fail(ZERO_ERR_INVALID_ARGUMENT,
+                "param '" + registration_.param(param).name + "' is frozen (ZERO_PARAM_FROZEN): it has no gradient");
 }
 
 void* Engine::grad_data(int param) {
   CallScope scope(guard_, "zero_grad_data");
   guard_.require(CallGuard::State::kReady);
   check_param(param);
+  check_trained(param);
   check_window();
   return reducer_.grad_buffer(param, registration_.param(param).name);
 }
@@ -252,6 +259,11 @@ void Engine::release(int unit) {
   store_.release(unit);
 }
 
+void Engine::release_modified(int unit, int modifier_rank) {
+  CallScope scope(guard_, "zero_release_modified");
+  store_.release_modified(unit, modifier_rank, reducer_.micro_step_begun());
+}
+
 void Engine::prefetch(int unit) {
   CallScope scope(guard_, "zero_prefetch");
   store_.prefetch(unit);
@@ -261,6 +273,7 @@ void Engine::grad_ready(int param) {
   CallScope scope(guard_, "zero_grad_ready");
   guard_.require(CallGuard::State::kReady);
   check_param(param);
+  check_trained(param);
   check_window();
   if (reducer_.declared_ready(param))
     guard_.fail(ZERO_ERR_INVALID_STATE,
@@ -306,10 +319,10 @@ void Engine::settle_fetches() {
   if (guard_.ready()) guard_.moving_data([&] { store_.settle(); });
 }
 
-void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag, bool exclude_frozen) {
   CallScope scope(guard_, "zero_save_checkpoint");
   settle_fetches();
-  checkpointer_.save(dir, tag, reducer_.micro_step_begun());
+  checkpointer_.save(dir, tag, reducer_.micro_step_begun(), exclude_frozen);
   settle_fetches();  // what the consolidated weights' gathers fetched ahead or kept, and their place in the order
 }
 

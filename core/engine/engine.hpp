@@ -46,6 +46,7 @@ class Engine {
   void* grad_data(int param);
   void gather(int unit);
   void release(int unit);
+  void release_modified(int unit, int modifier_rank);
   void prefetch(int unit);
   void grad_ready(int param);
   void backward_end();
@@ -53,7 +54,7 @@ class Engine {
   StepResult step();
   void set_lr(int group, double lr);
   // Collective. See core/checkpoint/checkpointer.cpp and docs/checkpoint-format.md.
-  void save_checkpoint(const std::string& dir, const std::string& tag);
+  void save_checkpoint(const std::string& dir, const std::string& tag, bool exclude_frozen = false);
   void load_checkpoint(const std::string& dir, const std::string& tag);
   double loss_scale() const { return stepper_.loss_scale(); }
   // zero_engine_abort: any thread.
@@ -86,6 +87,7 @@ class Engine {
  private:
   void check_window() const;
   void check_param(int param) const;
+  void check_trained(int param) const;
   void settle_fetches();
   PlanSpec plan_spec() const;
   MemoryStats planned_memory() const;  // inside a CallScope

@@ -14,6 +14,8 @@ inline float load(const void* p, DType t, size_t i) {
       return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
     case DType::kF16:
       return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kU8:  // bytes are never converted; the engine copies them
+      break;
   }
   return 0.0f;
 }
@@ -28,6 +30,8 @@ inline void store(void* p, DType t, size_t i, float v) {
       break;
     case DType::kF16:
       static_cast<uint16_t*>(p)[i] = float_to_fp16_rne(v);
+      break;
+    case DType::kU8:
       break;
   }
 }

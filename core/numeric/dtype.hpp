@@ -13,10 +13,97 @@
 
 namespace zero {
 
-enum class DType { kF32 = ZERO_DTYPE_FP32, kBF16 = ZERO_DTYPE_BF16, kF16 = ZERO_DTYPE_FP16 };
+// What the engine computes in and keeps its buffers in. kU8 is raw bytes: the frozen params' buffers, which hold
+// every frozen param's elements as they are and are never converted.
+enum class DType { kF32 = ZERO_DTYPE_FP32, kBF16 = ZERO_DTYPE_BF16, kF16 = ZERO_DTYPE_FP16, kU8 = ZERO_DTYPE_UINT8 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
-inline const char* dtype_name(DType t) { return t == DType::kF32 ? "fp32" : t == DType::kBF16 ? "bf16" : "fp16"; }
+constexpr size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : t == DType::kU8 ? 1 : 2; }
+inline const char* dtype_name(DType t) {
+  return t == DType::kF32 ? "fp32" : t == DType::kBF16 ? "bf16" : t == DType::kF16 ? "fp16" : "u8";
+}
+
+// A frozen param's element type (ZERO_PARAM_FROZEN): any zero_dtype_t. Its bytes are stored, moved and saved as
+// they are; the type says only how many bytes an element has and what checkpoints call it.
+enum class StoredType : int32_t {
+  kF32 = ZERO_DTYPE_FP32,
+  kBF16 = ZERO_DTYPE_BF16,
+  kF16 = ZERO_DTYPE_FP16,
+  kF64 = ZERO_DTYPE_FP64,
+  kI64 = ZERO_DTYPE_INT64,
+  kU8 = ZERO_DTYPE_UINT8,
+  kI8 = ZERO_DTYPE_INT8,
+  kBytes = ZERO_DTYPE_BYTES
+};
+constexpr bool stored_type_valid(int32_t code) { return code >= ZERO_DTYPE_FP32 && code <= ZERO_DTYPE_BYTES; }
+constexpr size_t stored_size(StoredType t) {
+  switch (t) {
+    case StoredType::kF32:
+      return 4;
+    case StoredType::kBF16:
+    case StoredType::kF16:
+      return 2;
+    case StoredType::kF64:
+    case StoredType::kI64:
+      return 8;
+    case StoredType::kU8:
+    case StoredType::kI8:
+    case StoredType::kBytes:
+      return 1;
+  }
+  return 1;
+}
+// The names checkpoints' manifests use (the trained dtypes' names are dtype_name's).
+inline const char* stored_name(StoredType t) {
+  switch (t) {
+    case StoredType::kF32:
+      return "fp32";
+    case StoredType::kBF16:
+      return "bf16";
+    case StoredType::kF16:
+      return "fp16";
+    case StoredType::kF64:
+      return "fp64";
+    case StoredType::kI64:
+      return "int64";
+    case StoredType::kU8:
+      return "uint8";
+    case StoredType::kI8:
+      return "int8";
+    case StoredType::kBytes:
+      return "bytes";
+  }
+  return "?";
+}
+// Sets *out and returns true when `name` is one of stored_name's.
+inline bool stored_from_name(const std::string& name, StoredType* out) {
+  for (int32_t code = ZERO_DTYPE_FP32; code <= ZERO_DTYPE_BYTES; ++code)
+    if (name == stored_name(static_cast<StoredType>(code))) {
+      *out = static_cast<StoredType>(code);
+      return true;
+    }
+  return false;
+}
+// What safetensors calls it (opaque bytes are U8).
+inline const char* stored_safetensors_dtype(StoredType t) {
+  switch (t) {
+    case StoredType::kF32:
+      return "F32";
+    case StoredType::kBF16:
+      return "BF16";
+    case StoredType::kF16:
+      return "F16";
+    case StoredType::kF64:
+      return "F64";
+    case StoredType::kI64:
+      return "I64";
+    case StoredType::kU8:
+    case StoredType::kBytes:
+      return "U8";
+    case StoredType::kI8:
+      return "I8";
+  }
+  return "U8";
+}
 
 ZERO_HD inline uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)

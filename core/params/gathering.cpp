@@ -3,6 +3,7 @@
 // goes ahead is plan_ahead's decision (fetch_ahead.hpp).
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "memory/ops.hpp"
 #include "params/param_store.hpp"
@@ -23,38 +24,56 @@ bool recordable(size_t recorded, size_t units) { return recorded < 64 * units + 
 uint64_t ParameterStore::live_elements() const {
   uint64_t buffers = 0;
   for (const Unit& unit : units_) buffers += unit.holds_ahead() ? 1 : 0;
-  return buffers * plan_.gathered.elems;
+  return buffers * plan_.gathered_elems;
 }
 
 AheadPlan ParameterStore::plan_ahead_of(int unit) const {
   FetchState state;
   state.unit_elems = &unit_elems_;
-  state.buffer_elems = plan_.gathered.elems;
+  state.buffer_elems = plan_.gathered_elems;
   state.live_elements = live_elements();
   state.holds_ahead = [this](int v) { return units_[static_cast<size_t>(v)].holds_ahead(); };
   state.next_in_window = window_.next_in_window();
   return plan_ahead(policy_, order_, unit, state);
 }
 
-// This rank's shard of a unit's params into its place in a gathered buffer, before the all-gather: from memory, or
-// read from the params file (offload_param).
+// This rank's shard of a unit's params, and of its frozen bytes, into their places in a gathered buffer, before the
+// all-gather: from memory, or read from the params file (offload_param).
 void ParameterStore::put_own_shard(int unit, void* buffer) {
-  const size_t shard = layout_.units[unit].shard_elems, esize = dtype_size(plan_.compute_dtype);
+  const UnitLayout& ul = layout_.units[unit];
+  const size_t shard = ul.shard_elems, esize = dtype_size(plan_.compute_dtype);
   char* own = static_cast<char*>(buffer) + comm_.rank() * shard * esize;
+  const Unit& u = units_[unit];
   if (params_on_nvme(unit))
     nvme_params_->read(unit, 0, 0, own, shard);
   else
-    copy_bytes(gathered_pool_.space(), own, units_[unit].params.space(), units_[unit].params.data(), shard * esize);
+    copy_bytes(gathered_pool_.space(), own, u.params.space(), u.params.data(), shard * esize);
+  if (ul.has_frozen())
+    copy_bytes(
+        gathered_pool_.space(),
+        static_cast<char*>(buffer) + plan_.units[unit].gathered_frozen_offset + comm_.rank() * ul.frozen_shard_bytes,
+        u.frozen.space(), u.frozen.data(), ul.frozen_shard_bytes);
+}
+
+// The all-gathers that fill a gathered buffer of `unit`: its params and its frozen bytes, as one group.
+std::vector<EngineComm::Pending> ParameterStore::start_unit_all_gather(int unit, void* buffer,
+                                                                       const std::string& label) {
+  const UnitLayout& ul = layout_.units[unit];
+  std::vector<EngineComm::Planned> group;
+  if (ul.shard_elems > 0)
+    group.push_back({CollKind::kAllGather, buffer, ul.shard_elems, elem_type(plan_.compute_dtype), label});
+  if (ul.has_frozen())
+    group.push_back({CollKind::kAllGather, static_cast<char*>(buffer) + plan_.units[unit].gathered_frozen_offset,
+                     ul.frozen_shard_bytes, ElemType::kU8, label + " (frozen params)"});
+  return comm_.start_group(std::move(group));
 }
 
 void ParameterStore::start_prefetch(int unit) {
-  const size_t shard = layout_.units[unit].shard_elems;
   void* buffer = gathered_pool_.acquire();
   put_own_shard(unit, buffer);
   Fetch f;
   f.unit = unit;
-  f.pending = comm_.start_all_gather(buffer, shard, elem_type(plan_.compute_dtype),
-                                     guard_.label("prefetch: all-gather of " + unit_name(unit)));
+  f.pending = start_unit_all_gather(unit, buffer, guard_.label("prefetch: all-gather of " + unit_name(unit)));
   fetches_.push_back(std::move(f));
   units_[unit].start_fetch(buffer);
 }
@@ -62,7 +81,7 @@ void ParameterStore::start_prefetch(int unit) {
 void ParameterStore::complete_fetch(int unit) {
   while (units_[unit].fetch_in_flight()) {
     Fetch& f = fetches_.front();
-    comm_.wait(f.pending);
+    comm_.wait_all(f.pending);
     units_[f.unit].fetch_done();
     fetches_.pop_front();
   }
@@ -71,8 +90,11 @@ void ParameterStore::complete_fetch(int unit) {
 void ParameterStore::drain(double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (!fetches_.empty()) {
-    const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
-    if (!comm_.try_wait(fetches_.front().pending, std::max(0.0, left))) return;  // the rest: leaked at the end
+    for (EngineComm::Pending& pending : fetches_.front().pending) {
+      if (!pending.active()) continue;
+      const double left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+      if (!comm_.try_wait(pending, std::max(0.0, left))) return;  // the rest: leaked at the end
+    }
     units_[fetches_.front().unit].fetch_done();
     fetches_.pop_front();
   }
@@ -136,7 +158,9 @@ void ParameterStore::gather(int unit) {
                                                     "stage3_prefetch_bucket_size?)"));
     }
   });
-  call.agree(unit, call.failed() ? 0 : static_cast<int64_t>(layout_.units[unit].padded_elems));
+  call.agree(unit, call.failed() ? 0
+                                 : static_cast<int64_t>(layout_.units[unit].padded_elems +
+                                                        layout_.units[unit].frozen_padded_bytes));
   Unit& u = units_[unit];
   call.move([&] {
     // Prefetched, or kept since its last release: no communication now.
@@ -145,8 +169,9 @@ void ParameterStore::gather(int unit) {
     if (buffer == nullptr) {
       buffer = gathered_pool_.acquire();
       put_own_shard(unit, buffer);
-      comm_.all_gather(buffer, layout_.units[unit].shard_elems, elem_type(plan_.compute_dtype),
-                       guard_.label("all-gather of " + unit_name(unit)));
+      std::vector<EngineComm::Pending> pending =
+          start_unit_all_gather(unit, buffer, guard_.label("all-gather of " + unit_name(unit)));
+      comm_.wait_all(pending);
     }
     u.gathered_into(buffer, ahead.keep);
     // The next units of the recorded order start now and move while the framework computes with this one.
@@ -190,6 +215,82 @@ void ParameterStore::release(int unit) {
   if (void* buffer = units_[unit].release()) gathered_pool_.give_back(buffer);
 }
 
+void ParameterStore::release_modified(int unit, int modifier_rank, bool micro_step_begun) {
+  int64_t bytes = 0;
+  CollectiveCall call(guard_, CallKind::kReleaseModified);
+  call.check([&] {
+    guard_.require(CallGuard::State::kReady);
+    check_unit(unit);
+    if (!units_[unit].gathered())
+      guard_.fail(ZERO_ERR_INVALID_STATE, unit_name(unit) +
+                                              " is not gathered (zero_gather it, let the modifier rank "
+                                              "write, then zero_release_modified)");
+    if (modifier_rank < 0 || modifier_rank >= comm_.size())
+      guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "modifier rank " + std::to_string(modifier_rank) + " is not a rank (0.." +
+                                                 std::to_string(comm_.size() - 1) + ")");
+    if (micro_step_begun)
+      guard_.fail(ZERO_ERR_INVALID_STATE,
+                  "a micro-step has begun (zero_grad_data or zero_grad_ready since the last zero_backward_end); "
+                  "modify params between micro-steps");
+    test_hooks::maybe_fail("release_modified", comm_.rank());
+    const UnitLayout& ul = layout_.units[unit];
+    bytes = static_cast<int64_t>(ul.padded_elems * dtype_size(plan_.compute_dtype) + ul.frozen_padded_bytes);
+  });
+  call.agree(unit, bytes, modifier_rank, [&] {
+    std::string text = guard_.label("the ranks name different modifier ranks for " + unit_name(unit) + ":");
+    for (int r = 0; r < comm_.size(); ++r)
+      text += (r ? "; " : " ") + std::string("rank ") + std::to_string(r) + " names " +
+              comm_.broadcast_text(std::to_string(modifier_rank), r, guard_.label("each rank's modifier rank"));
+    return text + ". Every rank must name the same one.";
+  });
+  call.move([&] {
+    // What was fetched ahead holds the old values.
+    while (!fetches_.empty()) complete_fetch(fetches_.front().unit);
+    for (size_t v = 0; v < units_.size(); ++v)
+      if (void* buffer = units_[v].settle()) gathered_pool_.give_back(buffer);
+    Unit& u = units_[unit];
+    const UnitLayout& ul = layout_.units[unit];
+    const UnitPlan& up = plan_.units[unit];
+    const size_t esize = dtype_size(plan_.compute_dtype);
+    constexpr size_t kPieceBytes = size_t{64} << 20;
+    auto broadcast = [&](void* data, size_t n, const char* what) {
+      for (size_t at = 0; at < n; at += kPieceBytes)
+        comm_.broadcast(static_cast<char*>(data) + at, std::min(kPieceBytes, n - at), ElemType::kU8, modifier_rank,
+                        guard_.label(std::string("rank ") + std::to_string(modifier_rank) + "'s " + what + " of " +
+                                     unit_name(unit)));
+    };
+    broadcast(u.view(), ul.padded_elems * esize, "params");
+    broadcast(u.frozen_view(), ul.frozen_padded_bytes, "frozen params");
+    if (u.sharded()) {  // this rank's shards from the gathered values
+      const char* own = static_cast<const char*>(u.view()) + comm_.rank() * ul.shard_elems * esize;
+      if (params_on_nvme(unit))
+        nvme_params_->write(unit, 0, 0, own, ul.shard_elems);
+      else
+        copy_bytes(u.params.space(), u.params.data(), gathered_pool_.space(), own, ul.shard_elems * esize);
+      copy_bytes(u.frozen.space(), u.frozen.data(), gathered_pool_.space(),
+                 static_cast<const char*>(u.frozen_view()) + comm_.rank() * ul.frozen_shard_bytes,
+                 ul.frozen_shard_bytes);
+    }
+    // The master of what this rank updates, widened from the new params (fp32 params are their own master).
+    if (plan_.separate_master() && up.update_elems > 0) {
+      const char* updated = static_cast<const char*>(u.view()) + up.update_begin * esize;
+      const ElementOps& host = element_ops(MemorySpace::kHost);
+      if (const std::optional<int> array = file_array(ShardKind::kMaster)) {
+        std::vector<float> piece(std::min<size_t>(up.update_elems, size_t{1} << 20));
+        for (size_t done = 0; done < up.update_elems; done += piece.size()) {
+          const size_t m = std::min(piece.size(), up.update_elems - done);
+          host.convert(piece.data(), DType::kF32, updated + done * esize, plan_.compute_dtype, m);
+          nvme_->write(unit, *array, done, piece.data(), m);
+        }
+      } else {
+        element_ops(u.master.space())
+            .convert(u.master.data(), DType::kF32, updated, plan_.compute_dtype, up.update_elems);
+      }
+    }
+    if (void* buffer = u.release()) gathered_pool_.give_back(buffer);
+  });
+}
+
 int ParameterStore::first_gathered() const {
   for (size_t u = 0; u < units_.size(); ++u)
     if (units_[u].gathered()) return static_cast<int>(u);
@@ -198,7 +299,8 @@ int ParameterStore::first_gathered() const {
 
 void ParameterStore::publish(const std::string& what) {
   for (size_t u = 0; u < units_.size(); ++u) {
-    if (plan_.units[u].publish != Publish::kAllGatherAfterStep) continue;
+    // Frozen params never change: only the trained ones are published.
+    if (plan_.units[u].publish != Publish::kAllGatherAfterStep || layout_.units[u].shard_elems == 0) continue;
     const std::string label = guard_.label(what + " of unit " + std::to_string(u));
     if (!policy_.background_publish) {
       comm_.all_gather(units_[u].params.data(), layout_.units[u].shard_elems, elem_type(plan_.compute_dtype), label);
@@ -206,8 +308,8 @@ void ParameterStore::publish(const std::string& what) {
     }
     Fetch f;
     f.unit = static_cast<int>(u);
-    f.pending = comm_.start_all_gather(units_[u].params.data(), layout_.units[u].shard_elems,
-                                       elem_type(plan_.compute_dtype), label);
+    f.pending.push_back(comm_.start_all_gather(units_[u].params.data(), layout_.units[u].shard_elems,
+                                               elem_type(plan_.compute_dtype), label));
     fetches_.push_back(std::move(f));
     units_[u].start_publish();
   }

@@ -1,5 +1,6 @@
 // Finalize's broadcast of rank 0's initial values into every rank's params and fp32 master.
 #include <algorithm>
+#include <cstring>
 
 #include "memory/ops.hpp"
 #include "params/param_store.hpp"
@@ -65,6 +66,36 @@ void ParameterStore::broadcast_initial_values(const Registration& registration, 
         copy_bytes(unit.master.space(), unit.master.f32() + (lo - up.update_begin), MemorySpace::kHost,
                    staging.data() + (lo - begin), (hi - lo) * sizeof(float));
     }
+    broadcast_frozen_values(registration, static_cast<int>(u), staging);
+  }
+}
+
+// The frozen params' bytes cross as they are (no conversion: packed quantized data and NaN payloads arrive
+// unchanged), in pieces of the same size as the values above; each rank keeps its shard or the whole.
+void ParameterStore::broadcast_frozen_values(const Registration& registration, int u, std::vector<float>& staging) {
+  constexpr size_t kPieceBytes = size_t{64} << 20;
+  const UnitLayout& ul = layout_.units[u];
+  Unit& unit = units_[u];
+  const size_t own = plan_.units[u].sharded_params() ? comm_.rank() * ul.frozen_shard_bytes : 0;
+  const size_t own_end = own + unit.frozen.size();
+  for (size_t begin = 0; begin < ul.frozen_padded_bytes; begin += kPieceBytes) {
+    const size_t end = std::min(ul.frozen_padded_bytes, begin + kPieceBytes);
+    staging.assign((end - begin + sizeof(float) - 1) / sizeof(float), 0.0f);
+    char* bytes = reinterpret_cast<char*>(staging.data());
+    if (comm_.rank() == 0)
+      for (int p : ul.frozen_params) {
+        const ParamPlacement& pl = layout_.params[p];
+        const ParamInit& init = registration.init(p);
+        const size_t lo = std::max(begin, pl.offset), hi = std::min(end, pl.offset + pl.bytes);
+        if (init.data != nullptr && lo < hi)
+          std::memcpy(bytes + (lo - begin), static_cast<const char*>(init.data) + (lo - pl.offset), hi - lo);
+      }
+    comm_.broadcast(bytes, end - begin, ElemType::kU8, 0,
+                    guard_.label("rank 0's frozen params of unit " + std::to_string(u) +
+                                 (end - begin < ul.frozen_padded_bytes ? " from byte " + std::to_string(begin) : "")));
+    const size_t lo = std::max(begin, own), hi = std::min(end, own_end);
+    if (lo < hi)
+      copy_bytes(unit.frozen.space(), unit.frozen.at(lo - own), MemorySpace::kHost, bytes + (lo - begin), hi - lo);
   }
 }
 

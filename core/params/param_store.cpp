@@ -38,6 +38,7 @@ ParameterStore::~ParameterStore() {
 void ParameterStore::leak() {
   for (Unit& unit : units_) {
     unit.params.leak();
+    unit.frozen.leak();
     unit.grads.leak();
   }
   gathered_pool_.leak();
@@ -52,13 +53,14 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params, const NormS
     const UnitPlan& up = plan_.units[u];
     Unit& unit = units_[u];
     allocate_placed(unit.params, up.params, allocators_, "the params");
+    allocate_placed(unit.frozen, up.frozen, allocators_, "the frozen params");
     allocate_placed(unit.grads, up.grads, allocators_, "the gradients");
     allocate_placed(unit.master, up.master, allocators_, "the fp32 master");
     for (int s = 0; s < 2; ++s) allocate_placed(unit.state[s], up.state[s], allocators_, "the optimizer state");
     unit.update_segments = layout_.segments(static_cast<int>(u), up.update_begin, up.update_elems, params);
     unit.norm_segments = layout_.segments(static_cast<int>(u), up.norm_begin, layout_.units[u].shard_elems, params);
-    unit.start(up.sharded_params());
-    unit_elems_[u] = layout_.units[u].padded_elems;
+    unit.start(up.sharded_params(), up.gathered_frozen_offset);
+    unit_elems_[u] = layout_.units[u].padded_elems + layout_.units[u].frozen_elems;
   }
   // One gathered unit at a time is the documented footprint; it is allocated now, so that no collective allocates.
   const Placement& g = plan_.gathered;
@@ -110,8 +112,10 @@ UnitInfo ParameterStore::unit_info(int unit) const {
   const Unit& u = units_[unit];
   info.gathered = u.gathered();
   info.generation = u.generation();
-  info.num_params = static_cast<int>(layout_.units[unit].params.size());
-  for (int p : layout_.units[unit].params) info.numel += layout_.params[p].numel;
+  const UnitLayout& ul = layout_.units[unit];
+  info.num_params = static_cast<int>(ul.params.size() + ul.frozen_params.size());
+  for (int p : ul.params) info.numel += layout_.params[p].numel;
+  for (int p : ul.frozen_params) info.numel += layout_.params[p].numel;
   return info;
 }
 
@@ -162,10 +166,11 @@ MemoryStats ParameterStore::allocated_bytes(uint64_t bucket_bytes) const {
   uint64_t device = 0;  // what lives in device memory (a GPU engine's plan); the rest is host memory
   for (const Unit& unit : units_) {
     s.param_bytes += unit.params.n_bytes();
+    s.frozen_param_bytes += unit.frozen.n_bytes();
     s.grad_bytes += unit.grads.n_bytes();
     s.master_param_bytes += unit.master.n_bytes();
     s.optimizer_state_bytes += unit.state[0].n_bytes() + unit.state[1].n_bytes();
-    for (const Buffer* b : {&unit.params, &unit.grads, &unit.master, &unit.state[0], &unit.state[1]}) {
+    for (const Buffer* b : {&unit.params, &unit.frozen, &unit.grads, &unit.master, &unit.state[0], &unit.state[1]}) {
       if (b->space() == MemorySpace::kDevice) device += b->n_bytes();
       if (b->space() == MemorySpace::kPinnedHost) s.pinned_bytes += b->n_bytes();
     }

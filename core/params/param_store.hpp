@@ -98,6 +98,9 @@ class ParameterStore {
   // Collective for units with sharded params (an agreement, then an all-gather); local otherwise.
   void gather(int unit);
   void release(int unit);
+  // zero_release_modified: rank `modifier_rank`'s gathered values become every rank's params, shards and master,
+  // then the unit is released. Collective (an agreement, then broadcasts).
+  void release_modified(int unit, int modifier_rank, bool micro_step_begun);
   // zero_prefetch (experimental): starts the all-gather of a unit with sharded params now; zero_gather takes it.
   // Collective (an agreement, then the start); local and nothing to do for units with full params.
   void prefetch(int unit);
@@ -114,7 +117,9 @@ class ParameterStore {
   void end_micro_step();
   // The first gathered unit, or -1.
   int first_gathered() const;
+  // A gathered unit's full params and full frozen bytes (null when it is not gathered, or has none).
   void* gathered(int unit) const { return units_[unit].view(); }
+  void* gathered_frozen(int unit) const { return units_[unit].frozen_view(); }
   UnitInfo unit_info(int unit) const;
   // Every unit whose plan publishes after the step: all-gathers the shards this rank updated (collective). With
   // FetchPolicy::background_publish they are started and complete at the unit's zero_gather (or settle()).
@@ -144,7 +149,9 @@ class ParameterStore {
   bool master_on_nvme() const { return optimizer_on_nvme() && plan_.nvme_optimizer.master; }
   std::optional<int> file_array(ShardKind kind) const;
   // offload_param to NVMe: whether unit u's param shard is in the params file.
-  bool params_on_nvme(int u) const { return plan_.units[u].params.space == MemorySpace::kNvme; }
+  bool params_on_nvme(int u) const {
+    return plan_.units[u].params.space == MemorySpace::kNvme && plan_.units[u].params.elems > 0;
+  }
   // fp32 params are their own master: offloaded, the one fp32 copy of the shard is in the params file, and the
   // optimizer file (if any) holds only the state.
   bool master_in_params_file(int u) const { return !plan_.separate_master() && params_on_nvme(u); }
@@ -164,6 +171,12 @@ class ParameterStore {
   // checkpoint's load sets them.
   void write_updated(int u, ShardKind kind, const float* values);
   void write_params_shard(int u, const void* values);
+  // The frozen bytes: this rank's shard [rank * S, (rank + 1) * S) of unit u's, as checkpoints store them; and the
+  // range this rank keeps (its shard, or the whole unit's where they are whole), which a load sets.
+  const void* frozen_shard(int u) const;
+  size_t frozen_kept_begin(int u) const;
+  size_t frozen_kept_bytes(int u) const { return units_[u].frozen.size(); }
+  void write_frozen_kept(int u, const void* bytes);
 
   // What the plan places, with the gathered buffers allocated now; finalize checks it against the buffers.
   MemoryStats memory_stats(size_t buckets_held) const;
@@ -173,6 +186,7 @@ class ParameterStore {
 
  private:
   void broadcast_initial_values(const Registration& registration, DType compute_dtype, std::vector<float>& staging);
+  void broadcast_frozen_values(const Registration& registration, int u, std::vector<float>& staging);
   std::unique_ptr<io::NvmeState> new_state_file(const char* kind, const std::string& dir,
                                                 const io::NvmeState::Geometry& geometry, const char* key) const;
   // finalize: a warning when the offload saves no host memory.
@@ -182,12 +196,13 @@ class ParameterStore {
   // ---- fetching ahead (gathering.cpp)
   struct Fetch {
     int unit = 0;
-    EngineComm::Pending pending;
+    std::vector<EngineComm::Pending> pending;  // the params' all-gather, and the frozen bytes'
   };
   // Completes the fetches started up to and including `unit`'s, in start order.
   void complete_fetch(int unit);
   AheadPlan plan_ahead_of(int unit) const;
   void put_own_shard(int unit, void* buffer);
+  std::vector<EngineComm::Pending> start_unit_all_gather(int unit, void* buffer, const std::string& label);
   // Starts the all-gather of `unit` into a reserved pooled buffer.
   void start_prefetch(int unit);
   uint64_t live_elements() const;

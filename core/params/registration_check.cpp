@@ -22,6 +22,7 @@ std::string describe(const ParamShape& p) {
   os << "'" << p.name << "' shape [";
   for (size_t i = 0; i < p.dims.size(); ++i) os << (i ? ", " : "") << p.dims[i];
   os << "] unit " << p.unit << " group " << p.group;
+  if (p.frozen) os << " frozen " << stored_name(p.stored);
   return os.str();
 }
 

@@ -195,6 +195,22 @@ void ParameterStore::read_params_shard(int u, const std::function<void(const voi
   }
 }
 
+const void* ParameterStore::frozen_shard(int u) const {
+  return units_[u].frozen.data() == nullptr
+             ? nullptr
+             : static_cast<const char*>(units_[u].frozen.data()) +
+                   (plan_.units[u].sharded_params() ? 0 : comm_.rank() * layout_.units[u].frozen_shard_bytes);
+}
+
+size_t ParameterStore::frozen_kept_begin(int u) const {
+  return plan_.units[u].sharded_params() ? comm_.rank() * layout_.units[u].frozen_shard_bytes : 0;
+}
+
+void ParameterStore::write_frozen_kept(int u, const void* bytes) {
+  Buffer& frozen = units_[u].frozen;
+  copy_bytes(frozen.space(), frozen.data(), MemorySpace::kHost, bytes, frozen.size());
+}
+
 void ParameterStore::write_params_from_master() {
   if (!plan_.separate_master()) return;
   std::vector<float> piece;

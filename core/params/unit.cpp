@@ -30,8 +30,9 @@ void Unit::wrong(const char* transition) const {
   fail(ZERO_ERR_INTERNAL, std::string("a unit cannot ") + transition + " from state " + gather_state_name(state_));
 }
 
-void Unit::start(bool sharded_params) {
+void Unit::start(bool sharded_params, size_t gathered_frozen_offset) {
   sharded_ = sharded_params;
+  gathered_frozen_offset_ = gathered_frozen_offset;
   state_ = sharded_ ? GatherState::kSharded : GatherState::kResident;
   view_ = ahead_ = next_ = nullptr;
   next_in_flight_ = false;

@@ -30,22 +30,29 @@ class Unit {
   enum class GatherState { kResident, kPublishing, kSharded, kFetching, kFetched, kGathered, kKept };
 
   Buffer params;    // compute dtype: the full unit, or this rank's shard (UnitPlan::params)
+  Buffer frozen;    // the frozen params' bytes: the full unit's, or this rank's shard (UnitPlan::frozen)
   Buffer master;    // fp32 master of what this rank updates; empty when params are fp32 (they are the master)
   Buffer grads;     // accumulation dtype: the full unit, or the reduced shard (UnitPlan::grads)
   Buffer state[2];  // fp32 optimizer state of what this rank updates
   std::vector<ShardSegment> update_segments;  // what the optimizer updates, relative to UnitPlan::update_begin
   std::vector<ShardSegment> norm_segments;    // what this rank adds to the norm, relative to UnitPlan::norm_begin
 
-  // At finalize: full params are resident, sharded ones start as this rank's shard.
-  void start(bool sharded_params);
+  // At finalize: full params are resident, sharded ones start as this rank's shard. A gathered buffer of a sharded
+  // unit holds its frozen bytes from `gathered_frozen_offset` on.
+  void start(bool sharded_params, size_t gathered_frozen_offset = 0);
 
   GatherState gather_state() const { return state_; }
   bool sharded() const { return sharded_; }
   // Bumped by every gather and release (the bindings' views check it).
   uint64_t generation() const { return generation_; }
   bool gathered() const { return state_ == GatherState::kGathered || state_ == GatherState::kKept; }
-  // The full params while gathered.
+  // The full params while gathered (null also for a unit of frozen params only, whose full params are empty).
   void* view() const { return gathered() ? view_ : nullptr; }
+  // The full frozen bytes while gathered.
+  void* frozen_view() const {
+    if (!gathered()) return nullptr;
+    return sharded_ ? static_cast<char*>(view_) + gathered_frozen_offset_ : const_cast<void*>(frozen.data());
+  }
   // An all-gather into this unit is in flight: its new values (kPublishing), a prefetch (kFetching), or its next
   // use's while the framework holds it.
   bool fetch_in_flight() const {
@@ -87,6 +94,7 @@ class Unit {
 
   GatherState state_ = GatherState::kResident;
   bool sharded_ = false;
+  size_t gathered_frozen_offset_ = 0;
   void* view_ = nullptr;   // gathered: the full params (`params`, or a pooled buffer)
   void* ahead_ = nullptr;  // kFetching, kFetched: the pooled buffer
   void* next_ = nullptr;   // gathered: the buffer of the next use's fetch

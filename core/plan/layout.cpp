@@ -50,6 +50,14 @@ size_t shard_elems_for(size_t used, int world) {
   return round_up(shard, block);
 }
 
+size_t frozen_shard_bytes_for(size_t used, int world) {
+  const size_t n = static_cast<size_t>(world);
+  size_t shard = round_up((used + n - 1) / n, kFrozenAlignBytes);
+  size_t block = kFrozenAlignBytes;
+  while (round_up(shard, block) / block > kMaxMessageElems) block *= 2;
+  return round_up(shard, block);
+}
+
 Layout build_layout(const std::vector<ParamShape>& params, int world_size) {
   if (world_size < 1) fail(ZERO_ERR_INVALID_ARGUMENT, "world size must be at least 1");
   Layout layout;
@@ -74,26 +82,47 @@ Layout build_layout(const std::vector<ParamShape>& params, int world_size) {
   layout.params.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     UnitLayout& u = layout.units[params[i].unit];
-    const size_t offset = round_up(u.used_elems, kParamAlignElems), numel = params[i].numel();
+    const size_t numel = params[i].numel();
+    if (params[i].frozen) {
+      const size_t offset = round_up(u.frozen_used_bytes, kFrozenAlignBytes), size = stored_size(params[i].stored);
+      if (numel > kMaxModelElems || offset > kMaxModelElems - numel * size)
+        fail(ZERO_ERR_INVALID_ARGUMENT, "unit " + std::to_string(params[i].unit) +
+                                            " has more than 2^56 bytes of frozen params with param '" + params[i].name +
+                                            "'");
+      layout.params[i] = ParamPlacement{params[i].unit, true, offset, numel, numel * size};
+      u.frozen_used_bytes = offset + numel * size;
+      u.frozen_elems += numel;
+      u.frozen_params.push_back(static_cast<int>(i));
+      continue;
+    }
+    const size_t offset = round_up(u.used_elems, kParamAlignElems);
     if (numel > kMaxModelElems || offset > kMaxModelElems - numel)
       fail(ZERO_ERR_INVALID_ARGUMENT, "unit " + std::to_string(params[i].unit) +
                                           " has more than 2^56 elements with param '" + params[i].name + "'");
-    layout.params[i] = ParamPlacement{params[i].unit, offset, numel};
+    layout.params[i] = ParamPlacement{params[i].unit, false, offset, numel, 0};
     u.used_elems = offset + numel;
     u.params.push_back(static_cast<int>(i));
   }
-  uint64_t total = 0;
+  uint64_t total = 0, total_frozen = 0;
   for (int u = 0; u < n_units; ++u) {
     UnitLayout& unit = layout.units[u];
-    if (unit.params.empty())
+    if (unit.params.empty() && unit.frozen_params.empty())
       fail(ZERO_ERR_INVALID_ARGUMENT, "unit " + std::to_string(u) + " has no params; units must be numbered 0.." +
                                           std::to_string(n_units - 1) + " without gaps");
-    unit.shard_elems = shard_elems_for(unit.used_elems, world_size);
+    // A unit of frozen params only has no elements to train: no shard, no gradient, no optimizer state.
+    unit.shard_elems = unit.params.empty() ? 0 : shard_elems_for(unit.used_elems, world_size);
     unit.padded_elems = unit.shard_elems * static_cast<size_t>(world_size);
+    unit.frozen_shard_bytes =
+        unit.frozen_params.empty() ? 0 : frozen_shard_bytes_for(unit.frozen_used_bytes, world_size);
+    unit.frozen_padded_bytes = unit.frozen_shard_bytes * static_cast<size_t>(world_size);
     total += unit.padded_elems;
+    total_frozen += unit.frozen_padded_bytes;
     if (total > kMaxModelElems)
       fail(ZERO_ERR_INVALID_ARGUMENT,
            "the model has more than 2^56 elements (with padding) by unit " + std::to_string(u));
+    if (total_frozen > kMaxModelElems)
+      fail(ZERO_ERR_INVALID_ARGUMENT,
+           "the model has more than 2^56 bytes of frozen params (with padding) by unit " + std::to_string(u));
   }
   return layout;
 }
@@ -102,6 +131,7 @@ std::vector<BucketLayout> build_buckets(const Layout& layout, int64_t bucket_ele
   std::vector<BucketLayout> buckets;
   for (int u = static_cast<int>(layout.units.size()) - 1; u >= 0; --u) {
     size_t n = layout.units[u].padded_elems;
+    if (n == 0) continue;  // frozen params only: no gradients
     if (buckets.empty() || buckets.back().elems + n > static_cast<size_t>(bucket_elems)) buckets.emplace_back();
     BucketLayout& b = buckets.back();
     b.units.push_back(u);

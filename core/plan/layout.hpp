@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "numeric/dtype.hpp"
+
 namespace zero {
 
 // Each param starts at a multiple of this many elements inside its unit (Megatron's 64-element alignment).
@@ -22,18 +24,28 @@ constexpr size_t kMaxMessageElems = 2147483647;
 // arithmetic stay far from 2^64.
 constexpr uint64_t kMaxModelElems = uint64_t{1} << 56;
 
+// A frozen param's bytes start at a multiple of this inside its unit's frozen bytes, and each rank's shard of them is
+// a multiple of it (a cache line).
+constexpr size_t kFrozenAlignBytes = 64;
+
 struct ParamShape {
   std::string name;
   std::vector<int64_t> dims;
   int unit = 0;
   int group = 0;
+  // ZERO_PARAM_FROZEN: stored as bytes of `stored` elements beside the unit's trained params, never converted.
+  bool frozen = false;
+  StoredType stored = StoredType::kF32;
   size_t numel() const;  // SIZE_MAX when the product overflows (or an extent is negative)
 };
 
 struct ParamPlacement {
   int unit = 0;
-  size_t offset = 0;  // first element inside the unit's flat buffer
+  bool frozen = false;
+  size_t offset = 0;  // trained: the first element inside the unit's flat buffer; frozen: the first byte inside the
+                      // unit's frozen bytes
   size_t numel = 0;
+  size_t bytes = 0;  // frozen: numel x the size of its element type
 };
 
 // A contiguous run of one param inside one rank's shard: what the optimizer walks.
@@ -45,10 +57,15 @@ struct ShardSegment {
 };
 
 struct UnitLayout {
-  std::vector<int> params;  // in registration order
+  std::vector<int> params;  // the trained params, in registration order
   size_t used_elems = 0;    // end of the last param (before padding)
   size_t padded_elems = 0;  // shard_elems x world_size
   size_t shard_elems = 0;   // a multiple of kShardAlignElems (and of a larger power of two for huge shards)
+  // The frozen params: bytes laid out and split into equal shards as the elements are (0 without frozen params).
+  std::vector<int> frozen_params;  // in registration order
+  size_t frozen_used_bytes = 0, frozen_padded_bytes = 0, frozen_shard_bytes = 0;
+  uint64_t frozen_elems = 0;  // the frozen params' elements
+  bool has_frozen() const { return frozen_padded_bytes > 0; }
 };
 
 struct Layout {
@@ -64,12 +81,15 @@ struct Layout {
 
 // The shard of a unit of `used` elements over `world_size` ranks (see kMaxMessageElems).
 size_t shard_elems_for(size_t used, int world_size);
+// The same for a unit's frozen bytes: a multiple of kFrozenAlignBytes.
+size_t frozen_shard_bytes_for(size_t used, int world_size);
 
 // Throws zero::Error if a unit is empty, ids are out of range, or a unit or the model exceeds kMaxModelElems.
 Layout build_layout(const std::vector<ParamShape>& params, int world_size);
 
 // Gradient buckets for stages 2-3: consecutive units in backward order (last unit first), each bucket holding at
-// most `bucket_elems` padded elements unless a single unit is larger (then it is a bucket of its own).
+// most `bucket_elems` padded elements unless a single unit is larger (then it is a bucket of its own). Units
+// without trained params have no gradients and are in no bucket.
 struct BucketLayout {
   std::vector<int> units;            // in backward order
   std::vector<size_t> unit_offsets;  // where each unit's full gradient starts inside the bucket buffer

@@ -115,18 +115,23 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
   // framework computes with, the host's is what the CPU updates.
   plan.master_separate = spec.compute_dtype != DType::kF32 || optimizer_on_host;
   const MemorySpace grads_space = optimizer_on_host && shard_grads ? spec.optimizer_space : space;
-  size_t largest_gathered = 0;
+  size_t largest_gathered = 0, most_gathered_elems = 0;
   uint64_t element_base = 0, global_offset = 0;
   plan.units.resize(layout.units.size());
   for (size_t u = 0; u < layout.units.size(); ++u) {
     const UnitLayout& ul = layout.units[u];
     UnitPlan& up = plan.units[u];
     const size_t full = ul.padded_elems, shard = ul.shard_elems, own = spec.rank * shard;
-    up.persistent =
-        shard_params && ul.used_elems < static_cast<size_t>(std::max<int64_t>(0, spec.persistence_threshold));
+    // As DeepSpeed counts a param's elements, frozen or not, whatever their type.
+    up.persistent = shard_params && ul.used_elems + ul.frozen_elems <
+                                        static_cast<uint64_t>(std::max<int64_t>(0, spec.persistence_threshold));
     const bool sharded = shard_params && !up.persistent;
+    up.sharded = sharded;
     up.params = place(sharded ? Extent::kShard : Extent::kFull, sharded ? spec.params_space : space, spec.compute_dtype,
                       sharded ? shard : full);
+    // Frozen bytes stay in `space` (offload_param moves only the trained shards to its file).
+    up.frozen = place(sharded ? Extent::kShard : Extent::kFull, space, DType::kU8,
+                      sharded ? ul.frozen_shard_bytes : ul.frozen_padded_bytes);
     up.grads = place(shard_grads ? Extent::kShard : Extent::kFull, grads_space, spec.grad_accum_dtype,
                      shard_grads ? shard : full);
     up.update_begin = shard_optimizer ? own : 0;
@@ -144,9 +149,16 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
     element_base += ul.used_elems;
     up.global_offset = global_offset;
     global_offset += full;
-    if (sharded) largest_gathered = std::max(largest_gathered, full);
+    const size_t param_bytes = full * dtype_size(spec.compute_dtype);
+    up.gathered_frozen_offset = (param_bytes + kFrozenAlignBytes - 1) / kFrozenAlignBytes * kFrozenAlignBytes;
+    if (sharded) {
+      largest_gathered = std::max(largest_gathered,
+                                  ul.has_frozen() ? up.gathered_frozen_offset + ul.frozen_padded_bytes : param_bytes);
+      most_gathered_elems = std::max<size_t>(most_gathered_elems, full + ul.frozen_elems);
+    }
   }
-  plan.gathered = place(Extent::kFull, space, spec.compute_dtype, largest_gathered);
+  plan.gathered = place(Extent::kFull, space, DType::kU8, largest_gathered);
+  plan.gathered_elems = most_gathered_elems;
   if (spec.params_space == MemorySpace::kNvme) {
     if (!shard_params)
       fail(ZERO_ERR_CONFIG, "offloading the params to NVMe needs ZeRO stage 3 (stages 0-2 keep every param)");
@@ -213,6 +225,7 @@ MemoryStats Plan::bytes(size_t buckets_held, size_t units_gathered) const {
   };
   for (const UnitPlan& up : units) {
     add(up.params, m.param_bytes);
+    add(up.frozen, m.frozen_param_bytes);
     add(up.grads, m.grad_bytes);
     add(up.master, m.master_param_bytes);
     add(up.state[0], m.optimizer_state_bytes);

@@ -54,11 +54,13 @@ enum class Publish {
 
 struct UnitPlan {
   Placement params;    // compute dtype
+  Placement frozen;    // the frozen params' bytes (kU8): full, or this rank's shard where the params are sharded
   Placement grads;     // accumulation dtype: what the framework adds into (kFull) or the reduced shard (kShard)
   Placement master;    // fp32 master of what this rank updates; kNone when the params are fp32 (they are the master)
   Placement state[2];  // fp32 optimizer state of what this rank updates
   Publish publish = Publish::kNone;
   bool persistent = false;  // stage 3: small enough to stay resident (stage3_param_persistence_threshold)
+  bool sharded = false;     // stage 3 and not persistent: a shard of the params and frozen bytes, gathered on demand
   // The element range of the unit this rank updates, and where it starts inside the params and grads buffers.
   size_t update_begin = 0, update_elems = 0;
   size_t update_in_params = 0, update_in_grads = 0;
@@ -67,8 +69,10 @@ struct UnitPlan {
   size_t norm_begin = 0, norm_in_grads = 0;
   uint64_t element_base = 0;   // the unit's first element among all units' elements without padding (rounding keys)
   uint64_t global_offset = 0;  // the same among all units' padded elements (checkpoints)
+  // Where the frozen bytes start in a gathered buffer of the unit (after its params, at a 64-byte boundary).
+  size_t gathered_frozen_offset = 0;
 
-  bool sharded_params() const { return params.extent == Extent::kShard; }
+  bool sharded_params() const { return sharded; }
 };
 
 // The bytes of one rank's model states, by kind (wherever they live), and by where: host memory (the kinds placed
@@ -76,18 +80,20 @@ struct UnitPlan {
 // to 4 KiB).
 struct MemoryStats {
   uint64_t param_bytes = 0, grad_bytes = 0, master_param_bytes = 0, optimizer_state_bytes = 0, bucket_bytes = 0,
-           gathered_bytes = 0;
+           gathered_bytes = 0, frozen_param_bytes = 0;
   // staging: the windows offloaded state streams through (NVMe) and ZeRO-Offload's transfer slots. host: host
   // memory, pinned included; pinned: the part of it that is page-locked; device: GPU memory.
   uint64_t staging_bytes = 0, host_bytes = 0, pinned_bytes = 0, device_bytes = 0, nvme_bytes = 0;
   uint64_t total() const {
-    return param_bytes + grad_bytes + master_param_bytes + optimizer_state_bytes + bucket_bytes + gathered_bytes;
+    return param_bytes + grad_bytes + master_param_bytes + optimizer_state_bytes + bucket_bytes + gathered_bytes +
+           frozen_param_bytes;
   }
   bool operator==(const MemoryStats& o) const {
     return param_bytes == o.param_bytes && grad_bytes == o.grad_bytes && master_param_bytes == o.master_param_bytes &&
-           optimizer_state_bytes == o.optimizer_state_bytes && bucket_bytes == o.bucket_bytes &&
-           gathered_bytes == o.gathered_bytes && staging_bytes == o.staging_bytes && host_bytes == o.host_bytes &&
-           pinned_bytes == o.pinned_bytes && device_bytes == o.device_bytes && nvme_bytes == o.nvme_bytes;
+           frozen_param_bytes == o.frozen_param_bytes && optimizer_state_bytes == o.optimizer_state_bytes &&
+           bucket_bytes == o.bucket_bytes && gathered_bytes == o.gathered_bytes && staging_bytes == o.staging_bytes &&
+           host_bytes == o.host_bytes && pinned_bytes == o.pinned_bytes && device_bytes == o.device_bytes &&
+           nvme_bytes == o.nvme_bytes;
   }
 };
 
@@ -144,8 +150,12 @@ struct Plan {
   std::vector<BucketLayout> buckets;  // kBucketsInBackward only
   std::vector<int> bucket_of_unit;    // per unit, -1 without buckets
   std::vector<size_t> offset_in_bucket;
-  Placement bucket;    // one transient gradient bucket: the largest (kNone without buckets)
-  Placement gathered;  // one transient gathered unit: the largest sharded one (kNone without sharded units)
+  Placement bucket;  // one transient gradient bucket: the largest (kNone without buckets)
+  // One transient gathered unit, in bytes (kU8): the largest sharded one, its params and then its frozen bytes (kNone
+  // without sharded units); and the most elements, trained and frozen, one holds (what fetching ahead counts, as
+  // DeepSpeed counts params' elements).
+  Placement gathered;
+  size_t gathered_elems = 0;
   NvmeOptimizerPlan nvme_optimizer;
   NvmeParamsPlan nvme_params;
   // ZeRO-Offload (the optimizer in host memory, the params on the device): two slots each of gradient pieces going

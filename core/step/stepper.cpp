@@ -106,6 +106,7 @@ CopyMode Stepper::copy_mode() const {
     case DType::kF16:
       return CopyMode::kFp16Rne;
     case DType::kF32:
+    case DType::kU8:
       break;
   }
   return CopyMode::kNone;

@@ -52,7 +52,7 @@ OFFSET(zero_param_group_desc_t, beta1, 32);
 OFFSET(zero_param_group_desc_t, beta2, 40);
 OFFSET(zero_param_group_desc_t, eps, 48);
 
-SIZE(zero_param_desc_t, 64);
+SIZE(zero_param_desc_t, 72);
 OFFSET(zero_param_desc_t, struct_size, 0);
 OFFSET(zero_param_desc_t, name, 8);
 OFFSET(zero_param_desc_t, ndim, 16);
@@ -63,8 +63,10 @@ OFFSET(zero_param_desc_t, group, 40);
 OFFSET(zero_param_desc_t, init_data, 48);
 OFFSET(zero_param_desc_t, init_dtype, 56);
 OFFSET(zero_param_desc_t, reserved, 60);
+OFFSET(zero_param_desc_t, flags, 64); /* 0.4 */
+OFFSET(zero_param_desc_t, reserved2, 68);
 
-SIZE(zero_param_info_t, 128);
+SIZE(zero_param_info_t, 136);
 OFFSET(zero_param_info_t, struct_size, 0);
 OFFSET(zero_param_info_t, name, 8);
 OFFSET(zero_param_info_t, ndim, 16);
@@ -77,6 +79,8 @@ OFFSET(zero_param_info_t, group, 104);
 OFFSET(zero_param_info_t, reserved, 108);
 OFFSET(zero_param_info_t, param_bytes, 112);
 OFFSET(zero_param_info_t, grad_bytes, 120);
+OFFSET(zero_param_info_t, flags, 128); /* 0.4 */
+OFFSET(zero_param_info_t, reserved2, 132);
 
 SIZE(zero_unit_info_t, 32);
 OFFSET(zero_unit_info_t, struct_size, 0);
@@ -110,7 +114,7 @@ OFFSET(zero_engine_info_t, optimizer_threads, 48);
 OFFSET(zero_engine_info_t, deterministic, 52);
 OFFSET(zero_engine_info_t, timeout_s, 56);
 
-SIZE(zero_memory_stats_t, 64);
+SIZE(zero_memory_stats_t, 72);
 OFFSET(zero_memory_stats_t, struct_size, 0);
 OFFSET(zero_memory_stats_t, param_bytes, 8);
 OFFSET(zero_memory_stats_t, grad_bytes, 16);
@@ -119,6 +123,12 @@ OFFSET(zero_memory_stats_t, optimizer_state_bytes, 32);
 OFFSET(zero_memory_stats_t, bucket_bytes, 40);
 OFFSET(zero_memory_stats_t, gathered_bytes, 48);
 OFFSET(zero_memory_stats_t, total_bytes, 56);
+OFFSET(zero_memory_stats_t, frozen_param_bytes, 64); /* 0.4 */
+
+SIZE(zero_save_options_t, 16); /* 0.4 */
+OFFSET(zero_save_options_t, struct_size, 0);
+OFFSET(zero_save_options_t, exclude_frozen, 8);
+OFFSET(zero_save_options_t, reserved, 12);
 
 SIZE(zero_comm_kind_stats_t, 24);
 OFFSET(zero_comm_kind_stats_t, calls, 0);
@@ -141,8 +151,9 @@ _Static_assert(ZERO_OK == 0 && ZERO_ERR_INVALID_ARGUMENT == 1 && ZERO_ERR_INVALI
                    ZERO_ERR_IO == 10 && ZERO_ERR_REMOTE == 11 && ZERO_ERR_TIMEOUT == 12 && ZERO_ERR_ABORTED == 13,
                "status codes changed");
 _Static_assert(ZERO_DTYPE_FP32 == 0 && ZERO_DTYPE_BF16 == 1 && ZERO_DTYPE_FP16 == 2 && ZERO_DTYPE_FP64 == 3 &&
-                   ZERO_DTYPE_INT64 == 4 && ZERO_DTYPE_UINT8 == 5,
+                   ZERO_DTYPE_INT64 == 4 && ZERO_DTYPE_UINT8 == 5 && ZERO_DTYPE_INT8 == 6 && ZERO_DTYPE_BYTES == 7,
                "dtype values changed");
+_Static_assert(ZERO_PARAM_FROZEN == 1, "param flags changed");
 _Static_assert(ZERO_SIMD_SCALAR == 0 && ZERO_SIMD_AVX2 == 1 && ZERO_SIMD_AVX512 == 2, "simd values changed");
 _Static_assert(ZERO_LOG_OFF == 0 && ZERO_LOG_ERROR == 1 && ZERO_LOG_WARNING == 2 && ZERO_LOG_INFO == 3 &&
                    ZERO_LOG_DEBUG == 4,

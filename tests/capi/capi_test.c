@@ -263,6 +263,99 @@ static void test_struct_sizes(void** state) {
   zero_comm_destroy(comm);
 }
 
+/* A program built against 0.3's zero.h passes the structs 0.4 grew at their 0.3 sizes: init functions, inputs and
+ * outputs accept them, and the fields 0.4 appended keep their defaults. Frozen params' registration checks. */
+static void test_structs_of_an_older_header(void** state) {
+  (void)state;
+  const size_t desc_03 = offsetof(zero_param_desc_t, flags),
+               stats_03 = offsetof(zero_memory_stats_t, frozen_param_bytes),
+               info_03 = offsetof(zero_param_info_t, flags);
+  assert_int_equal(desc_03, 64);
+  assert_int_equal(stats_03, 64);
+  assert_int_equal(info_03, 128);
+  zero_param_desc_t d;
+  memset(&d, 0x5a, sizeof d);
+  assert_int_equal(zero_param_desc_init(&d, desc_03), ZERO_OK);
+  assert_int_equal(d.struct_size, desc_03);
+  assert_true(d.flags == 0x5a5a5a5au); /* beyond the 0.3 size: not touched */
+  zero_comm_t* comm = NULL;
+  zero_engine_t* engine = new_engine(&comm);
+  int64_t shape[1] = {3};
+  d.name = "w";
+  d.ndim = 1;
+  d.shape = shape;
+  int32_t id = -1;
+  assert_int_equal(zero_engine_add_param(&id, engine, &d), ZERO_OK); /* trained: flags not read */
+
+  zero_param_desc_t f;
+  assert_int_equal(zero_param_desc_init(&f, sizeof f), ZERO_OK);
+  f.name = "q";
+  f.ndim = 1;
+  f.shape = shape;
+  f.flags = ZERO_PARAM_FROZEN | 4;
+  assert_fails(zero_engine_add_param(&id, engine, &f), ZERO_ERR_UNSUPPORTED, "flags has bits");
+  f.flags = ZERO_PARAM_FROZEN;
+  f.dtype = 8;
+  assert_fails(zero_engine_add_param(&id, engine, &f), ZERO_ERR_INVALID_ARGUMENT, "frozen param");
+  f.dtype = ZERO_DTYPE_UINT8;
+  f.init_dtype = ZERO_DTYPE_FP32;
+  assert_fails(zero_engine_add_param(&id, engine, &f), ZERO_ERR_INVALID_ARGUMENT, "copied as they are");
+  f.init_dtype = -1;
+  const unsigned char packed[3] = {0x0f, 0xf0, 0xa5};
+  f.init_data = packed;
+  assert_int_equal(zero_engine_add_param(&id, engine, &f), ZERO_OK);
+  zero_param_desc_t t;
+  assert_int_equal(zero_param_desc_init(&t, sizeof t), ZERO_OK);
+  t.name = "u8";
+  t.ndim = 1;
+  t.shape = shape;
+  t.dtype = ZERO_DTYPE_UINT8;
+  assert_fails(zero_engine_add_param(&id, engine, &t), ZERO_ERR_INVALID_ARGUMENT, "ZERO_PARAM_FROZEN");
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+
+  zero_memory_stats_t ms;
+  memset(&ms, 0x5a, sizeof ms);
+  assert_int_equal(zero_memory_stats_init(&ms, stats_03), ZERO_OK);
+  assert_int_equal(zero_memory_stats(&ms, engine), ZERO_OK);
+  assert_int_equal(ms.struct_size, stats_03);
+  assert_true(ms.frozen_param_bytes == 0x5a5a5a5a5a5a5a5aull); /* not written beyond what the caller has */
+  zero_memory_stats_t full = ZERO_MEMORY_STATS_INIT;
+  assert_int_equal(zero_memory_stats(&full, engine), ZERO_OK);
+  assert_true(full.frozen_param_bytes == 64); /* 3 bytes, whole at N = 1, padded to 64 */
+  assert_true(full.total_bytes == ms.total_bytes);
+  zero_param_info_t info;
+  assert_int_equal(zero_param_info_init(&info, info_03), ZERO_OK);
+  assert_int_equal(zero_param_info(&info, engine, 1), ZERO_OK);
+  assert_int_equal(info.param_dtype, ZERO_DTYPE_UINT8);
+  assert_int_equal(info.grad_dtype, -1);
+  /* The frozen param's bytes, as registered; it has no gradient. */
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  void* data = NULL;
+  assert_int_equal(zero_param_data(&data, engine, 1), ZERO_OK);
+  assert_memory_equal(data, packed, sizeof packed);
+  assert_fails(zero_grad_data(&data, engine, 1), ZERO_ERR_INVALID_ARGUMENT, "is frozen");
+  assert_fails(zero_grad_ready(engine, 1), ZERO_ERR_INVALID_ARGUMENT, "is frozen");
+  /* zero_release_modified on one rank: this rank's writes become the values. */
+  ((unsigned char*)data)[1] = 0x42;
+  assert_fails(zero_release_modified(engine, 0, 1), ZERO_ERR_INVALID_ARGUMENT, "modifier rank 1 is not a rank");
+  assert_int_equal(zero_release_modified(engine, 0, 0), ZERO_OK);
+  assert_fails(zero_release_modified(engine, 0, 0), ZERO_ERR_INVALID_STATE, "not gathered");
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  assert_int_equal(zero_param_data(&data, engine, 1), ZERO_OK);
+  assert_int_equal(((unsigned char*)data)[1], 0x42);
+  assert_int_equal(zero_release(engine, 0), ZERO_OK);
+
+  zero_save_options_t so;
+  memset(&so, 0x5a, sizeof so);
+  assert_int_equal(zero_save_options_init(&so, sizeof so), ZERO_OK);
+  assert_int_equal(so.exclude_frozen, 0);
+  so.exclude_frozen = 2;
+  assert_fails(zero_save_checkpoint_with(engine, "/nonexistent", "t", &so), ZERO_ERR_INVALID_ARGUMENT,
+               "exclude_frozen must be 0 or 1");
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+}
+
 static void test_wrong_order(void** state) {
   (void)state;
   zero_comm_t* comm = NULL;
@@ -962,6 +1055,7 @@ int main(void) {
       cmocka_unit_test(test_status_strings_and_version),
       cmocka_unit_test(test_null_arguments),
       cmocka_unit_test(test_struct_sizes),
+      cmocka_unit_test(test_structs_of_an_older_header),
       cmocka_unit_test(test_wrong_order),
       cmocka_unit_test(test_bad_config),
       cmocka_unit_test(test_logging),

@@ -104,8 +104,15 @@ ckpt::Manifest valid_manifest() {
   m.loss_scale = 1.0;
   m.hysteresis_left = 2;
   m.groups.push_back({"default", 0.001, 0.01, 0.9, 0.999, 1e-8});
-  m.units.push_back({0, 64, 32, 0});
-  m.params.push_back({"w", {7, 5}, 0, 0, 0, 35, 0});
+  ckpt::ManifestUnit unit;
+  unit.padded_elems = 64;
+  unit.shard_elems = 32;
+  m.units.push_back(unit);
+  ckpt::ManifestParam w;
+  w.name = "w";
+  w.shape = {7, 5};
+  w.numel = 35;
+  m.params.push_back(w);
   for (int r = 0; r < 2; ++r)
     for (const char* kind : {"master", "optimizer"})
       m.files.push_back({ckpt::shard_file_name(kind, r, 2), kind, r, 100, 1});
@@ -153,6 +160,74 @@ TEST(CheckpointIo, ManifestValuesNoSaveWritesAreCorruption) {
         << c.what;
     EXPECT_NE(message.find(c.what), std::string::npos) << message;
   }
+}
+
+// valid_manifest() with a frozen uint8 param in a unit of its own (format 3), its bytes saved.
+ckpt::Manifest frozen_manifest() {
+  ckpt::Manifest m = valid_manifest();
+  ckpt::ManifestUnit unit;
+  unit.index = 1;
+  unit.global_offset = 64;
+  unit.frozen_padded_bytes = 128;
+  unit.frozen_shard_bytes = 64;
+  m.units.push_back(unit);
+  ckpt::ManifestParam q;
+  q.name = "q";
+  q.shape = {3, 30};
+  q.unit = 1;
+  q.numel = 90;
+  q.frozen = true;
+  q.dtype = "uint8";
+  q.bytes = 90;
+  m.params.push_back(q);
+  for (int r = 0; r < 2; ++r) m.files.push_back({ckpt::shard_file_name("frozen", r, 2), "frozen", r, 100, 1});
+  return m;
+}
+
+TEST(CheckpointIo, FrozenParamsNeedFormatThreeAndTheirFiles) {
+  const ckpt::Manifest parsed = ckpt::Manifest::parse(frozen_manifest().to_json(), "m");
+  EXPECT_EQ(parsed.format_version, 3);
+  ASSERT_EQ(parsed.params.size(), 2u);
+  EXPECT_TRUE(parsed.params[1].frozen);
+  EXPECT_EQ(parsed.params[1].dtype, "uint8");
+  EXPECT_EQ(parsed.params[1].bytes, 90u);
+  EXPECT_EQ(parsed.units[1].frozen_shard_bytes, 64u);
+  EXPECT_TRUE(parsed.frozen_saved);
+  // Without frozen params nothing changes: format 2, no frozen keys.
+  EXPECT_EQ(valid_manifest().to_json().find("frozen"), std::string::npos);
+  EXPECT_NE(valid_manifest().to_json().find("\"format_version\": 2"), std::string::npos);
+  // Left out: no frozen files, and the manifest says so.
+  ckpt::Manifest excluded = frozen_manifest();
+  excluded.frozen_saved = false;
+  excluded.files.resize(excluded.files.size() - 2);
+  EXPECT_FALSE(ckpt::Manifest::parse(excluded.to_json(), "m").frozen_saved);
+
+  struct Case {
+    const char* what;
+    void (*edit)(ckpt::Manifest&);
+  };
+  const Case cases[] = {
+      {"has dtype 'int4'", [](ckpt::Manifest& m) { m.params[1].dtype = "int4"; }},
+      {"does not fit its unit's frozen bytes", [](ckpt::Manifest& m) { m.params[1].bytes = 91; }},
+      {"does not fit its unit's frozen bytes", [](ckpt::Manifest& m) { m.params[1].offset_in_unit = 64; }},
+      {"shards do not tile it", [](ckpt::Manifest& m) { m.units[1].frozen_shard_bytes = 63; }},
+      {"0 frozen files for rank 1", [](ckpt::Manifest& m) { m.files.pop_back(); }},
+      {"frozen files, but no frozen params saved", [](ckpt::Manifest& m) { m.frozen_saved = false; }},
+  };
+  for (const Case& c : cases) {
+    ckpt::Manifest m = frozen_manifest();
+    c.edit(m);
+    std::string message;
+    EXPECT_EQ(status_of([&] { ckpt::Manifest::parse(m.to_json(), "m"); }, &message), ZERO_ERR_CHECKPOINT_CORRUPT)
+        << c.what;
+    EXPECT_NE(message.find(c.what), std::string::npos) << message;
+  }
+  // A version-2 manifest cannot have frozen params.
+  std::string text = frozen_manifest().to_json();
+  text.replace(text.find("\"format_version\": 3"), 19, "\"format_version\": 2");
+  std::string message;
+  EXPECT_EQ(status_of([&] { ckpt::Manifest::parse(text, "m"); }, &message), ZERO_ERR_CHECKPOINT_CORRUPT);
+  EXPECT_NE(message.find("below 3"), std::string::npos) << message;
 }
 
 TEST(CheckpointIo, TheManifestHasAChecksum) {

@@ -65,8 +65,77 @@ TEST(Plan, EachStageKeepsWhatTheZeroPaperSays) {
         EXPECT_EQ(up.norm_in_grads, stage >= 2 ? 0u : rank * shard);
       }
       EXPECT_EQ(plan.buckets.empty(), stage < 2);
-      EXPECT_EQ(plan.gathered.elems, stage == 3 ? layout.units[2].padded_elems : 0u);  // the largest sharded unit
+      // The largest sharded unit, in bytes, and its elements for fetching ahead.
+      EXPECT_EQ(plan.gathered.bytes(), stage == 3 ? layout.units[2].padded_elems * 4 : 0u);
+      EXPECT_EQ(plan.gathered_elems, stage == 3 ? layout.units[2].padded_elems : 0u);
     }
+}
+
+// A frozen param (a LoRA base, a packed quantized weight) lives beside its unit's trained params as bytes: whole at
+// stages 0-2, sharded at stage 3 with its unit, counted in frozen_param_bytes and in the gathered buffer, and
+// without gradient, master or optimizer state; a unit of frozen params only has no trained elements at all.
+TEST(Plan, FrozenParamsAreBytesBesideTheirUnit) {
+  std::vector<ParamShape> params = model();
+  ParamShape base{"base", {50, 40}, 2, 0};  // 2000 bf16 elements in unit 2
+  base.frozen = true;
+  base.stored = StoredType::kBF16;
+  ParamShape packed{"packed", {300}, 3, 0};  // a unit of its own, uint8
+  packed.frozen = true;
+  packed.stored = StoredType::kU8;
+  params.push_back(base);
+  params.push_back(packed);
+  const int world = 3;
+  const Layout layout = build_layout(params, world);
+  ASSERT_EQ(layout.units.size(), 4u);
+  const UnitLayout& u2 = layout.units[2];
+  EXPECT_EQ(u2.params, (std::vector<int>{2, 3}));
+  EXPECT_EQ(u2.frozen_params, (std::vector<int>{4}));
+  EXPECT_EQ(u2.frozen_used_bytes, 4000u);
+  EXPECT_EQ(u2.frozen_shard_bytes % kFrozenAlignBytes, 0u);
+  EXPECT_EQ(u2.frozen_padded_bytes, u2.frozen_shard_bytes * world);
+  EXPECT_GE(u2.frozen_padded_bytes, 4000u);
+  EXPECT_EQ(layout.params[4].bytes, 4000u);
+  EXPECT_TRUE(layout.params[4].frozen);
+  const UnitLayout& u3 = layout.units[3];
+  EXPECT_EQ(u3.padded_elems, 0u);
+  EXPECT_EQ(u3.shard_elems, 0u);
+  EXPECT_EQ(u3.frozen_padded_bytes, 3u * 128u);  // 100 bytes per rank, rounded to 64
+  // Units without trained params have no gradients: in no bucket.
+  for (const BucketLayout& b : build_buckets(layout, 200))
+    for (int u : b.units) EXPECT_NE(u, 3);
+
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int rank = 0; rank < world; ++rank) {
+      PlanSpec s = spec(stage, DType::kBF16, world, rank);
+      s.persistence_threshold = 1000;  // unit 2 (2200 elements with its base) is sharded at stage 3, unit 3 not
+      const Plan plan = make_plan(s, layout);
+      const UnitPlan& p2 = plan.units[2];
+      const UnitPlan& p3 = plan.units[3];
+      EXPECT_EQ(p2.sharded_params(), stage == 3);
+      EXPECT_EQ(p2.frozen.bytes(), stage == 3 ? u2.frozen_shard_bytes : u2.frozen_padded_bytes);
+      EXPECT_EQ(p3.sharded_params(), false);  // 300 elements: persistent
+      EXPECT_EQ(p3.frozen.bytes(), u3.frozen_padded_bytes);
+      EXPECT_EQ(p3.params.extent, Extent::kNone);
+      EXPECT_EQ(p3.grads.extent, Extent::kNone);
+      EXPECT_EQ(p3.master.extent, Extent::kNone);
+      EXPECT_EQ(p3.state[0].extent, Extent::kNone);
+      const MemoryStats m = plan.bytes();
+      EXPECT_EQ(m.frozen_param_bytes, p2.frozen.bytes() + p3.frozen.bytes());
+      EXPECT_EQ(m.total(), m.param_bytes + m.grad_bytes + m.master_param_bytes + m.optimizer_state_bytes +
+                               m.bucket_bytes + m.gathered_bytes + m.frozen_param_bytes);
+      if (stage == 3) {  // the gathered buffer: unit 2's params, then its frozen bytes at a 64-byte boundary
+        EXPECT_EQ(p2.gathered_frozen_offset % kFrozenAlignBytes, 0u);
+        EXPECT_GE(p2.gathered_frozen_offset, u2.padded_elems * 2);
+        EXPECT_EQ(plan.gathered.bytes(), p2.gathered_frozen_offset + u2.frozen_padded_bytes);
+        EXPECT_EQ(plan.gathered_elems, u2.padded_elems + 2000u);
+      }
+    }
+  // Persistence counts frozen elements as DeepSpeed counts a param's: with them, unit 2 is past a threshold its
+  // trained elements alone are not.
+  PlanSpec s = spec(3, DType::kBF16, world, 0);
+  s.persistence_threshold = 1000;
+  EXPECT_TRUE(make_plan(s, build_layout(model(), world)).units[2].persistent);
+  EXPECT_FALSE(make_plan(s, layout).units[2].persistent);
 }
 
 TEST(Plan, BytesFollowTheFormulasWithTheSixteenBitCopy) {

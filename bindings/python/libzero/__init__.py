@@ -26,7 +26,7 @@ from . import errors
 from .errors import *  # noqa: F401,F403 - the exception classes, listed in errors.__all__
 from .views import View
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _LEVELS = {"off": 0, "error": 1, "warning": 2, "info": 3, "debug": 4}
 _TO_LOGGING = {1: _logging.ERROR, 2: _logging.WARNING, 3: _logging.INFO, 4: _logging.DEBUG}

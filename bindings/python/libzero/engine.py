@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from . import _native
-from ._dtypes import code_of_array
+from ._dtypes import CODES, code_of_array, frozen_code_of_array
 from .comm import Comm
 from .errors import InvalidArgumentError, InvalidStateError
 from .views import View, make_view
@@ -106,14 +106,42 @@ class Engine:
         unit: int = 0,
         group: int = 0,
         init: Any = None,
+        *,
+        frozen: bool = False,
+        dtype: str | None = None,
     ) -> int:
         """Registers a param; returns its id (0, 1, ... in call order). ``unit``: its gather unit (units are
         numbered in forward order). ``init``: initial values (read on rank 0 at finalize; float32 keeps bf16/fp16
-        training's fp32 master weights exact), or None for zeros."""
+        training's fp32 master weights exact), or None for zeros.
+
+        ``frozen=True``: a param the optimizer does not train (ZERO_PARAM_FROZEN): no gradient, master or optimizer
+        state; whole on every rank at stages 0-2, sharded at stage 3. It keeps ``dtype`` ("fp32", "bf16", "fp16",
+        "fp64", "int64", "uint8", "int8", "bytes"; by default ``init``'s, else the compute dtype), its bytes never
+        converted."""
         dims = [int(shape)] if isinstance(shape, int) else [int(d) for d in shape]
         init_array = None
         init_code = -1
-        if init is not None:
+        frozen_code = -2  # trained
+        if frozen:
+            frozen_code = CODES[dtype] if dtype is not None else -1
+            if init is not None:
+                code, init_array = frozen_code_of_array(np.ascontiguousarray(np.asarray(init)), self._param_dtype)
+                if dtype is None:
+                    frozen_code = code
+                    if code == CODES["bytes"]:
+                        dims = list(init_array.shape)
+                elif code != frozen_code and not (frozen_code == CODES["bytes"] and init_array.dtype == np.uint8):
+                    raise InvalidArgumentError(
+                        f"add_param {name!r}: init is {np.asarray(init).dtype}, the param is frozen as {dtype} "
+                        "(a frozen param's bytes are kept as they are: pass init in its dtype)"
+                    )
+                if init_array.size != math.prod(dims):
+                    raise InvalidArgumentError(
+                        f"add_param {name!r}: init has {init_array.size} elements, the shape {tuple(dims)} needs "
+                        f"{math.prod(dims)}"
+                    )
+                init_code = frozen_code
+        elif init is not None:
             init_array = np.ascontiguousarray(init if isinstance(init, np.ndarray) else np.asarray(init, np.float32))
             if init_array.size != math.prod(dims):
                 raise InvalidArgumentError(
@@ -121,7 +149,7 @@ class Engine:
                     f"{math.prod(dims)}"
                 )
             init_code = code_of_array(init_array, self._param_dtype)
-        pid = int(self._n.add_param(name, dims, int(unit), int(group), init_array, init_code))
+        pid = int(self._n.add_param(name, dims, int(unit), int(group), init_array, init_code, frozen_code))
         self._names.append(name)
         self._ids[name] = pid
         self._inits.append(init_array)
@@ -180,27 +208,48 @@ class Engine:
         """Gives a gathered unit back; views of its params become stale."""
         self._n.release(int(unit))
 
+    def release_modified(self, unit: int, modifier_rank: int) -> None:
+        """Releases a gathered unit after rank ``modifier_rank`` wrote new values into its params (``param(i)[...] =
+        ...``): every rank's params, shards and fp32 master take that rank's values (DeepSpeed's
+        ``GatheredParameters(modifier_rank=...)``). Collective: every rank, the same unit and modifier rank."""
+        self._grad_views_epoch += 1
+        self._n.release_modified(int(unit), int(modifier_rank))
+
     @contextlib.contextmanager
-    def gathered(self, *units: int) -> Iterator[None]:
+    def gathered(self, *units: int, modifier_rank: int | None = None) -> Iterator[None]:
         """``with engine.gathered(u): ...`` gathers the units in order and releases them in reverse, also when the
-        block raises."""
+        block raises. With ``modifier_rank``, what that rank wrote into the units' params inside the block becomes
+        every rank's (release_modified); if the block raises, the units are released unchanged."""
         done: list[int] = []
+        failed = True
         try:
             for u in units:
                 self.gather(u)
                 done.append(u)
             yield
+            failed = False
         finally:
-            for u in reversed(done):
-                self.release(u)
+            while done:
+                u = done.pop()
+                if modifier_rank is None or failed:
+                    self.release(u)
+                else:
+                    try:
+                        self.release_modified(u, modifier_rank)
+                    except BaseException:
+                        for rest in reversed(done):  # the engine may be unusable now; free what is left anyway
+                            with contextlib.suppress(Exception):
+                                self.release(rest)
+                        raise
 
     def prefetch(self, unit: int) -> None:
         """Stage 3: starts the all-gather of ``unit`` now, so that it moves while you compute. Collective."""
         self._n.prefetch(int(unit))
 
     def param(self, param: int | str) -> View:
-        """The param's values (a numpy view of engine memory, in the compute dtype) while its unit is gathered.
-        Writes are not preserved: values change only in step()."""
+        """The param's values (a numpy view of engine memory, in the compute dtype; a frozen param's in its own)
+        while its unit is gathered. Writes are not preserved (values change only in step()), except on the modifier
+        rank of ``gathered(..., modifier_rank=r)`` / ``release_modified``."""
         return make_view(self, self._id(param), "param")
 
     def grad(self, param: int | str) -> View:
@@ -240,9 +289,12 @@ class Engine:
         self._n.set_num_threads(int(threads))
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------
-    def save_checkpoint(self, directory: str | os.PathLike[str], tag: str) -> None:
-        """Writes a sharded checkpoint to ``directory/tag`` and points ``directory/latest`` at it. Collective."""
-        self._n.save_checkpoint(os.fspath(directory), str(tag))
+    def save_checkpoint(
+        self, directory: str | os.PathLike[str], tag: str, *, exclude_frozen: bool = False
+    ) -> None:
+        """Writes a sharded checkpoint to ``directory/tag`` and points ``directory/latest`` at it. Collective.
+        ``exclude_frozen``: leave the frozen params' bytes out (DeepSpeed's exclude_frozen_parameters)."""
+        self._n.save_checkpoint(os.fspath(directory), str(tag), bool(exclude_frozen))
 
     def load_checkpoint(self, directory: str | os.PathLike[str], tag: str | None = None) -> None:
         """Loads ``directory/tag`` (the latest when None), saved at any rank count and stage. Collective."""

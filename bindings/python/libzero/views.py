@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from . import _native
-from ._dtypes import BF16, CODES
-from .errors import InvalidStateError, StaleViewError
+from ._dtypes import BF16, CODES, NUMPY
+from .errors import InvalidArgumentError, InvalidStateError, StaleViewError
 
 
 class _Lease:
@@ -149,7 +149,10 @@ class View(np.ndarray):
             return CODES["fp16"]
         if dtype == BF16 or (dtype == np.uint16 and lease_code == CODES["bf16"]):
             return CODES["bf16"]
-        raise BufferError(f"libzero views export float32, float16 and bfloat16 through DLPack, not {dtype}")
+        for name in ("fp64", "int64", "uint8", "int8"):  # frozen params' storage
+            if dtype == NUMPY[name]:
+                return CODES[name]
+        raise BufferError(f"libzero views do not export {dtype} through DLPack")
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)  # kDLCPU
@@ -250,6 +253,8 @@ def make_view(engine: Any, param: int, what: str) -> View:
         raise InvalidStateError("views of params and gradients exist after finalize(): call engine.finalize() first")
     lease = _Lease(engine, param, what)
     info = engine._infos[param]
+    if what == "grad" and info.get("frozen"):
+        raise InvalidArgumentError(f"param {param} ({engine._names[param]!r}) is frozen: it has no gradient")
     if what == "param":
         lease.unit = info["unit"]
         lease.zero_dtype = CODES[info["param_dtype"]]

@@ -61,7 +61,10 @@ DLDataType dl_type(int32_t zero_dtype) {
     case ZERO_DTYPE_INT64:
       return {0, 64, 1};
     case ZERO_DTYPE_UINT8:
+    case ZERO_DTYPE_BYTES:
       return {1, 8, 1};
+    case ZERO_DTYPE_INT8:
+      return {0, 8, 1};
     default:
       throw std::invalid_argument("to_dlpack: unknown zero dtype " + std::to_string(zero_dtype));
   }

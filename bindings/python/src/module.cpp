@@ -54,6 +54,12 @@ const char* dtype_name(int32_t dtype) {
       return "int64";
     case ZERO_DTYPE_UINT8:
       return "uint8";
+    case ZERO_DTYPE_INT8:
+      return "int8";
+    case ZERO_DTYPE_BYTES:
+      return "bytes";
+    case -1:
+      return "none";  // a frozen param's gradient
     default:
       return "unknown";
   }
@@ -70,6 +76,8 @@ size_t dtype_size(int32_t dtype) {
     case ZERO_DTYPE_INT64:
       return 8;
     case ZERO_DTYPE_UINT8:
+    case ZERO_DTYPE_INT8:
+    case ZERO_DTYPE_BYTES:
       return 1;
     default:
       return 0;
@@ -91,7 +99,10 @@ py::dtype numpy_dtype(int32_t dtype, const py::object& bf16) {
     case ZERO_DTYPE_INT64:
       return py::dtype::of<int64_t>();
     case ZERO_DTYPE_UINT8:
+    case ZERO_DTYPE_BYTES:
       return py::dtype::of<uint8_t>();
+    case ZERO_DTYPE_INT8:
+      return py::dtype::of<int8_t>();
     default:
       throw StatusError{ZERO_ERR_INTERNAL, std::string("unknown dtype ") + std::to_string(dtype)};
   }
@@ -330,8 +341,10 @@ class Engine {
 
   // `init`: a C-contiguous array of the values (any of the engine's dtypes, named by init_dtype), or None. It is
   // read in finalize on rank 0, so the caller keeps it alive until then (libzero.Engine does).
+  // `frozen_dtype`: -2 for a trained param; otherwise the param is frozen (ZERO_PARAM_FROZEN) and kept in that
+  // zero_dtype_t (-1: the compute dtype).
   int32_t add_param(const std::string& name, const std::vector<int64_t>& shape, int32_t unit, int32_t group,
-                    const py::object& init, int32_t init_dtype) {
+                    const py::object& init, int32_t init_dtype, int32_t frozen_dtype) {
     zero_param_desc_t desc;
     check(zero_param_desc_init(&desc, sizeof desc));
     desc.name = name.c_str();
@@ -339,6 +352,10 @@ class Engine {
     desc.shape = shape.data();
     desc.unit = unit;
     desc.group = group;
+    if (frozen_dtype != -2) {
+      desc.flags = ZERO_PARAM_FROZEN;
+      desc.dtype = frozen_dtype;
+    }
     if (!init.is_none()) {
       const py::buffer_info info = init.cast<py::buffer>().request();
       desc.init_data = info.ptr;
@@ -356,6 +373,9 @@ class Engine {
     call([unit](zero_engine_t* e) { return zero_gather(e, unit); });
   }
   void release(int32_t unit) { check(zero_release(get(), unit), engine_); }
+  void release_modified(int32_t unit, int32_t modifier_rank) {
+    call([unit, modifier_rank](zero_engine_t* e) { return zero_release_modified(e, unit, modifier_rank); });
+  }
   void prefetch(int32_t unit) {
     call([unit](zero_engine_t* e) { return zero_prefetch(e, unit); });
   }
@@ -386,8 +406,11 @@ class Engine {
   }
   void set_lr(int32_t group, double lr) { check(zero_set_lr(get(), group, lr), engine_); }
 
-  void save_checkpoint(const std::string& dir, const std::string& tag) {
-    call([&](zero_engine_t* e) { return zero_save_checkpoint(e, dir.c_str(), tag.c_str()); });
+  void save_checkpoint(const std::string& dir, const std::string& tag, bool exclude_frozen) {
+    zero_save_options_t options;
+    check(zero_save_options_init(&options, sizeof options));
+    options.exclude_frozen = exclude_frozen ? 1 : 0;
+    call([&](zero_engine_t* e) { return zero_save_checkpoint_with(e, dir.c_str(), tag.c_str(), &options); });
   }
   void load_checkpoint(const std::string& dir, const std::optional<std::string>& tag) {
     call([&](zero_engine_t* e) { return zero_load_checkpoint(e, dir.c_str(), tag ? tag->c_str() : nullptr); });
@@ -427,6 +450,7 @@ class Engine {
     d["numel"] = info.numel;
     d["param_dtype"] = dtype_name(info.param_dtype);
     d["grad_dtype"] = dtype_name(info.grad_dtype);
+    d["frozen"] = (info.flags & ZERO_PARAM_FROZEN) != 0;
     return d;
   }
 
@@ -481,6 +505,7 @@ class Engine {
     d["optimizer_state_bytes"] = s.optimizer_state_bytes;
     d["bucket_bytes"] = s.bucket_bytes;
     d["gathered_bytes"] = s.gathered_bytes;
+    d["frozen_param_bytes"] = s.frozen_param_bytes;
     d["total_bytes"] = s.total_bytes;
     return d;
   }
@@ -644,6 +669,7 @@ PYBIND11_MODULE(_native, m) {
       .def("finalize", &Engine::finalize)
       .def("gather", &Engine::gather)
       .def("release", &Engine::release)
+      .def("release_modified", &Engine::release_modified)
       .def("prefetch", &Engine::prefetch)
       .def("grad_ready", &Engine::grad_ready)
       .def("backward_end", &Engine::backward_end)

@@ -131,7 +131,7 @@ def test_statistics_report_the_engine_s_bytes_and_traffic():
     e, w = one_param_engine(stage=2)
     m = e.memory_stats()
     assert m == {"param_bytes": 64, "grad_bytes": 64, "master_param_bytes": 0, "optimizer_state_bytes": 0,
-                 "bucket_bytes": 64, "gathered_bytes": 0, "total_bytes": 192}, m
+                 "bucket_bytes": 64, "gathered_bytes": 0, "frozen_param_bytes": 0, "total_bytes": 192}, m
     assert e.memory_placement() == {"host_bytes": 192, "nvme_bytes": 0, "staging_bytes": 0}
     before = e.comm_stats()
     with e.gathered(0):

@@ -129,9 +129,16 @@ enum zero_dtype {
   ZERO_DTYPE_FP32 = 0,
   ZERO_DTYPE_BF16 = 1,
   ZERO_DTYPE_FP16 = 2,
-  ZERO_DTYPE_FP64 = 3,  /* communicator callbacks only (the squared gradient norm) */
-  ZERO_DTYPE_INT64 = 4, /* communicator callbacks only (agreement and divergence checks) */
-  ZERO_DTYPE_UINT8 = 5  /* communicator callbacks only (bytes: messages, checkpoint records) */
+  /* The types below are, besides a frozen param's storage (ZERO_PARAM_FROZEN: any of these), what communicator
+   * callbacks carry: FP64 the squared gradient norm, INT64 agreement and divergence checks, UINT8 bytes (messages,
+   * checkpoint records, frozen params). */
+  ZERO_DTYPE_FP64 = 3,
+  ZERO_DTYPE_INT64 = 4,
+  ZERO_DTYPE_UINT8 = 5, /* also packed quantized weights (4-bit pairs, 8-bit codes) */
+  ZERO_DTYPE_INT8 = 6,  /* a frozen param's storage only */
+  /* A frozen param's storage only: bytes of any other element type (int32, bool, fp8...), one per element, never
+   * interpreted. The param's shape counts bytes. */
+  ZERO_DTYPE_BYTES = 7
 };
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -263,26 +270,43 @@ ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engi
 /* At most this many dimensions per param. */
 #define ZERO_MAX_NDIM 8
 
+/* zero_param_desc_t.flags. */
+enum zero_param_flag {
+  /* A param the optimizer does not train (a pretrained base under LoRA, quantized weights): it has no gradient, no
+   * fp32 master, no optimizer state and no part in the gradient norm, and keeps its own dtype (any zero_dtype_t but
+   * -1), its bytes never converted. It lives in its unit beside the trained params: whole on every rank at stages
+   * 0-2 (as DeepSpeed keeps it), sharded at stage 3 and all-gathered with its unit by zero_gather. Checkpoints store
+   * its bytes once (zero_save_options_t.exclude_frozen leaves them out). Whether a param is frozen is fixed at
+   * registration: to train it later, register it again in a new engine and load a checkpoint. */
+  ZERO_PARAM_FROZEN = 1
+};
+
 /* A parameter to register. */
 typedef struct zero_param_desc {
   size_t struct_size;
   const char* name;     /* unique, non-empty, valid UTF-8; copied */
   int32_t ndim;         /* 0 (scalar) .. ZERO_MAX_NDIM */
   const int64_t* shape; /* ndim positive extents; copied */
-  int32_t dtype;        /* zero_dtype_t; -1 (the default): the engine's compute dtype. Must equal it otherwise. */
-  int32_t unit;         /* gather unit, >= 0; units are numbered 0..U-1 in forward order, none left empty */
-  int32_t group;        /* 0 or an id from zero_engine_add_param_group */
+  /* zero_dtype_t; -1 (the default): the engine's compute dtype. A trained param's must equal it; a frozen param's
+   * is any zero_dtype_t. */
+  int32_t dtype;
+  int32_t unit;  /* gather unit, >= 0; units are numbered 0..U-1 in forward order, none left empty */
+  int32_t group; /* 0 or an id from zero_engine_add_param_group (a frozen param's is not used) */
   /* Initial values (ndim-shaped, row-major, elements of init_dtype), or NULL for zeros. Read during
    * zero_engine_finalize on rank 0 only, so it must stay valid until then; other ranks may pass NULL. */
   const void* init_data;
   /* The zero_dtype_t of init_data, or -1 (the default) for the param's dtype. fp32 values while training in
-   * bf16/fp16 start the fp32 master weights exact. */
+   * bf16/fp16 start the fp32 master weights exact. A frozen param's bytes are copied as they are: its init_dtype
+   * must be its dtype (or -1). */
   int32_t init_dtype;
   int32_t reserved; /* 0: keeps a future field from landing in padding the library would not see */
+  /* Since 0.4. */
+  uint32_t flags;    /* zero_param_flag bits; 0: a trained param */
+  int32_t reserved2; /* 0 */
 } zero_param_desc_t;
 
 #define ZERO_PARAM_DESC_INIT \
-  { sizeof(zero_param_desc_t), NULL, 0, NULL, -1, 0, 0, NULL, -1, 0 }
+  { sizeof(zero_param_desc_t), NULL, 0, NULL, -1, 0, 0, NULL, -1, 0, 0, 0 }
 
 ZERO_API zero_status_t zero_param_desc_init(zero_param_desc_t* desc, size_t struct_size);
 
@@ -310,16 +334,19 @@ typedef struct zero_param_info {
   int32_t unit;
   int64_t shape[ZERO_MAX_NDIM]; /* the first ndim entries; the rest 0 */
   uint64_t numel;
-  int32_t param_dtype; /* what zero_param_data points to */
-  int32_t grad_dtype;  /* what zero_grad_data points to */
+  int32_t param_dtype; /* what zero_param_data points to (a frozen param's own dtype) */
+  int32_t grad_dtype;  /* what zero_grad_data points to; -1 for a frozen param, which has no gradient */
   int32_t group;
   int32_t reserved;     /* 0 */
   uint64_t param_bytes; /* numel x the size of param_dtype */
-  uint64_t grad_bytes;  /* numel x the size of grad_dtype */
+  uint64_t grad_bytes;  /* numel x the size of grad_dtype; 0 for a frozen param */
+  /* Since 0.4. */
+  uint32_t flags; /* as registered (zero_param_flag bits) */
+  int32_t reserved2;
 } zero_param_info_t;
 
 #define ZERO_PARAM_INFO_INIT \
-  { sizeof(zero_param_info_t), NULL, 0, 0, {0, 0, 0, 0, 0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(zero_param_info_t), NULL, 0, 0, {0, 0, 0, 0, 0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 ZERO_API zero_status_t zero_param_info_init(zero_param_info_t* info, size_t struct_size);
 
@@ -352,10 +379,11 @@ ZERO_API zero_status_t zero_unit_info(zero_unit_info_t* out_info, const zero_eng
  * zero_backward_end. After gradient_accumulation_steps micro-steps: zero_step.
  * ------------------------------------------------------------------------------------------------------------- */
 
-/* The parameter's values in the compute dtype (zero_engine_info_t.param_dtype), contiguous, row-major, valid
- * between zero_gather and zero_release of its unit — at every stage, so that code written for one stage or model
- * size works at every other (ZERO_ERR_INVALID_STATE when the unit is not gathered). Values change only in
- * zero_step. Do not write through it: what a write does depends on the stage and dtype (it may be lost at the next
+/* The parameter's values in the compute dtype (zero_engine_info_t.param_dtype; a frozen param's in its own dtype),
+ * contiguous, row-major, valid between zero_gather and zero_release of its unit — at every stage, so that code
+ * written for one stage or model size works at every other (ZERO_ERR_INVALID_STATE when the unit is not gathered).
+ * Values change only in zero_step and zero_release_modified. Do not write through it except on the modifier rank of
+ * a zero_release_modified: what a write does otherwise depends on the stage and dtype (it may be lost at the next
  * zero_gather or zero_step, or reach this rank's master weights only and make the ranks diverge). Local. */
 ZERO_API zero_status_t zero_param_data(void** out_data, zero_engine_t* engine, int32_t param);
 
@@ -363,7 +391,7 @@ ZERO_API zero_status_t zero_param_data(void** out_data, zero_engine_t* engine, i
  * accumulation dtype (zero_engine_info_t.grad_dtype: data_types.grad_accum_dtype, fp32 by default even when the
  * params are bf16/fp16). The buffer holds zeros or the gradients accumulated so far in this accumulation window,
  * so always add, never overwrite. With fp16 the gradient must be of the loss multiplied by zero_loss_scale().
- * Valid until zero_grad_ready for this param. Local. */
+ * Valid until zero_grad_ready for this param. A frozen param has none (ZERO_ERR_INVALID_ARGUMENT). Local. */
 ZERO_API zero_status_t zero_grad_data(void** out_data, zero_engine_t* engine, int32_t param);
 
 /* Makes a unit's full parameters available. Stage 3: all-gathers them (collective: all ranks gather the same
@@ -378,6 +406,17 @@ ZERO_API zero_status_t zero_gather(zero_engine_t* engine, int32_t unit);
 /* Gives a gathered unit back (stage 3: its full parameters' buffer returns to the engine's pool, or is kept for
  * the unit's next zero_gather when stage3_max_reuse_distance says so; views of it are invalid either way). Local. */
 ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit);
+
+/* Since 0.4. Releases a gathered unit after rank `modifier_rank` wrote new values into its params through
+ * zero_param_data (weights loaded from a file, weight surgery; DeepSpeed's GatheredParameters with a
+ * modifier_rank): every rank's copy takes that rank's values, trained and frozen params alike — the params (whole
+ * or this rank's shard), and the fp32 master widened from them (with bf16/fp16 params the master so holds the
+ * 16-bit values; the optimizer state is kept). What other ranks wrote into their views is discarded. Collective:
+ * every rank calls it for the same unit and modifier rank, with the unit gathered (differences are
+ * ZERO_ERR_MISMATCH on every rank, before anything moves). What was fetched ahead for later gathers is given back
+ * first (it holds the old values). Then the unit is released as zero_release does. Between micro-steps: not after
+ * zero_grad_data or zero_grad_ready until zero_backward_end. */
+ZERO_API zero_status_t zero_release_modified(zero_engine_t* engine, int32_t unit, int32_t modifier_rank);
 
 /* Declares the param's gradient for this micro-step complete. At stages 2-3 a gradient bucket is reduce-scattered
  * as soon as every param it expects is ready (collective then: declare params ready in the same order on all
@@ -439,12 +478,33 @@ ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double 
  * the error and the previous checkpoint and `latest` are untouched. */
 ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* dir, const char* tag);
 
+/* Since 0.4. How zero_save_checkpoint_with saves. */
+typedef struct zero_save_options {
+  size_t struct_size;
+  /* 1: leave the frozen params' bytes out (DeepSpeed's exclude_frozen_parameters; a fine-tuning job whose base
+   * weights are loaded anew saves only what it trains). Loading such a checkpoint keeps the engine's own frozen
+   * params. */
+  int32_t exclude_frozen;
+  int32_t reserved; /* 0 */
+} zero_save_options_t;
+
+#define ZERO_SAVE_OPTIONS_INIT \
+  { sizeof(zero_save_options_t), 0, 0 }
+
+ZERO_API zero_status_t zero_save_options_init(zero_save_options_t* options, size_t struct_size);
+
+/* Since 0.4. zero_save_checkpoint with options (NULL: the defaults, which zero_save_checkpoint uses). Every rank
+ * must pass the same options (ZERO_ERR_MISMATCH otherwise). Collective. */
+ZERO_API zero_status_t zero_save_checkpoint_with(zero_engine_t* engine, const char* dir, const char* tag,
+                                                 const zero_save_options_t* options);
+
 /* Collective, between steps. Loads `dir`/`tag` (or the tag in `dir`/latest when `tag` is NULL), whatever rank
  * count and stage saved it: each rank reads only the element ranges it now owns. Files are checked against the
  * manifest's sizes and checksums first; a missing, truncated or corrupted file gives ZERO_ERR_CHECKPOINT_CORRUPT
  * naming it, and params that differ from the registration give ZERO_ERR_MISMATCH — on every rank, with the
  * engine's state untouched and the engine usable (another checkpoint may be loaded, or training go on). Restores
- * weights, optimizer state, step count, loss scaler and group learning rates. */
+ * weights, optimizer state, step count, loss scaler and group learning rates, and the frozen params' bytes unless
+ * the checkpoint was saved without them (the engine's own are kept then). */
 ZERO_API zero_status_t zero_load_checkpoint(zero_engine_t* engine, const char* dir, const char* tag);
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -488,12 +548,14 @@ typedef struct zero_memory_stats {
                                    * aliases them) */
   uint64_t optimizer_state_bytes; /* e.g. Adam's m and v */
   uint64_t bucket_bytes;          /* gradient buckets (stages 2-3) */
-  uint64_t gathered_bytes;        /* buffers for gathered units (stage 3) */
-  uint64_t total_bytes;           /* the sum of the above */
+  uint64_t gathered_bytes;        /* buffers for gathered units (stage 3), their frozen params included */
+  uint64_t total_bytes;           /* the sum of every kind, frozen_param_bytes included */
+  /* Since 0.4. */
+  uint64_t frozen_param_bytes; /* frozen params (ZERO_PARAM_FROZEN): whole (stages 0-2, persistent units) or shards */
 } zero_memory_stats_t;
 
 #define ZERO_MEMORY_STATS_INIT \
-  { sizeof(zero_memory_stats_t), 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(zero_memory_stats_t), 0, 0, 0, 0, 0, 0, 0, 0 }
 
 ZERO_API zero_status_t zero_memory_stats_init(zero_memory_stats_t* stats, size_t struct_size);
 
