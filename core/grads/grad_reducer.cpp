@@ -171,7 +171,8 @@ void GradientReducer::reduce_full_grads(int unit) {
 
 void GradientReducer::reduce_in_step() {
   if (store_.plan().bucketed()) return;  // reduced bucket by bucket during backward
-  for (int u = 0; u < store_.num_units(); ++u) reduce_full_grads(u);
+  for (int u = 0; u < store_.num_units(); ++u)
+    if (store_.layout().units[u].padded_elems > 0) reduce_full_grads(u);  // frozen params only: no gradients
 }
 
 // zero_backward_end's second half: buckets that hold gradients no reduction covered — written after their bucket

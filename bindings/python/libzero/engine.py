@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from . import _native
-from ._dtypes import CODES, code_of_array, frozen_code_of_array
+from ._dtypes import CODES, NUMPY, code_of_array, frozen_code_of_array
 from .comm import Comm
 from .errors import InvalidArgumentError, InvalidStateError
 from .views import View, make_view
@@ -123,24 +123,22 @@ class Engine:
         init_code = -1
         frozen_code = -2  # trained
         if frozen:
+            if dtype is not None and dtype not in CODES:
+                raise InvalidArgumentError(f"add_param {name!r}: dtype {dtype!r} is not one of {sorted(CODES)}")
             frozen_code = CODES[dtype] if dtype is not None else -1
             if init is not None:
-                code, init_array = frozen_code_of_array(np.ascontiguousarray(np.asarray(init)), self._param_dtype)
-                if dtype is None:
-                    frozen_code = code
-                    if code == CODES["bytes"]:
-                        dims = list(init_array.shape)
-                elif code != frozen_code and not (frozen_code == CODES["bytes"] and init_array.dtype == np.uint8):
+                array = np.ascontiguousarray(np.asarray(init))
+                if dtype is None:  # the array's own type names it
+                    frozen_code, array = frozen_code_of_array(array, self._param_dtype)
+                    if frozen_code == CODES["bytes"]:
+                        dims = list(array.shape)
+                element = NUMPY[dtype].itemsize if dtype is not None else array.itemsize
+                if array.nbytes != math.prod(dims) * element:
                     raise InvalidArgumentError(
-                        f"add_param {name!r}: init is {np.asarray(init).dtype}, the param is frozen as {dtype} "
-                        "(a frozen param's bytes are kept as they are: pass init in its dtype)"
+                        f"add_param {name!r}: init has {array.nbytes} bytes, a frozen {dtype or array.dtype} param "
+                        f"of shape {tuple(dims)} has {math.prod(dims) * element}"
                     )
-                if init_array.size != math.prod(dims):
-                    raise InvalidArgumentError(
-                        f"add_param {name!r}: init has {init_array.size} elements, the shape {tuple(dims)} needs "
-                        f"{math.prod(dims)}"
-                    )
-                init_code = frozen_code
+                init_array = array.reshape(-1).view(np.uint8)  # its bytes, as they are
         elif init is not None:
             init_array = np.ascontiguousarray(init if isinstance(init, np.ndarray) else np.asarray(init, np.float32))
             if init_array.size != math.prod(dims):

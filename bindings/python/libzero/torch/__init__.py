@@ -34,7 +34,8 @@ import torch
 from ..comm import Comm
 from ..engine import ConfigLike, Engine
 from .config import engine_config, optimizer_block
-from .engine import TorchEngine
+from .engine import GatheredParameters, TorchEngine
+from .loading import StateDictLike
 from .process_group import ProcessGroupComm, _default_comm
 from .stage3 import Stage3Engine
 from .units import default_units
@@ -44,7 +45,15 @@ from .config import _TORCH_DTYPE, _UNSUPPORTED_OPTIONS, _group_overrides  # noqa
 from .process_group import _ProcessGroupTransport  # noqa: F401
 from .stage3 import _Saved  # noqa: F401
 
-__all__ = ["initialize", "TorchEngine", "Stage3Engine", "ProcessGroupComm", "optimizer_block", "default_units"]
+__all__ = [
+    "initialize",
+    "TorchEngine",
+    "Stage3Engine",
+    "GatheredParameters",
+    "ProcessGroupComm",
+    "optimizer_block",
+    "default_units",
+]
 
 
 def initialize(
@@ -53,11 +62,19 @@ def initialize(
     comm: Comm | None = None,
     optimizer: torch.optim.Optimizer | None = None,
     units: Callable[[str, torch.nn.Parameter], Hashable] | None = None,
+    state_dict: StateDictLike | None = None,
 ) -> TorchEngine:
     """Trains ``model`` with libzero as ``config`` says (a DeepSpeed config: dict, JSON text or path). Without an
     ``optimizer`` block the hyper-parameters come from ``optimizer`` (AdamW, Adam, Adagrad, SGD), as DeepSpeed takes a
     client optimizer. ``comm`` by default: torch.distributed's default group when it is initialised (torchrun; a
     gloo group beside it when the default is NCCL), else MPI_COMM_WORLD under an MPI launcher, else one process.
+
+    ``state_dict``: the initial values of the params it names (a mapping of names to tensors, or a safetensors file
+    or Hugging Face directory), which rank 0 writes after the engine allocated its shards, one unit at a time: build
+    the model on the meta device (``with torch.device("meta"): model = ...``) on every rank and pass the same
+    ``state_dict`` everywhere, and no rank needs more than its shards and one unit. Without it, rank 0's model gives
+    the values (the other ranks may build theirs on the meta device).
+
     Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below."""
     comm = comm if comm is not None else _default_comm()
     cfg, groups = engine_config(config, optimizer)
@@ -65,5 +82,5 @@ def initialize(
     # The stage as the engine read it (libzero's parser, its defaults and spellings), not as the config text says.
     cls = Stage3Engine if int(engine.info["stage"]) == 3 else TorchEngine
     out = cls.__new__(cls)  # not cls(...): that would create a second engine
-    out._start(model, engine, units, groups)
+    out._start(model, engine, units, groups, state_dict)
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import weakref
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
@@ -14,8 +15,14 @@ import torch
 
 from ..comm import Comm
 from ..engine import ConfigLike, Engine, StepResult
+from . import loading
 from .config import _TORCH_DTYPE, _group_overrides, engine_config
+from .tensors import FLOATING, engine_shape, from_engine, host_bytes, host_values, stored_type
 from .units import default_units, number_units
+
+
+# The engines alive, so that GatheredParameters finds the one that holds the params it is given.
+_ENGINES: "weakref.WeakSet[TorchEngine]" = weakref.WeakSet()
 
 
 class TorchEngine:
@@ -36,10 +43,18 @@ class TorchEngine:
         cfg, groups = engine_config(config, optimizer)
         self._start(model, Engine(cfg, comm), units, groups)
 
-    def _start(self, model: torch.nn.Module, engine: Engine, units: Any, groups: list[dict[str, Any]]) -> None:
+    def _start(
+        self,
+        model: torch.nn.Module,
+        engine: Engine,
+        units: Any,
+        groups: list[dict[str, Any]],
+        state_dict: loading.StateDictLike | None = None,
+    ) -> None:
         """Takes ``engine`` over (closing it if the model cannot be set up)."""
         self.module = model
         self.engine = engine
+        self._state_dict = state_dict
         try:
             self._setup(model, units, groups)
         except BaseException:
@@ -62,10 +77,13 @@ class TorchEngine:
         self._in_backward = False
         self._ready: set[int] = set()  # params whose gradient this micro-step is in
         self._handles: list[Any] = []
+        self._modifying = 0  # gathered_parameters blocks open (stage 3 keeps their units gathered)
 
-        # Params in registration order; units numbered by first appearance.
+        # Every param, trained (requires_grad) and frozen, in registration order; units numbered by first appearance.
+        # Frozen floating-point params take the compute dtype, as DeepSpeed casts the module; other dtypes (packed
+        # quantized storage) are kept as they are. Both are sharded at stage 3 with their unit.
         unit_of = units if units is not None else default_units(model)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.numel() > 0]
+        named = [(n, p) for n, p in model.named_parameters() if p.numel() > 0]
         raw_units = number_units(named, unit_of)
         group_of: dict[int, int] = {}
         for gi, g in enumerate(groups[1:], start=1):
@@ -74,30 +92,65 @@ class TorchEngine:
                 group_of[id(p)] = gid
         self._params: list[torch.nn.Parameter] = []
         self._unit: list[int] = []
+        self._trained: list[bool] = []
+        self._tensor_dtype: list[torch.dtype] = []  # what the model computes with
+        self._shape: list[torch.Size] = []
+        sources = loading.Sources(model, self._state_dict, self.engine.rank)
         rank0 = self.engine.rank == 0  # initial values are read on rank 0 only: no copies elsewhere
         for (name, p), u in zip(named, raw_units):
-            # fp32 initial values: bf16/fp16 training keeps them exact as its master weights (DeepSpeed casts the
-            # module first and starts its master weights from the rounded values).
-            init = p.detach().to(torch.float32).cpu().contiguous().numpy() if rank0 else None
-            self.engine.add_param(name, tuple(p.shape), unit=u, group=group_of.get(id(p), 0), init=init)
+            trained = p.requires_grad
+            dtype = self._dtype if trained or p.dtype in FLOATING else p.dtype
+            init = None
+            if rank0 and not sources.deferred(name, p):
+                value = p.detach() if dtype == p.dtype or trained else p.detach().to(dtype)
+                init = host_values(value, self._dtype) if trained else host_bytes(value)
+            if trained:
+                self.engine.add_param(name, tuple(p.shape), unit=u, group=group_of.get(id(p), 0), init=init)
+            else:
+                self.engine.add_param(name, engine_shape(p.shape, dtype), unit=u, init=init, frozen=True,
+                                      dtype=stored_type(dtype))
             self._params.append(p)
             self._unit.append(u)
+            self._trained.append(trained)
+            self._tensor_dtype.append(dtype)
+            self._shape.append(p.shape)
         self.engine.finalize()
+        # A param built on the meta device cannot take a real tensor as its data: a real (empty) one replaces it in
+        # every module that holds it (tied weights included); the engine's memory backs it from here on.
+        meta = {id(p): i for i, p in enumerate(self._params) if p.device.type == "meta"}
+        if meta:
+            for module in model.modules():
+                for key, p in list(module._parameters.items()):
+                    i = meta.get(id(p)) if p is not None else None
+                    if i is None:
+                        continue
+                    if self._params[i].device.type == "meta":
+                        self._params[i] = torch.nn.Parameter(torch.empty(0, dtype=self._tensor_dtype[i]),
+                                                             requires_grad=p.requires_grad)
+                    module._parameters[key] = self._params[i]
         self._units = sorted(set(self._unit))
         self._members = {u: [i for i, pu in enumerate(self._unit) if pu == u] for u in self._units}
+        # Values that come from a state dict (a model built on the meta device): rank 0 writes each unit's.
+        sources.load(self)
 
-        # What the engine does not train: cast as DeepSpeed casts the module, and rank 0's values everywhere.
-        trained = {id(p) for p in self._params}
-        untrained = [p for p in model.parameters() if id(p) not in trained]
-        buffers = [b for b in model.buffers() if b.is_floating_point()]
-        if self._dtype != torch.float32:
-            for t in untrained + buffers:
-                t.data = t.data.to(self._dtype)
-        self._broadcast_from_rank0(untrained + buffers)
+        # Buffers stay whole on every rank, as DeepSpeed keeps them (a forward may update them: BatchNorm's
+        # statistics); floating-point ones take the compute dtype, and every rank gets rank 0's bytes.
+        buffers = []
+        for name, b in model.named_buffers():
+            if b.numel() == 0:
+                continue
+            if b.device.type == "meta":
+                b.data = sources.materialize_buffer(name, b)
+            if b.is_floating_point() and b.dtype != self._dtype:
+                b.data = b.data.to(self._dtype)
+            buffers.append(b)
+        self._broadcast_from_rank0(buffers)
 
         for i, p in enumerate(self._params):
-            self._hook_param(i, p)
+            if self._trained[i]:
+                self._hook_param(i, p)
         self._place_params()
+        _ENGINES.add(self)
 
     # ---- what a stage does its own way (Stage3Engine overrides these) -----------------------------------------------
     def _hook_param(self, i: int, p: torch.nn.Parameter) -> None:
@@ -117,13 +170,14 @@ class TorchEngine:
     def _gradient_in(self, i: int) -> None:
         """Param ``i``'s gradient has been declared ready."""
 
-    def _copy_unit(self, u: int, names: list[str], out: dict[str, torch.Tensor]) -> None:
-        """Copies of unit ``u``'s params' full values into ``out``, by name."""
+    def _copy_unit(self, u: int, names: list[str], out: dict[str, torch.Tensor], frozen: bool = False) -> None:
+        """Copies of unit ``u``'s trained params' full values (and its frozen ones with ``frozen``) into ``out``."""
         for i in self._members[u]:
-            out[names[i]] = self._params[i].detach().clone()
+            if self._trained[i] or frozen:
+                out[names[i]] = self._params[i].detach().clone()
 
     def _give_back(self) -> None:
-        """Makes every trained param a plain torch tensor holding its current values (the engine still open)."""
+        """Makes every param a plain torch tensor holding its current values (the engine still open)."""
         for p in self._params:
             p.data = p.data.clone()
 
@@ -214,13 +268,69 @@ class TorchEngine:
             pass
         return path
 
-    def full_parameters(self) -> dict[str, torch.Tensor]:
-        """Every trained param's full values (copies, in the compute dtype), by name. Collective at stage 3."""
+    def full_parameters(self, frozen: bool = False, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """Every trained param's full values (copies, in the compute dtype), by name; with ``frozen`` the frozen ones
+        too (in their dtype). Collective at stage 3 (one unit gathered at a time); with ``rank0_only`` the other ranks
+        take part but keep nothing (an empty dict)."""
         out: dict[str, torch.Tensor] = {}
         names = self.engine.param_names
+        keep = not rank0_only or self.engine.rank == 0
         for u in self._units:
-            self._copy_unit(u, names, out)
+            self._copy_unit(u, names, out if keep else {}, frozen)
         return out
+
+    # ---- the model outside training: gathered values, generation, export ---------------------------------------------
+    def _units_of(self, params: Any) -> list[int]:
+        """The units holding ``params`` (a param, an iterable of them, or None: every unit), in order."""
+        if params is None:
+            return list(self._units)
+        wanted = {id(params)} if isinstance(params, torch.Tensor) else {id(p) for p in params}
+        index = {id(p): i for i, p in enumerate(self._params)}
+        missing = wanted - set(index)
+        if missing:
+            raise ValueError(f"{len(missing)} of the params given are not this engine's (not registered, or empty)")
+        return sorted({self._unit[index[k]] for k in wanted})
+
+    @contextlib.contextmanager
+    def gathered_parameters(self, params: Any = None, modifier_rank: int | None = None) -> Iterator[None]:
+        """DeepSpeed's ``GatheredParameters``: inside the block every param of ``params`` (None: the whole model)
+        holds its full values, at every stage. With ``modifier_rank`` what that rank writes into them (``p.data``,
+        in place) becomes every rank's when the block ends — trained params' fp32 master included, frozen params'
+        bytes too; the other ranks' writes are discarded. Collective: every rank enters with the same params and
+        modifier rank, between micro-steps. If the block raises, nothing is published."""
+        units = self._units_of(params)
+        self._modifying += 1
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            self._modifying -= 1
+            if modifier_rank is not None and not failed:
+                for u in units:  # the params are views of the unit: publish it and keep it bound
+                    self.engine.release_modified(u, int(modifier_rank))
+                    self.engine.gather(u)
+
+    def generate(self, *args: Any, keep_gathered: bool = True, **kwargs: Any) -> Any:
+        """The model's ``generate`` (Hugging Face's, or any module method of that name), with the params it needs. At
+        stage 3 ``keep_gathered`` holds every unit gathered for the whole generation, so that it runs without a
+        collective and ranks may stop at different lengths; ``keep_gathered=False`` gathers per forward and passes
+        ``synced_gpus=True`` (ranks that finish keep joining the gathers until all are done), which needs
+        torch.distributed (torchrun). Collective at stage 3."""
+        del keep_gathered  # the params are whole below stage 3
+        with torch.no_grad():
+            return self.module.generate(*args, **kwargs)
+
+    def save_pretrained(self, save_directory: str, adapter_only: bool | None = None, **kwargs: Any) -> None:
+        """Writes the model as Hugging Face loads it: ``from_pretrained(save_directory)`` (or, for a PEFT model,
+        ``PeftModel.from_pretrained``) gets the trained values. Collective (stage 3 gathers one unit at a time); rank 0
+        writes, through the model's own ``save_pretrained`` where it has one (config, sharding, tied weights), with
+        the full values as its ``state_dict``. ``adapter_only`` (default: whether the model is a PEFT model) writes
+        the trained params only, as PEFT saves an adapter; otherwise trained and frozen params and persistent
+        buffers. Other keywords go to the model's ``save_pretrained``."""
+        from .export import save_pretrained
+
+        save_pretrained(self, save_directory, adapter_only, **kwargs)
 
     def close(self) -> None:
         """Gives the model back: removes libzero's hooks, makes every trained param a plain torch tensor holding its
@@ -237,16 +347,13 @@ class TorchEngine:
         finally:
             self.engine.close()
 
-    # ---- what the engine does not train -----------------------------------------------------------------------------
+    # ---- what the engine does not hold ------------------------------------------------------------------------
     def _broadcast_from_rank0(self, tensors: list[torch.Tensor]) -> None:
-        """Rank 0's values of frozen params and floating-point buffers on every rank, as DeepSpeed broadcasts the
-        module at initialisation: through a throwaway stage-3 engine on the same communicator (rank 0's initial
-        values are what every engine starts from; stage 3 keeps a shard and one unit at a time). fp32, bf16 and
-        fp16 tensors travel as fp32, exactly; other dtypes are left as they are."""
-        if self.engine.world_size == 1:
-            return
-        movable = [t for t in tensors if t.dtype in (torch.float32, torch.bfloat16, torch.float16) and t.numel() > 0]
-        if not movable:
+        """Rank 0's bytes of ``tensors`` (buffers) on every rank, as DeepSpeed broadcasts the module at
+        initialisation: through a throwaway stage-3 engine on the same communicator, each tensor a frozen param of
+        a unit of its own (its bytes as they are, whatever the dtype: no NaN rewritten, no fp32 detour; a shard and one
+        unit at a time)."""
+        if self.engine.world_size == 1 or not tensors:
             return
         cfg = {
             "train_batch_size": self.engine.world_size,
@@ -257,20 +364,22 @@ class TorchEngine:
             "libzero": {"timeout_s": self.engine.info["timeout_s"]},
         }
         with Engine(cfg, self.engine._comm) as carrier:
-            for k, t in enumerate(movable):
-                init = t.detach().to(torch.float32).reshape(-1).contiguous().numpy() if carrier.rank == 0 else None
-                carrier.add_param(f"untrained.{k}", (t.numel(),), unit=k, init=init)
+            for k, t in enumerate(tensors):
+                init = host_bytes(t) if carrier.rank == 0 else None
+                carrier.add_param(f"buffer.{k}", (t.numel() * t.element_size(),), unit=k, init=init, frozen=True,
+                                  dtype="uint8")
             carrier.finalize()
-            for k, t in enumerate(movable):
+            for k, t in enumerate(tensors):
                 with carrier.gathered(k):
-                    t.data.copy_(torch.from_dlpack(carrier.param(k)).reshape(t.shape))
+                    received = torch.from_dlpack(carrier.param(k))
+                    t.data.reshape(-1).view(torch.uint8).copy_(received)
 
     # ---- stages 0-2: params in engine memory --------------------------------------------------------------------
     def _bind_full(self) -> None:
         for u in self._units:
             self.engine.gather(u)  # free below stage 3
         for i, p in enumerate(self._params):
-            view = torch.from_dlpack(self.engine.param(i))
+            view = from_engine(self.engine.param(i), self._tensor_dtype[i], self._shape[i])
             if p.data.data_ptr() != view.data_ptr() or p.dtype != view.dtype:
                 p.data = view
 
@@ -304,3 +413,29 @@ class TorchEngine:
             self._gradient_in(i)
 
         return hook
+
+
+def engine_of(params: Any) -> TorchEngine:
+    """The live engine that holds ``params`` (a param or an iterable of them)."""
+    wanted = [params] if isinstance(params, torch.Tensor) else list(params)
+    for engine in list(_ENGINES):
+        if engine.engine.closed:
+            continue
+        held = {id(p) for p in engine._params}
+        if wanted and all(id(p) in held for p in wanted):
+            return engine
+    raise ValueError("no open libzero.torch engine holds these params (initialize the model first)")
+
+
+@contextlib.contextmanager
+def GatheredParameters(  # noqa: N802 - DeepSpeed's spelling
+    params: Any, modifier_rank: int | None = None, enabled: bool = True
+) -> Iterator[None]:
+    """``deepspeed.zero.GatheredParameters`` for a model libzero trains: the params' full values inside the block;
+    with ``modifier_rank``, that rank's writes published to every rank at its end. Collective (see
+    :meth:`TorchEngine.gathered_parameters`)."""
+    if not enabled:
+        yield
+        return
+    with engine_of(params).gathered_parameters(params, modifier_rank):
+        yield

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import ZeroError
 from .engine import TorchEngine
+from .tensors import from_engine
 
 
 class _Saved:
@@ -78,20 +79,21 @@ class Stage3Engine(TorchEngine):
     def _gradient_in(self, i: int) -> None:
         u = self._unit[i]
         self._grads_in[u] += 1
-        if u in self._block_module and self._grads_in[u] == len(self._members[u]):
+        if u in self._block_module and self._grads_in[u] == self._trained_in[u] and not self._modifying:
             self._release(u)
 
-    def _copy_unit(self, u: int, names: list[str], out: dict[str, torch.Tensor]) -> None:
+    def _copy_unit(self, u: int, names: list[str], out: dict[str, torch.Tensor], frozen: bool = False) -> None:
         if u in self._gathered:
-            super()._copy_unit(u, names, out)
+            super()._copy_unit(u, names, out, frozen)
             return
         with self.engine.gathered(u):
             for i in self._members[u]:
-                out[names[i]] = torch.from_dlpack(self.engine.param(i)).clone()
+                if self._trained[i] or frozen:
+                    out[names[i]] = self._engine_tensor(i).clone()
 
     def _give_back(self) -> None:
         self._release_all()
-        values = self.full_parameters()
+        values = self.full_parameters(frozen=True)
         for name, p in zip(self.engine.param_names, self._params):
             p.data = values[name]
         self._full = []
@@ -101,6 +103,62 @@ class Stage3Engine(TorchEngine):
         """Every unit released around a call that needs it (zero_step, checkpoints); the next forward gathers."""
         self._release_all()
         yield
+
+    # ---- the model outside training ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def gathered_parameters(self, params: Any = None, modifier_rank: int | None = None) -> Iterator[None]:
+        units = self._units_of(params)
+        newly = [u for u in units if u not in self._gathered]
+        self._modifying += 1  # the model's own hooks release nothing meanwhile (a forward, a generate inside)
+        failed = True
+        try:
+            for u in newly:
+                self._gather(u)
+            yield
+            failed = False
+        finally:
+            self._modifying -= 1
+            try:
+                if modifier_rank is not None and not failed:
+                    for k, u in enumerate(units):
+                        try:
+                            self._release(u, modifier_rank=int(modifier_rank))
+                        except ZeroError:
+                            for rest in units[k + 1 :]:
+                                with contextlib.suppress(ZeroError):
+                                    self._release(rest)
+                            raise
+                else:
+                    for u in newly:
+                        self._release(u)
+            except ZeroError:
+                if not failed:
+                    raise  # otherwise the block's own error is the one to see
+
+    def generate(self, *args: Any, keep_gathered: bool = True, **kwargs: Any) -> Any:
+        if keep_gathered:
+            with self.gathered_parameters(), torch.no_grad():
+                return self.module.generate(*args, **kwargs)
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "generate(keep_gathered=False) keeps ranks in step through torch.distributed (synced_gpus), which is "
+                "not initialised: launch with torchrun, or let generate keep the units gathered"
+            )
+        with torch.no_grad():
+            return self.module.generate(*args, synced_gpus=True, **kwargs)
+
+    def _check_state_dict(self, _module: torch.nn.Module, state: dict, _prefix: str, _meta: Any) -> None:
+        """A state dict taken between uses would hold the released params' empty placeholders: refuse it."""
+        for i, p in enumerate(self._params):
+            if self._unit[i] not in self._gathered and p.data.numel() == 0 and self._shape[i].numel() > 0:
+                raise RuntimeError(
+                    f"state_dict() at ZeRO stage 3 while param {self.engine.param_names[i]!r} is released (its "
+                    "values are sharded across ranks, the model holds an empty placeholder): use "
+                    "engine.save_pretrained(directory), engine.full_parameters(frozen=True), or take it inside "
+                    "`with engine.gathered_parameters():` (collective)"
+                )
 
     # ---- gathering and releasing ---------------------------------------------------------------------------------
     def _before_accumulate(self, i: int) -> Callable[[torch.Tensor], None]:
@@ -112,9 +170,14 @@ class Stage3Engine(TorchEngine):
 
         return hook
 
+    def _engine_tensor(self, i: int) -> torch.Tensor:
+        """Param ``i``'s full values in the engine's gathered unit (a view, not a copy)."""
+        return from_engine(self.engine.param(i), self._tensor_dtype[i], self._shape[i])
+
     def _setup_stage3(self) -> None:
-        self._full = [torch.empty(tuple(p.shape), dtype=self._dtype) for p in self._params]
-        self._empty = [torch.empty(0, dtype=self._dtype) for _ in self._params]
+        self._full = [torch.empty(tuple(self._shape[i]), dtype=self._tensor_dtype[i]) for i in range(len(self._params))]
+        self._empty = [torch.empty(0, dtype=self._tensor_dtype[i]) for i in range(len(self._params))]
+        self._trained_in = {u: sum(self._trained[i] for i in self._members[u]) for u in self._units}
         for i, p in enumerate(self._params):
             self._full[i].untyped_storage().resize_(0)
             p.data = self._empty[i]
@@ -147,6 +210,7 @@ class Stage3Engine(TorchEngine):
         for u, block in self._block_module.items():
             self._handles.append(block.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u), prepend=True))
             self._handles.append(block.register_forward_hook(self._after_block_forward(u), always_call=True))
+        self._handles.append(self.module._register_state_dict_hook(self._check_state_dict))
         # First in, last out: around every gather the model's own hooks (a root owning params) do.
         self._handles.append(self.module.register_forward_pre_hook(self._before_forward, prepend=True))
         self._handles.append(self.module.register_forward_hook(self._after_forward, always_call=True))
@@ -159,13 +223,20 @@ class Stage3Engine(TorchEngine):
         for i in self._members[u]:
             full = self._full[i]
             full.untyped_storage().resize_(full.numel() * full.element_size())
-            full.copy_(torch.from_dlpack(self.engine.param(i)))
+            full.copy_(self._engine_tensor(i))
             self._by_storage[full.untyped_storage().data_ptr()] = i
             self._params[i].data = full
 
-    def _release(self, u: int) -> None:
+    def _release(self, u: int, modifier_rank: int | None = None) -> None:
+        """Gives unit ``u`` back; with ``modifier_rank``, that rank's values (what it wrote into the params) become
+        every rank's first (zero_release_modified)."""
         if u not in self._gathered:
+            if modifier_rank is not None:
+                raise RuntimeError(f"unit {u} is not gathered: nothing to publish")
             return
+        if modifier_rank is not None and self.engine.rank == modifier_rank:
+            for i in self._members[u]:
+                self._engine_tensor(i).copy_(self._full[i])
         self._gathered.discard(u)
         for i in self._members[u]:
             full = self._full[i]
@@ -181,7 +252,19 @@ class Stage3Engine(TorchEngine):
                 self._full[i].untyped_storage().resize_(0)
             else:
                 storage.resize_(0)
-        self.engine.release(u)
+        if modifier_rank is None:
+            self.engine.release(u)
+            return
+        try:
+            self.engine.release_modified(u, modifier_rank)
+        except ZeroError:
+            # Refused before anything moved (ranks disagreed, one rank failed): the unit is still gathered in the
+            # engine, and released here as it is, unchanged; after a failure that broke the engine there is
+            # nothing left to release.
+            with contextlib.suppress(ZeroError):
+                if self.engine.unit_info(u)["gathered"]:
+                    self.engine.release(u)
+            raise
 
     def _release_all(self) -> None:
         for u in sorted(self._gathered):
@@ -219,13 +302,14 @@ class Stage3Engine(TorchEngine):
         if self._forward_depth == 0:
             self._saved_hooks.__exit__(None, None, None)
             before = self._nograd_before.pop()
-            if before is not None:  # no autograd: release what this forward gathered, nothing else
+            if before is not None and not self._modifying:  # no autograd: release what this forward gathered
                 for u in sorted(self._gathered - before):
                     self._release(u)
 
     def _after_block_forward(self, u: int) -> Callable[..., None]:
         def hook(_m: torch.nn.Module, _args: Any, _output: Any) -> None:
-            if not self._in_backward:  # an activation-checkpoint recompute keeps its block for its backward
+            # An activation-checkpoint recompute keeps its block for its backward; gathered_parameters holds its own.
+            if not self._in_backward and not self._modifying:
                 self._release(u)
 
         return hook
