@@ -7,7 +7,8 @@
 //      the manifest and the manifest's checksum rewritten, then zero_load_checkpoint.
 // Any input must give ZERO_OK or a clear error (ZERO_ERR_CHECKPOINT_CORRUPT, ...); a crash, a sanitizer report, a
 // leak or a hang is a bug. The real checkpoint is saved once, at start-up, by a one-rank engine (bf16 with
-// stochastic rounding and Adam, so it has master, optimizer and params files).
+// stochastic rounding and Adam, so it has master, optimizer and params files; and frozen params, one beside trained
+// ones and one in a unit of its own, so it is format 3 with a frozen file).
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -66,6 +67,21 @@ zero_engine_t* make_engine(zero_comm_t* comm) {
     d.dtype = ZERO_DTYPE_BF16;
     int32_t id = -1;
     must(zero_engine_add_param(&id, e, &d), "zero_engine_add_param");
+  }
+  static const int64_t kFrozenShapes[2][2] = {{11, 1}, {4, 3}};
+  static const unsigned char kPacked[11] = {0x0f, 0xf0, 0xa5, 1, 2, 3, 4, 5, 6, 7, 8};
+  static const uint16_t kWords[12] = {0x7f81, 0xffc3, 0x3f80, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+  for (int q = 0; q < 2; ++q) {
+    zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+    d.name = q == 0 ? "layer.packed" : "embed.frozen";
+    d.ndim = 2;
+    d.shape = kFrozenShapes[q];
+    d.unit = q == 0 ? 0 : 2;
+    d.dtype = q == 0 ? ZERO_DTYPE_UINT8 : ZERO_DTYPE_BF16;
+    d.flags = ZERO_PARAM_FROZEN;
+    d.init_data = q == 0 ? static_cast<const void*>(kPacked) : static_cast<const void*>(kWords);
+    int32_t id = -1;
+    must(zero_engine_add_param(&id, e, &d), "zero_engine_add_param (frozen)");
   }
   must(zero_engine_finalize(e), "zero_engine_finalize");
   return e;
