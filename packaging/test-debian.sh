@@ -7,7 +7,10 @@
 #     CMake, pkg-config and mpirun; the consumer program is built with find_package and with pkg-config and run,
 #     over a one-rank communicator and over MPI at 2 ranks (the installed MPI module), and the tools run.
 # Needs root (chroot, mounts) and the Debian mirror. The minbase root is debootstrapped once and kept as a tarball in
-# ~/.cache/libzero (ZERO_DEBIAN_BASE overrides the path, ZERO_DEBIAN_MIRROR the mirror). When the caller builds with
+# ~/.cache/libzero (ZERO_DEBIAN_BASE overrides the path, ZERO_DEBIAN_MIRROR the mirror); so is the build root with its
+# Build-Depends installed, keyed on debian/control and the minbase tarball (pbuilder's base.tgz: a changed control
+# file or a new minbase prepares it anew, and the build still sees exactly the declared Build-Depends). When the
+# caller builds with
 # ccache (CMAKE_CXX_COMPILER_LAUNCHER=ccache, as scripts/test.sh does), the package build uses the same cache
 # directory, bind-mounted, with ccache installed beside build-essential (as pbuilder and sbuild do it): the build
 # environment is otherwise only the Build-Depends.
@@ -45,11 +48,12 @@ if [[ ! -f $base ]]; then
   rm -rf --one-file-system "$work/bootstrap"
 fi
 
-# A fresh root from the tarball, with /proc, /sys, /dev (Open MPI needs /dev/shm) and the host's DNS.
+# A fresh root from a tarball (the minbase by default), with /proc, /sys, /dev (Open MPI needs /dev/shm) and the
+# host's DNS.
 new_root() {
-  local dir=$1
+  local dir=$1 tarball=${2:-$base}
   mkdir -p "$dir"
-  tar -C "$dir" -xf "$base"
+  tar -C "$dir" -xf "$tarball"
   mount -t proc proc "$dir/proc"
   mounts+=("$dir/proc")
   mount -t sysfs sysfs "$dir/sys" # hwloc (Open MPI) reads the CPU topology there
@@ -67,27 +71,45 @@ in_root() {
     DEBIAN_FRONTEND=noninteractive bash -euo pipefail -c "$*"
 }
 
-echo "== build in a clean $suite chroot with the declared Build-Depends"
+echo "== build in a clean $suite chroot with the declared Build-Depends ($SECONDS s)"
 build=$work/build-root
-new_root "$build"
+cache_tool=
+[[ ${CMAKE_CXX_COMPILER_LAUNCHER:-} == ccache ]] && cache_tool=ccache
+# The root with build-essential, the compiler cache's tool and the Build-Depends, from the tarball kept for this
+# control file and minbase, or installed now and kept.
+key=$( (cat "$root/packaging/debian/control"; echo "$cache_tool"; stat -c '%s %Y' "$base") | sha256sum | cut -c1-16)
+prepared=${base%.tar}-builddeps-$key.tar
+if [[ -f $prepared ]]; then
+  new_root "$build" "$prepared"
+  echo "build root with the Build-Depends from $prepared"
+else
+  new_root "$build"
+  mkdir -p "$build/src/prepare"
+  cp -r "$root/packaging/debian" "$build/src/prepare/debian"  # apt-get build-dep reads its control file
+  in_root "$build" "apt-get update -qq && apt-get install -y -qq --no-install-recommends build-essential dpkg-dev \
+    $cache_tool >/dev/null && cd /src/prepare && apt-get build-dep -y -qq ./ >/dev/null && apt-get clean" \
+    >"$work/deps.log" 2>&1 || {
+    tail -30 "$work/deps.log"
+    exit 1
+  }
+  rm -rf "$build/src/prepare"
+  rm -f "$(dirname "$base")"/"$(basename "${base%.tar}")"-builddeps-*.tar  # an older control file's
+  tar --one-file-system -C "$build" -cf "$prepared.tmp" .
+  mv "$prepared.tmp" "$prepared"
+  echo "build root with the Build-Depends installed ($SECONDS s), kept in $prepared"
+fi
 mkdir -p "$build/src/libzero"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$build/src/libzero")
 cp -r "$root/packaging/debian" "$build/src/libzero/debian"
-cache_tool= cache_env=
-if [[ ${CMAKE_CXX_COMPILER_LAUNCHER:-} == ccache ]]; then
+cache_env=
+if [[ -n $cache_tool ]]; then
   cache_dir=${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}
   mkdir -p "$cache_dir" "$build/ccache"
   mount --bind "$cache_dir" "$build/ccache"
   mounts+=("$build/ccache")
-  cache_tool=ccache
   cache_env="CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1 CMAKE_C_COMPILER_LAUNCHER=ccache \
     CMAKE_CXX_COMPILER_LAUNCHER=ccache"
 fi
-in_root "$build" "apt-get update -qq && apt-get install -y -qq --no-install-recommends build-essential dpkg-dev \
-  $cache_tool >/dev/null && cd /src/libzero && apt-get build-dep -y -qq ./ >/dev/null" >"$work/deps.log" 2>&1 || {
-  tail -30 "$work/deps.log"
-  exit 1
-}
 in_root "$build" "cd /src/libzero && $cache_env dpkg-buildpackage -us -uc -b -j$(nproc)" >"$work/build.log" 2>&1 || {
   tail -60 "$work/build.log"
   exit 1
@@ -99,10 +121,10 @@ mkdir -p "$work/out"
 cp "$build/src"/*.deb "$build/src"/*.changes "$build/src"/*.buildinfo "$work/out/"
 ls "$work/out"/*.deb
 
-echo "== lintian"
+echo "== lintian ($SECONDS s)"
 lintian --fail-on error --info "$work/out"/*.changes
 
-echo "== install with apt in a second clean chroot, build and run the consumer"
+echo "== install with apt in a second clean chroot, build and run the consumer ($SECONDS s)"
 inst=$work/install-root
 new_root "$inst"
 mkdir -p "$inst/debs" "$inst/consumer" "$inst/configs"
