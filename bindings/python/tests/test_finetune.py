@@ -317,3 +317,83 @@ def test_a_model_on_the_meta_device_loads_unit_by_unit_from_a_state_dict(stage):
     assert bits(got) == bits({n: want[n].detach() for n in got})
     train(eng, [RANK], steps=1)  # and it trains
     eng.close()
+
+
+@pytest.mark.skipif(LAUNCH != "torchrun", reason="DeepSpeed runs under torchrun")
+def test_lora_at_zero3_agrees_with_deepspeed_s():
+    """The same LoRA model, data and config through DeepSpeed's ZeRO-3 (on CPU: DS_ACCELERATOR=cpu) and libzero's.
+    Both run AdamW on the averaged, clipped gradients; their operations differ in order (the update's, and the
+    gradient reduction's), so each step may leave each adapter weight one rounding apart — 2^-21 for |w| < 4, as
+    docs/python.md derives for torch's AdamW — and after STEPS steps |Δw| <= STEPS x 2^-21. Losses follow the weights:
+    the first step's are the same model's on the same data (equal to a rounding); later ones within 1e-4."""
+    deepspeed = pytest.importorskip("deepspeed")
+    cfg = config(3)
+    cfg["gradient_clipping"] = 1.0
+    ds_model = lora("llama")
+    ds_engine, *_ = deepspeed.initialize(model=ds_model, config=cfg,
+                                         model_parameters=[p for p in ds_model.parameters() if p.requires_grad])
+    ds_losses = []
+    for s in range(STEPS):
+        ids = ids_of(s, RANK)
+        loss = ds_engine(input_ids=ids, labels=ids).loss
+        ds_engine.backward(loss)
+        ds_engine.step()
+        ds_losses.append(loss.item())
+    adapters = [(n, p) for n, p in ds_model.named_parameters() if p.requires_grad]
+    with deepspeed.zero.GatheredParameters([p for _, p in adapters]):
+        ds_weights = {n: p.detach().clone() for n, p in adapters}
+    ds_engine.destroy()
+
+    eng = lzt.initialize(lora("llama"), cfg, comm())
+    losses = train(eng, [RANK])
+    weights = eng.full_parameters()
+    eng.close()
+    assert set(weights) == set(ds_weights)
+    worst = max((weights[n] - ds_weights[n]).abs().max().item() for n in weights)
+    assert worst <= STEPS * 2.0**-21, worst
+    assert losses[0] == pytest.approx(ds_losses[0], rel=1e-6)
+    assert losses == pytest.approx(ds_losses, rel=1e-4)
+    print(f"libzero against DeepSpeed ZeRO-3: largest adapter difference {worst:.3g}, losses {losses} / {ds_losses}")
+
+
+def real_adapters(model: torch.nn.Module) -> None:
+    """docs/python.md's recipe: a PEFT model over a base on the meta device has its adapters on the meta device too;
+    they are made real and initialised as PEFT initialises them (the same on every rank: seeded)."""
+    from peft.tuners.lora import LoraLayer
+
+    torch.manual_seed(1)
+    for module in model.modules():
+        if isinstance(module, LoraLayer):
+            module.lora_A.to_empty(device="cpu")
+            module.lora_B.to_empty(device="cpu")
+            module.reset_lora_parameters("default", True)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lora_over_a_base_on_the_meta_device_loads_from_the_base_s_own_files(stage):
+    import accelerate
+
+    source = llama()
+    directory = os.path.join(SCRATCH, f"llama-s{stage}")
+    if RANK == 0:
+        source.save_pretrained(directory)
+    from libzero.torch.rank0 import share_outcome
+
+    barrier = libzero.Engine(config(0), comm())
+    share_outcome(barrier, None)  # every rank waits for rank 0's files
+    barrier.close()
+    with accelerate.init_empty_weights():  # params on the meta device, buffers (rotary inv_freq) real
+        base = transformers.LlamaForCausalLM(source.config)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                      target_modules=TARGETS["llama"]))
+    real_adapters(model)
+    eng = lzt.initialize(model, config(stage), comm(), state_dict=directory)  # PEFT's names found without prefix
+    got = eng.full_parameters(frozen=True)
+    want = dict(source.named_parameters())
+    for name, value in got.items():
+        if "lora_" not in name:
+            base_name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            assert bits({name: value}) == bits({name: want[base_name].detach()})
+    losses = train(eng, [RANK], steps=3)
+    assert losses[-1] < losses[0]
+    eng.close()

@@ -61,9 +61,29 @@ class _SafetensorsFiles:
             return f.get_tensor(name)
 
 
+# A PEFT model's names carry this before the base model's own, and name a wrapped layer's own weights
+# "<layer>.base_layer.<weight>": a base saved by transformers is found without either.
+_PEFT_PREFIX = "base_model.model."
+_PEFT_WRAPPED = ".base_layer."
+
+
+def _key(source: Any, name: str) -> str | None:
+    """The source's key for the model's param or buffer ``name``: the name itself, or the base model's name of a
+    PEFT model's param."""
+    if name in source:
+        return name
+    if name.startswith(_PEFT_PREFIX):
+        base = name[len(_PEFT_PREFIX) :].replace(_PEFT_WRAPPED, ".")
+        if base in source:
+            return base
+    return None
+
+
 class Sources:
     """Where each param's initial values come from: the model's own tensors (rank 0's, broadcast by finalize), or
-    the state dict, written after finalize (always for a param on the meta device)."""
+    the state dict, written after finalize (always for a param on the meta device). A PEFT model's names are looked
+    up as the base model's too (without ``base_model.model.`` and ``.base_layer``), so the base's own files serve
+    it."""
 
     def __init__(self, model: torch.nn.Module, state_dict: StateDictLike | None, rank: int) -> None:
         self._source: Any = None
@@ -75,20 +95,21 @@ class Sources:
             else:
                 raise TypeError("state_dict is a mapping of names to tensors, or a safetensors file or directory")
         self._rank = rank
-        self._deferred: set[str] = set()
+        self._deferred: dict[str, str] = {}  # the model's name -> the source's key
         # A param on the meta device needs the state dict on every rank that has it so (rank 0 reads it; the
         # others only look at its names, so every rank makes the same calls).
         for name, p in model.named_parameters():
             on_meta = p.device.type == "meta"
-            if self._source is not None and name in self._source:
+            key = _key(self._source, name) if self._source is not None else None
+            if key is not None:
                 # Checked on every rank (every rank has the source's names and shapes), so that a wrong source
                 # fails everywhere before finalize rather than on rank 0 while the others wait.
-                shape = self._source.shape(name) if hasattr(self._source, "shape") else tuple(self._source[name].shape)
+                shape = self._source.shape(key) if hasattr(self._source, "shape") else tuple(self._source[key].shape)
                 if tuple(shape) != tuple(p.shape):
                     raise ValueError(
-                        f"the state dict's {name!r} has shape {tuple(shape)}, the model's {tuple(p.shape)}"
+                        f"the state dict's {key!r} has shape {tuple(shape)}, the model's {name!r} {tuple(p.shape)}"
                     )
-                self._deferred.add(name)
+                self._deferred[name] = key
             elif on_meta and (self._source is not None or rank == 0):
                 raise ValueError(
                     f"param {name!r} is on the meta device and "
@@ -101,12 +122,14 @@ class Sources:
         others' empty (finalize's broadcast fills them)."""
         if self._rank != 0:
             return torch.empty(buffer.shape, dtype=buffer.dtype)
-        if self._source is None or name not in self._source:
+        key = _key(self._source, name) if self._source is not None else None
+        if key is None:
             raise ValueError(
                 f"buffer {name!r} is on the meta device and not in the state dict (a non-persistent buffer, such as "
-                "a rotary embedding's inv_freq, is in none): compute it on rank 0 before initialize"
+                "a rotary embedding's inv_freq, is in none): build the model with accelerate.init_empty_weights(), "
+                "which leaves buffers real"
             )
-        return self._source[name].to(buffer.dtype)
+        return self._source[key].to(buffer.dtype)
 
     def deferred(self, name: str, param: torch.nn.Parameter) -> bool:
         """Whether the param's values come from the state dict (after finalize) rather than from the model."""
@@ -127,7 +150,7 @@ class Sources:
             try:
                 if self._rank == 0:
                     for i in members:
-                        value = self._source[names[i]]
+                        value = self._source[self._deferred[names[i]]]
                         dst = from_engine(engine.engine.param(i), engine._tensor_dtype[i], engine._shape[i])
                         dst.copy_(value.to(dst.dtype) if value.dtype != dst.dtype else value)
                         del value
