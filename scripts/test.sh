@@ -21,17 +21,22 @@ export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE
 export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 ccache --zero-stats >/dev/null
 
-# PyTorch (and Hugging Face transformers, for a GPT-2 built from a config) for libzero.torch's tests, in a venv of
-# its own outside the source tree, kept between runs. PyPI's torch wheel with its CUDA libraries is about 5 GB: on a
-# fresh machine it downloads in the background while libzero builds.
+# PyTorch (with Hugging Face transformers, for models built from configs, peft for LoRA, and DeepSpeed 0.19.8, run on
+# CPU for the comparisons) for libzero.torch's tests, in a venv of its own outside the source tree, kept between runs.
+# PyPI's torch wheel with its CUDA libraries is about 5 GB: on a fresh machine it downloads in the background while
+# libzero builds. DeepSpeed's source package builds against the installed torch, so it comes second.
 torchenv=${ZERO_TORCHENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/torchenv}
 torch_log=$(mktemp)
 torch_pid=
-if ! "$torchenv/bin/python3" -c "import torch, numpy, pytest, transformers" 2>/dev/null; then
-  echo "== installing torch from PyPI into $torchenv (in the background)"
-  (rm -rf "$torchenv" && mkdir -p "$(dirname "$torchenv")" &&
-   /usr/bin/python3 -m venv --system-site-packages "$torchenv" &&
-   "$torchenv/bin/pip" install --quiet --disable-pip-version-check torch numpy transformers) >"$torch_log" 2>&1 &
+if ! "$torchenv/bin/python3" -c "import torch, numpy, pytest, transformers, peft, deepspeed" 2>/dev/null; then
+  echo "== installing torch, transformers, peft and DeepSpeed from PyPI into $torchenv (in the background)"
+  (if ! "$torchenv/bin/python3" -c "import torch" 2>/dev/null; then
+     rm -rf "$torchenv" && mkdir -p "$(dirname "$torchenv")" &&
+       /usr/bin/python3 -m venv --system-site-packages "$torchenv"
+   fi &&
+   "$torchenv/bin/pip" install --quiet --disable-pip-version-check torch numpy transformers peft &&
+   DS_BUILD_OPS=0 "$torchenv/bin/pip" install --quiet --disable-pip-version-check deepspeed==0.19.8) \
+    >"$torch_log" 2>&1 &
   torch_pid=$!
 fi
 wait_for_torch() {
@@ -61,12 +66,19 @@ else
   echo "== nvcc not found: the CUDA parts are not built (install the CUDA toolkit in /usr/local/cuda)"
 fi
 
+# Tests run two per core: many are short MPI jobs that wait on process start-up and sockets more than they compute
+# (the clang suite took 175 s at -j4 against 270 s at -j2 on this 2-core machine). The tests that keep every core
+# busy by themselves (the GPT's learning runs, the wheel build, the multi-rank torch tests) say so with CTest's
+# PROCESSORS property and get the machine, or half of it, to themselves; the long ones carry a COST so they start
+# first.
+test_jobs=$((2 * jobs))
+
 echo "== release build (GCC) and full test suite"
 bash scripts/configure-preset.sh release -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
   -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON "${cuda[@]}"
 cmake --build --preset release -j "$jobs"
 wait_for_torch
-ctest --preset release -j "$jobs"
+ctest --preset release -j "$test_jobs"
 
 echo "== ASan + UBSan build, single-process tests"
 # The JVM and the Go runtime would need the sanitizer runtime preloaded: the bindings are tested in the other builds.
@@ -74,11 +86,11 @@ bash scripts/configure-preset.sh asan -DZERO_TEST_PYTHON="$pyenv/bin/python3" -D
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
 
-echo "== clang 14 build with UBSan, full test suite (the 2 GiB unit test, the pip install, the torch tests and the GPT's learning on each SIMD path and BLAS kernel set ran in the release suite)"
+echo "== clang 14 build with UBSan, full test suite (the 2 GiB unit test, the pip install, the torch and fine-tuning tests and the GPT's learning on each SIMD path and BLAS kernel set ran in the release suite)"
 bash scripts/configure-preset.sh clang -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
   -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON
 cmake --build --preset clang -j "$jobs"
-ctest --preset clang -j "$jobs" -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.torch\.|^mpi\.gpt\.learns\.'
+ctest --preset clang -j "$test_jobs" -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.torch\.|^python\.finetune\.|^mpi\.gpt\.learns\.'
 
 echo "== fuzzers"
 bash scripts/run-fuzzers.sh
