@@ -127,8 +127,9 @@ Plan make_plan(const PlanSpec& spec, const Layout& layout) {
                                         static_cast<uint64_t>(std::max<int64_t>(0, spec.persistence_threshold));
     const bool sharded = shard_params && !up.persistent;
     up.sharded = sharded;
-    up.params = place(sharded ? Extent::kShard : Extent::kFull, sharded ? spec.params_space : space, spec.compute_dtype,
-                      sharded ? shard : full);
+    // A unit of frozen params only has no trained elements, in no offloaded space either.
+    up.params = place(sharded ? Extent::kShard : Extent::kFull, sharded && shard > 0 ? spec.params_space : space,
+                      spec.compute_dtype, sharded ? shard : full);
     // Frozen bytes stay in `space` (offload_param moves only the trained shards to its file).
     up.frozen = place(sharded ? Extent::kShard : Extent::kFull, space, DType::kU8,
                       sharded ? ul.frozen_shard_bytes : ul.frozen_padded_bytes);

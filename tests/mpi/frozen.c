@@ -10,10 +10,11 @@
  * bytes must equal rank 0's initial bytes at every gather (never converted, also when sharded and all-gathered), and
  * A's checkpoint's master and optimizer files must be B's, byte for byte.
  *
- *   test_frozen --mode train   --stage S [--dtype D] [--persist P] [--overlap 0|1] --dir DIR
+ *   test_frozen --mode train   --stage S [--dtype D] [--persist P] [--overlap 0|1] [--nvme NVME] --dir DIR
  *       train, check the memory statistics against the layout rule, save A and B, compare their files; load A's
  *       checkpoint into a new engine (zeros for frozen params) and see every frozen byte back; save without the
  *       frozen params (exclude_frozen) and load that into an engine whose frozen params differ: they are kept.
+ *       --nvme offloads the optimizer state and the trained param shards to NVMe (the frozen bytes stay in memory).
  *   test_frozen --mode save    --stage S --dir DIR --tag T        (the source of a reshard)
  *   test_frozen --mode reshard --stage S --dir DIR --from T       (load T saved at any N and stage: the bytes are
  *       back, and training goes on exactly as an engine trained without the checkpoint)
@@ -41,6 +42,7 @@ static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
 static int g_stage = 0, g_rank = 0, g_world = 1, g_overlap = 0;
 static long g_persist = 0;
 static const char* g_dir = "frozen";
+static const char* g_nvme = NULL; /* offload_optimizer and offload_param to NVMe under this directory */
 
 typedef struct {
   const char* name;
@@ -138,12 +140,18 @@ typedef struct {
 } Model;
 
 static void config_text(char* out, size_t size, const char* extra) {
+  char nvme[512] = "";
+  if (g_nvme != NULL)
+    snprintf(nvme, sizeof nvme,
+             ", \"sub_group_size\": 1024, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\"},"
+             " \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"%s\", \"buffer_size\": 100}",
+             g_nvme, g_nvme);
   snprintf(out, size,
            "{\"train_micro_batch_size_per_gpu\": 1, \"gradient_clipping\": 0.5,"
            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01, \"weight_decay\": 0.02}},"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": 300,"
-           " \"stage3_param_persistence_threshold\": %ld, \"overlap_comm\": %s%s}%s}",
-           g_stage, g_persist, g_overlap ? "true" : "false", extra, dtype_config(g_dtype));
+           " \"stage3_param_persistence_threshold\": %ld, \"overlap_comm\": %s%s%s}%s}",
+           g_stage, g_persist, g_overlap ? "true" : "false", extra, nvme, dtype_config(g_dtype));
 }
 
 /* `frozen_salt`: rank 0's frozen initial values (0: the pattern every check expects), or -1 for none (zeros). */
@@ -591,6 +599,8 @@ int main(int argc, char** argv) {
       g_overlap = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--dir") == 0)
       g_dir = argv[i + 1];
+    else if (strcmp(argv[i], "--nvme") == 0)
+      g_nvme = argv[i + 1];
     else if (strcmp(argv[i], "--tag") == 0)
       tag = argv[i + 1];
     else if (strcmp(argv[i], "--from") == 0)

@@ -47,6 +47,14 @@ def config_check(config: ConfigLike, world_size: int = 1) -> str:
     return _native.config_check(config_text(config), int(world_size))
 
 
+def _holds_frozen(array_dtype: np.dtype, dtype: str) -> bool:
+    """Whether an init array of ``array_dtype`` holds a frozen param of ``dtype`` as it is: its own numpy type, raw
+    bytes (uint8), anything for opaque bytes, and bf16 as 16-bit words."""
+    if dtype == "bytes" or array_dtype == np.uint8 or array_dtype == NUMPY[dtype]:
+        return True
+    return dtype == "bf16" and array_dtype in (np.dtype(np.uint16), np.dtype(np.int16))
+
+
 class StepResult(NamedTuple):
     """What :meth:`Engine.step` did."""
 
@@ -132,6 +140,11 @@ class Engine:
                     frozen_code, array = frozen_code_of_array(array, self._param_dtype)
                     if frozen_code == CODES["bytes"]:
                         dims = list(array.shape)
+                elif not _holds_frozen(array.dtype, dtype):
+                    raise InvalidArgumentError(
+                        f"add_param {name!r}: init is {array.dtype}, the param is frozen as {dtype}: a frozen param's "
+                        "bytes are kept as they are, so give init in its dtype (or as raw uint8 bytes)"
+                    )
                 element = NUMPY[dtype].itemsize if dtype is not None else array.itemsize
                 if array.nbytes != math.prod(dims) * element:
                     raise InvalidArgumentError(

@@ -522,3 +522,16 @@ def test_nvme_offload_trains_the_same_bits(tmp_path, example_name):
     for e in engines:
         e.close()
     assert list(tmp_path.iterdir()) == []  # the file goes with the engine
+
+
+def test_a_frozen_param_s_init_in_another_dtype_is_refused_not_reinterpreted():
+    import numpy as np
+
+    e = libzero.Engine({"train_batch_size": 1, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}},
+                       libzero.Comm.single())
+    with pytest.raises(libzero.InvalidArgumentError, match="give init in its dtype"):
+        e.add_param("q", (3,), init=np.int32([1, 2, 3]), frozen=True, dtype="fp32")
+    e.add_param("raw", (3,), init=np.zeros(12, np.uint8), frozen=True, dtype="fp32")  # raw bytes are taken as they are
+    e.add_param("w", (2,), init=np.ones(2, np.float32))
+    e.finalize()
+    e.close()

@@ -397,3 +397,105 @@ def test_lora_over_a_base_on_the_meta_device_loads_from_the_base_s_own_files(sta
     losses = train(eng, [RANK], steps=3)
     assert losses[-1] < losses[0]
     eng.close()
+
+
+class WithStats(torch.nn.Module):
+    """A frozen base with persistent buffers (BatchNorm's statistics) and a trained head; the head's weight is tied to
+    a second name (a plain torch module's state_dict lists both)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = torch.nn.Linear(6, 6)
+        self.norm = torch.nn.BatchNorm1d(6)
+        self.head = torch.nn.Linear(6, 6, bias=False)
+        self.alias = self.head  # the same module (and weight) under a second name
+        self.base.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.base(x))).pow(2).mean()
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_generators_nesting_and_foreign_tensors_in_the_gather_context(stage):
+    torch.manual_seed(3)
+    model = WithStats()
+    eng = lzt.initialize(model, config(stage), comm())
+    writer = WORLD - 1
+    with lzt.GatheredParameters(model.base.parameters(), modifier_rank=writer):  # a generator, read once
+        if RANK == writer:
+            with torch.no_grad():
+                model.base.weight.fill_(0.5)
+    with lzt.GatheredParameters([model.base.weight]):
+        assert torch.all(model.base.weight == 0.5)  # on every rank
+    with lzt.GatheredParameters([]), lzt.GatheredParameters([torch.ones(2)]):
+        pass  # nothing the engine holds: nothing to do, as in DeepSpeed
+    with eng.gathered_parameters():  # an inner publish keeps the outer block's params gathered
+        with eng.gathered_parameters([model.head.weight], modifier_rank=0):
+            if RANK == 0:
+                with torch.no_grad():
+                    model.head.weight.fill_(-1.0)
+        assert model.head.weight.shape == (6, 6) and torch.all(model.head.weight == -1.0)
+        assert model.base.weight.shape == (6, 6)
+    eng.close()
+
+
+@pytest.mark.skipif(WORLD == 1, reason="several ranks")
+def test_an_unpublished_write_below_stage3_is_named_in_the_error():
+    model = WithStats()
+    eng = lzt.initialize(model, config(1), comm())
+    with pytest.raises(libzero.MismatchError, match="not published"):
+        with eng.gathered_parameters([model.base.weight], modifier_rank=RANK):
+            pass
+    with eng.gathered_parameters([model.base.weight], modifier_rank=0):  # and publishing works again
+        pass
+    eng.close()
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_buffers_load_from_the_state_dict_real_or_on_the_meta_device(stage):
+    torch.manual_seed(4)
+    source = WithStats()
+    with torch.no_grad():
+        source.norm.running_mean.copy_(torch.arange(6.0))
+        source.norm.running_var.fill_(3.0)
+    state = {k: v.clone() for k, v in source.state_dict().items()}
+    for build in ("real", "meta"):
+        if build == "meta":
+            with torch.device("meta"):
+                model = WithStats()
+        else:
+            model = WithStats()  # real buffers at their constructor's values: the state dict's must win
+        eng = lzt.initialize(model, config(stage), comm(), state_dict=state)
+        assert torch.equal(model.norm.running_mean, torch.arange(6.0)) and torch.all(model.norm.running_var == 3.0)
+        got = eng.full_parameters(frozen=True)
+        assert torch.equal(got["base.weight"], source.base.weight.detach())
+        eng.close()
+
+
+def test_a_plain_torch_export_names_tied_weights_as_its_state_dict_does():
+    model = WithStats()
+    eng = lzt.initialize(model, config(3), comm())
+    directory = os.path.join(SCRATCH, "plain-export")
+    eng.save_pretrained(directory)
+    eng.close()
+    from safetensors.torch import load_file
+
+    fresh = WithStats()
+    fresh.load_state_dict(load_file(os.path.join(directory, "model.safetensors")), strict=True)
+    assert torch.equal(fresh.alias.weight, fresh.head.weight)
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_a_checkpoint_without_the_frozen_params_keeps_the_loading_engine_s(stage):
+    directory = os.path.join(SCRATCH, f"exclude-s{stage}")
+    torch.manual_seed(5)
+    eng = lzt.initialize(WithStats(), config(stage), comm())
+    tag = eng.save_checkpoint(directory, "t", exclude_frozen_parameters=True)
+    eng.close()
+    torch.manual_seed(6)
+    other = WithStats()
+    mine = other.base.weight.detach().clone()
+    eng = lzt.initialize(other, config(stage), comm())
+    eng.load_checkpoint(directory, tag)
+    assert torch.equal(eng.full_parameters(frozen=True)["base.weight"], mine)
+    eng.close()

@@ -415,7 +415,9 @@ ZERO_API zero_status_t zero_release(zero_engine_t* engine, int32_t unit);
  * every rank calls it for the same unit and modifier rank, with the unit gathered (differences are
  * ZERO_ERR_MISMATCH on every rank, before anything moves). What was fetched ahead for later gathers is given back
  * first (it holds the old values). Then the unit is released as zero_release does. Between micro-steps: not after
- * zero_grad_data or zero_grad_ready until zero_backward_end. */
+ * zero_grad_data or zero_grad_ready until zero_backward_end. An error every rank learns before anything moves leaves
+ * the unit gathered and unpublished; where the params are whole (stages 0-2, persistent units) the view is the
+ * params themselves, so the modifier rank's writes stay in its own copy: call it again to publish them. */
 ZERO_API zero_status_t zero_release_modified(zero_engine_t* engine, int32_t unit, int32_t modifier_rank);
 
 /* Declares the param's gradient for this micro-step complete. At stages 2-3 a gradient bucket is reduce-scattered

@@ -69,11 +69,12 @@ def initialize(
     client optimizer. ``comm`` by default: torch.distributed's default group when it is initialised (torchrun; a
     gloo group beside it when the default is NCCL), else MPI_COMM_WORLD under an MPI launcher, else one process.
 
-    ``state_dict``: the initial values of the params it names (a mapping of names to tensors, or a safetensors file
-    or Hugging Face directory), which rank 0 writes after the engine allocated its shards, one unit at a time: build
-    the model on the meta device (``with torch.device("meta"): model = ...``) on every rank and pass the same
-    ``state_dict`` everywhere, and no rank needs more than its shards and one unit. Without it, rank 0's model gives
-    the values (the other ranks may build theirs on the meta device).
+    ``state_dict``: the initial values of the params and buffers it names (a mapping of names to tensors, or a
+    safetensors file or Hugging Face directory; a PEFT model's params are found under the base model's names too),
+    which rank 0 writes after the engine allocated its shards, one unit at a time: build the model with its params
+    on the meta device (``with accelerate.init_empty_weights(): model = ...``, which leaves buffers real) on every rank
+    and pass the same ``state_dict`` everywhere, and no rank needs more than its shards and one unit. Without it,
+    rank 0's model gives the values (the other ranks may build theirs on the meta device).
 
     Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below."""
     comm = comm if comm is not None else _default_comm()

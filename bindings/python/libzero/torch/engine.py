@@ -15,6 +15,7 @@ import torch
 
 from ..comm import Comm
 from ..engine import ConfigLike, Engine, StepResult
+from ..errors import ZeroError
 from . import loading
 from .config import _TORCH_DTYPE, _group_overrides, engine_config
 from .tensors import FLOATING, engine_shape, from_engine, host_bytes, host_values, stored_type
@@ -135,16 +136,22 @@ class TorchEngine:
 
         # Buffers stay whole on every rank, as DeepSpeed keeps them (a forward may update them: BatchNorm's
         # statistics); floating-point ones take the compute dtype, and every rank gets rank 0's bytes.
-        buffers = []
-        for name, b in model.named_buffers():
-            if b.numel() == 0:
-                continue
-            if b.device.type == "meta":
-                b.data = sources.materialize_buffer(name, b)
-            if b.is_floating_point() and b.dtype != self._dtype:
-                b.data = b.data.to(self._dtype)
-            buffers.append(b)
-        self._broadcast_from_rank0(buffers)
+        # A buffer on the meta device is replaced by a real one, and one the state dict holds takes its values
+        # (on rank 0; the broadcast below gives them to the others).
+        buffers: dict[int, torch.Tensor] = {}
+        for prefix, module in model.named_modules():
+            for key, b in list(module._buffers.items()):
+                if b is None or b.numel() == 0:
+                    continue
+                if id(b) in buffers:  # a buffer two modules share: already done
+                    module._buffers[key] = buffers[id(b)]
+                    continue
+                name = f"{prefix}.{key}" if prefix else key
+                real = sources.buffer(name, b)
+                if real.is_floating_point() and real.dtype != self._dtype:
+                    real = real.to(self._dtype)
+                module._buffers[key] = buffers[id(b)] = real
+        self._broadcast_from_rank0(list(buffers.values()))
 
         for i, p in enumerate(self._params):
             if self._trained[i]:
@@ -244,12 +251,13 @@ class TorchEngine:
     def set_lr(self, lr: float, group: int = -1) -> None:
         self.engine.set_lr(lr, group)
 
-    def save_checkpoint(self, directory: str, tag: str | None = None) -> str:
+    def save_checkpoint(self, directory: str, tag: str | None = None, exclude_frozen_parameters: bool = False) -> str:
         """Writes ``directory/tag`` (``global_step<N>`` by default, as DeepSpeed names it). Collective. Returns the
-        tag."""
+        tag. ``exclude_frozen_parameters`` (DeepSpeed's name) leaves the frozen params' bytes out: a load keeps the
+        loading engine's own."""
         tag = tag if tag is not None else f"global_step{self._global_steps}"
         with self._released():
-            self.engine.save_checkpoint(directory, tag)
+            self.engine.save_checkpoint(directory, tag, exclude_frozen=exclude_frozen_parameters)
         return tag
 
     def load_checkpoint(self, directory: str, tag: str | None = None) -> str:
@@ -281,15 +289,14 @@ class TorchEngine:
 
     # ---- the model outside training: gathered values, generation, export ---------------------------------------------
     def _units_of(self, params: Any) -> list[int]:
-        """The units holding ``params`` (a param, an iterable of them, or None: every unit), in order."""
+        """The units holding ``params`` (a param, an iterable of them, or None: every unit), in order. Tensors the
+        engine does not hold (buffers, empty params) are whole anyway: they add no unit, as DeepSpeed leaves
+        non-ZeRO params alone."""
         if params is None:
             return list(self._units)
         wanted = {id(params)} if isinstance(params, torch.Tensor) else {id(p) for p in params}
         index = {id(p): i for i, p in enumerate(self._params)}
-        missing = wanted - set(index)
-        if missing:
-            raise ValueError(f"{len(missing)} of the params given are not this engine's (not registered, or empty)")
-        return sorted({self._unit[index[k]] for k in wanted})
+        return sorted({self._unit[index[k]] for k in wanted if k in index})
 
     @contextlib.contextmanager
     def gathered_parameters(self, params: Any = None, modifier_rank: int | None = None) -> Iterator[None]:
@@ -298,7 +305,7 @@ class TorchEngine:
         in place) becomes every rank's when the block ends — trained params' fp32 master included, frozen params'
         bytes too; the other ranks' writes are discarded. Collective: every rank enters with the same params and
         modifier rank, between micro-steps. If the block raises, nothing is published."""
-        units = self._units_of(params)
+        units = self._units_of(params if params is None or isinstance(params, torch.Tensor) else list(params))
         self._modifying += 1
         failed = True
         try:
@@ -308,7 +315,15 @@ class TorchEngine:
             self._modifying -= 1
             if modifier_rank is not None and not failed:
                 for u in units:  # the params are views of the unit: publish it and keep it bound
-                    self.engine.release_modified(u, int(modifier_rank))
+                    try:
+                        self.engine.release_modified(u, int(modifier_rank))
+                    except ZeroError as e:
+                        raise type(e)(
+                            f"{e.message} (the unit's values were not published: below stage 3 the modifier rank's "
+                            "writes stay in its own copy, so the ranks' values of these params now differ; enter "
+                            "gathered_parameters again with a modifier rank every rank names, or load a checkpoint)",
+                            e.status,
+                        ) from e
                     self.engine.gather(u)
 
     def generate(self, *args: Any, keep_gathered: bool = True, **kwargs: Any) -> Any:
@@ -415,16 +430,19 @@ class TorchEngine:
         return hook
 
 
-def engine_of(params: Any) -> TorchEngine:
-    """The live engine that holds ``params`` (a param or an iterable of them)."""
-    wanted = [params] if isinstance(params, torch.Tensor) else list(params)
+def engine_of(params: list[torch.Tensor]) -> TorchEngine | None:
+    """The live engine that holds any of ``params``, or None when none does; ValueError when they are spread over
+    several engines."""
+    found = []
     for engine in list(_ENGINES):
         if engine.engine.closed:
             continue
         held = {id(p) for p in engine._params}
-        if wanted and all(id(p) in held for p in wanted):
-            return engine
-    raise ValueError("no open libzero.torch engine holds these params (initialize the model first)")
+        if any(id(p) in held for p in params):
+            found.append(engine)
+    if len(found) > 1:
+        raise ValueError("the params given belong to several libzero.torch engines: gather each engine's apart")
+    return found[0] if found else None
 
 
 @contextlib.contextmanager
@@ -433,9 +451,12 @@ def GatheredParameters(  # noqa: N802 - DeepSpeed's spelling
 ) -> Iterator[None]:
     """``deepspeed.zero.GatheredParameters`` for a model libzero trains: the params' full values inside the block;
     with ``modifier_rank``, that rank's writes published to every rank at its end. Collective (see
-    :meth:`TorchEngine.gathered_parameters`)."""
-    if not enabled:
+    :meth:`TorchEngine.gathered_parameters`). ``params``: a param or an iterable of them (a generator such as
+    ``module.parameters()`` too); tensors no engine holds are whole already and left alone, as DeepSpeed does."""
+    listed = [params] if isinstance(params, torch.Tensor) else list(params)  # a generator is read once
+    engine = engine_of(listed) if enabled else None
+    if engine is None:
         yield
         return
-    with engine_of(params).gathered_parameters(params, modifier_rank):
+    with engine.gathered_parameters(listed, modifier_rank):
         yield

@@ -49,5 +49,11 @@ def _write(model: torch.nn.Module, directory: str, state: dict[str, torch.Tensor
         return
     from safetensors.torch import save_file
 
+    # A plain torch module's state_dict names a tied weight under every module that holds it: so does the file
+    # (safetensors keeps no shared storage, so each alias is a copy).
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if name not in state and canonical.get(id(p)) in state:
+            state[name] = state[canonical[id(p)]].clone()
     save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(directory, "model.safetensors"),
               metadata={"format": "pt", "producer": "libzero"})

@@ -116,20 +116,36 @@ class Sources:
                     + ("not in the state dict" if self._source is not None else "no state_dict was given")
                     + ": rank 0 needs its values (pass state_dict= on every rank, or build the model on rank 0)"
                 )
+        self._check_buffers(model)
 
-    def materialize_buffer(self, name: str, buffer: torch.Tensor) -> torch.Tensor:
-        """A buffer on the meta device as a real one: rank 0's from the state dict (a persistent buffer), the
-        others' empty (finalize's broadcast fills them)."""
-        if self._rank != 0:
-            return torch.empty(buffer.shape, dtype=buffer.dtype)
+    def buffer(self, name: str, buffer: torch.Tensor) -> torch.Tensor:
+        """The buffer a model will hold: rank 0's values from the state dict when it has them (a persistent buffer,
+        such as BatchNorm's statistics), else the model's own; on the meta device, a real tensor (the other ranks'
+        empty: the broadcast of rank 0's bytes fills them). Collective only in that every rank calls it alike."""
         key = _key(self._source, name) if self._source is not None else None
-        if key is None:
-            raise ValueError(
-                f"buffer {name!r} is on the meta device and not in the state dict (a non-persistent buffer, such as "
-                "a rotary embedding's inv_freq, is in none): build the model with accelerate.init_empty_weights(), "
-                "which leaves buffers real"
-            )
-        return self._source[key].to(buffer.dtype)
+        if buffer.device.type == "meta" and self._rank != 0:
+            return torch.empty(buffer.shape, dtype=buffer.dtype)
+        if key is None or self._rank != 0:
+            return buffer  # checked in __init__: not on the meta device
+        return self._source[key].to(buffer.dtype).clone()
+
+    def _check_buffers(self, model: torch.nn.Module) -> None:
+        """Every rank's check of what buffer() will need, before finalize: a meta buffer must be in the state dict,
+        and a buffer the state dict holds must have its shape."""
+        for name, b in model.named_buffers():
+            key = _key(self._source, name) if self._source is not None else None
+            if b.device.type == "meta" and key is None and (self._source is not None or self._rank == 0):
+                raise ValueError(
+                    f"buffer {name!r} is on the meta device and not in the state dict (a non-persistent buffer, such "
+                    "as a rotary embedding's inv_freq, is in none): build the model with "
+                    "accelerate.init_empty_weights(), which leaves buffers real"
+                )
+            if key is not None:
+                shape = self._source.shape(key) if hasattr(self._source, "shape") else tuple(self._source[key].shape)
+                if tuple(shape) != tuple(b.shape):
+                    raise ValueError(
+                        f"the state dict's {key!r} has shape {tuple(shape)}, the buffer {name!r} {tuple(b.shape)}"
+                    )
 
     def deferred(self, name: str, param: torch.nn.Parameter) -> bool:
         """Whether the param's values come from the state dict (after finalize) rather than from the model."""

@@ -107,8 +107,8 @@ class Stage3Engine(TorchEngine):
     # ---- the model outside training ------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def gathered_parameters(self, params: Any = None, modifier_rank: int | None = None) -> Iterator[None]:
-        units = self._units_of(params)
-        newly = [u for u in units if u not in self._gathered]
+        units = self._units_of(params if params is None or isinstance(params, torch.Tensor) else list(params))
+        newly = [u for u in units if u not in self._gathered]  # the others stay gathered for whoever gathered them
         self._modifying += 1  # the model's own hooks release nothing meanwhile (a forward, a generate inside)
         failed = True
         try:
@@ -123,10 +123,13 @@ class Stage3Engine(TorchEngine):
                     for k, u in enumerate(units):
                         try:
                             self._release(u, modifier_rank=int(modifier_rank))
+                            if u not in newly:  # an enclosing block (or the forward) holds it: gathered again
+                                self._gather(u)
                         except ZeroError:
                             for rest in units[k + 1 :]:
-                                with contextlib.suppress(ZeroError):
-                                    self._release(rest)
+                                if rest in newly:
+                                    with contextlib.suppress(ZeroError):
+                                        self._release(rest)
                             raise
                 else:
                     for u in newly:
