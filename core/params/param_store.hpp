@@ -187,6 +187,9 @@ class ParameterStore {
  private:
   void broadcast_initial_values(const Registration& registration, DType compute_dtype, std::vector<float>& staging);
   void broadcast_frozen_values(const Registration& registration, int u, std::vector<float>& staging);
+  std::vector<char> units_in_compute_dtype(const Registration& registration, DType compute_dtype);
+  void broadcast_compute_values(const Registration& registration, int u, DType compute_dtype,
+                                std::vector<float>& staging, std::vector<float>& widened);
   std::unique_ptr<io::NvmeState> new_state_file(const char* kind, const std::string& dir,
                                                 const io::NvmeState::Geometry& geometry, const char* key) const;
   // finalize: a warning when the offload saves no host memory.

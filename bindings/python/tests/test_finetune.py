@@ -488,6 +488,10 @@ def test_a_plain_torch_export_names_tied_weights_as_its_state_dict_does():
 @pytest.mark.parametrize("stage", [1, 3])
 def test_a_checkpoint_without_the_frozen_params_keeps_the_loading_engine_s(stage):
     directory = os.path.join(SCRATCH, f"exclude-s{stage}")
+    if RANK == 0:  # an earlier run's checkpoint (tags are never overwritten); the others wait in the save
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
     torch.manual_seed(5)
     eng = lzt.initialize(WithStats(), config(stage), comm())
     tag = eng.save_checkpoint(directory, "t", exclude_frozen_parameters=True)
@@ -498,4 +502,20 @@ def test_a_checkpoint_without_the_frozen_params_keeps_the_loading_engine_s(stage
     eng = lzt.initialize(other, config(stage), comm())
     eng.load_checkpoint(directory, tag)
     assert torch.equal(eng.full_parameters(frozen=True)["base.weight"], mine)
+    eng.close()
+
+
+def test_an_export_rank_0_cannot_write_fails_on_every_rank():
+    model = gpt2()
+    eng = lzt.initialize(model, config(3), comm())
+    blocker = os.path.join(SCRATCH, "a-file-not-a-directory")
+    if RANK == 0:
+        os.makedirs(SCRATCH, exist_ok=True)
+        with open(blocker, "w", encoding="utf-8") as f:
+            f.write("x")
+    # Rank 0's writer fails (the directory's parent is a file); every rank learns it, none waits forever.
+    with pytest.raises((OSError, RuntimeError), match="Not a directory|rank 0 failed"):
+        eng.save_pretrained(os.path.join(blocker, "export"))
+    # The engine goes on: the gathers it made were complete on every rank.
+    train(eng, [RANK], steps=1)
     eng.close()

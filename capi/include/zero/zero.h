@@ -320,7 +320,8 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
  * allocates; a program that holds more at once — several units gathered, gradients of several buckets written
  * before they are reduced — gets more, allocated by local calls before any agreement), agrees that every rank
  * succeeded, and broadcasts rank 0's initial values (in pieces of at most 2^24 elements, so units of any size
- * need no more memory than that beyond what the stage keeps). */
+ * need no more memory than that beyond what the stage keeps; values given in the compute dtype, and frozen params'
+ * values, cross as their bytes, never through fp32). */
 ZERO_API zero_status_t zero_engine_finalize(zero_engine_t* engine);
 
 /* ---------------------------------------------------------------------------------------------------------------
