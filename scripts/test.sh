@@ -69,8 +69,8 @@ fi
 # Tests run two per core: many are short MPI jobs that wait on process start-up and sockets more than they compute
 # (the clang suite took 175 s at -j4 against 270 s at -j2 on this 2-core machine). The tests that keep every core
 # busy by themselves (the GPT's learning runs, the wheel build, the multi-rank torch tests) say so with CTest's
-# PROCESSORS property and get the machine, or half of it, to themselves; the long ones carry a COST so they start
-# first.
+# PROCESSORS property (never two of them at once; short tests go on beside them); the long ones carry a COST so they
+# start first.
 test_jobs=$((2 * jobs))
 
 echo "== release build (GCC) and full test suite"
