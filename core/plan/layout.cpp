@@ -40,23 +40,23 @@ std::vector<ShardSegment> Layout::segments(int unit, size_t begin, size_t length
   return out;
 }
 
-// The shard of a unit of `used` elements over `world` ranks: kShardAlignElems-aligned, and above kMaxMessageElems a
-// multiple of the smallest power of two that brings shard / block under it.
-size_t shard_elems_for(size_t used, int world) {
+namespace {
+
+// The shard of `used` items over `world` ranks: `align`-aligned, and above kMaxMessageElems items per message a
+// multiple of the smallest power-of-two block that brings shard / block under it.
+size_t shard_for(size_t used, int world, size_t align) {
   const size_t n = static_cast<size_t>(world);
-  size_t shard = round_up((used + n - 1) / n, kShardAlignElems);
-  size_t block = kShardAlignElems;
+  size_t shard = round_up((used + n - 1) / n, align);
+  size_t block = align;
   while (round_up(shard, block) / block > kMaxMessageElems) block *= 2;
   return round_up(shard, block);
 }
 
-size_t frozen_shard_bytes_for(size_t used, int world) {
-  const size_t n = static_cast<size_t>(world);
-  size_t shard = round_up((used + n - 1) / n, kFrozenAlignBytes);
-  size_t block = kFrozenAlignBytes;
-  while (round_up(shard, block) / block > kMaxMessageElems) block *= 2;
-  return round_up(shard, block);
-}
+}  // namespace
+
+size_t shard_elems_for(size_t used, int world) { return shard_for(used, world, kShardAlignElems); }
+
+size_t frozen_shard_bytes_for(size_t used, int world) { return shard_for(used, world, kFrozenAlignBytes); }
 
 Layout build_layout(const std::vector<ParamShape>& params, int world_size) {
   if (world_size < 1) fail(ZERO_ERR_INVALID_ARGUMENT, "world size must be at least 1");
