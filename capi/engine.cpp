@@ -193,12 +193,24 @@ ZERO_API zero_status_t zero_backward_end(zero_engine_t* engine) {
 }
 
 ZERO_API zero_status_t zero_step(zero_step_info_t* out_info, zero_engine_t* engine) {
+  return zero_step_with(out_info, engine, nullptr);
+}
+
+ZERO_API zero_status_t zero_step_with(zero_step_info_t* out_info, zero_engine_t* engine,
+                                      const zero_step_options_t* options) {
   const char* call = "zero_step";
   return guard(call, handle_or_null(engine), [&] {
     zero::Engine& e = engine_of(engine, call);
     if (out_info != nullptr)
       zero::check_output_struct(out_info, sizeof(zero_step_info_t), call, "zero_step_info_t", "zero_step_info_init");
-    zero::StepResult r = e.step();
+    zero_step_options_t o = ZERO_STEP_OPTIONS_INIT;
+    if (options != nullptr)
+      o = zero::read_input_struct(options, sizeof(zero_step_options_t), o, "zero_step_with", "zero_step_options_t",
+                                  "zero_step_options_init");
+    zero::StepOptions step_options;  // checked inside, where a rank's bad value reaches the others
+    step_options.partial_window = o.partial_window;
+    step_options.loss_averaged = o.loss_averaged;
+    zero::StepResult r = e.step(step_options);
     if (out_info == nullptr) return;
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
     info.step = r.step;
@@ -222,6 +234,15 @@ ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* e
 ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr) {
   const char* call = "zero_set_lr";
   return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).set_lr(group, lr); });
+}
+
+ZERO_API zero_status_t zero_get_lr(double* out_lr, const zero_engine_t* engine, int32_t group) {
+  const char* call = "zero_get_lr";
+  return guard(call, handle_or_null(engine), [&] {
+    require_arg(out_lr != nullptr, call, "out_lr is NULL");
+    require_arg(engine != nullptr, call, "engine is NULL");
+    *out_lr = handle(engine)->impl->next_lr(group);
+  });
 }
 
 ZERO_API zero_status_t zero_save_checkpoint(zero_engine_t* engine, const char* dir, const char* tag) {

@@ -91,6 +91,11 @@ ZERO_API zero_status_t zero_save_options_init(zero_save_options_t* options, size
   return init("zero_save_options_init", "zero_save_options_t", options, struct_size, d);
 }
 
+ZERO_API zero_status_t zero_step_options_init(zero_step_options_t* options, size_t struct_size) {
+  const zero_step_options_t d = ZERO_STEP_OPTIONS_INIT;
+  return init("zero_step_options_init", "zero_step_options_t", options, struct_size, d);
+}
+
 ZERO_API zero_status_t zero_memory_placement_init(zero_memory_placement_t* placement, size_t struct_size) {
   const zero_memory_placement_t d = ZERO_MEMORY_PLACEMENT_INIT;
   return init("zero_memory_placement_init", "zero_memory_placement_t", placement, struct_size, d);

@@ -310,6 +310,14 @@ void Engine::set_lr(int group, double lr) {
   registration_.set_base_lr(group, lr);
 }
 
+double Engine::next_lr(int group) const {
+  if (guard_.state() == CallGuard::State::kRegistering)
+    fail(ZERO_ERR_INVALID_STATE, "zero_get_lr: call zero_engine_finalize first");
+  if (group < 0 || group >= static_cast<int>(registration_.groups().size()))
+    fail(ZERO_ERR_INVALID_ARGUMENT, "zero_get_lr: no param group " + std::to_string(group));
+  return stepper_.next_lr(registration_.groups()[static_cast<size_t>(group)].base_lr);
+}
+
 // A checkpoint reads the params and a load writes them: the all-gathers started ahead complete first (every rank
 // started them, so every rank completes them, whatever its checkpoint call then finds), and what was fetched
 // ahead or kept is given back on every rank (a load changes the params; a save's gathers must not leave ranks

@@ -51,8 +51,10 @@ class Engine {
   void grad_ready(int param);
   void backward_end();
   // ---- the step (engine_step.cpp)
-  StepResult step();
+  StepResult step(const StepOptions& options = {});
   void set_lr(int group, double lr);
+  // The learning rate the next step gives `group` (zero_get_lr).
+  double next_lr(int group) const;
   // Collective. See core/checkpoint/checkpointer.cpp and docs/checkpoint-format.md.
   void save_checkpoint(const std::string& dir, const std::string& tag, bool exclude_frozen = false);
   void load_checkpoint(const std::string& dir, const std::string& tag);

@@ -24,18 +24,25 @@ uint64_t digest_doubles(const std::vector<double>& values) {
 
 }  // namespace
 
-StepResult Engine::step() {
+StepResult Engine::step(const StepOptions& options) {
   CallScope scope(guard_, "zero_step");
   // 0. Local checks, state and window included; a failing rank still joins the agreement so that the others
-  //    return instead of waiting. The learning rates are set locally (zero_set_lr); ranks that set different ones
-  //    would silently train different replicas, so they are part of what the ranks agree on.
+  //    return instead of waiting. The learning rates are set locally (zero_set_lr) and the options are the
+  //    caller's; ranks that differ in either would silently train different replicas, so both are part of what
+  //    the ranks agree on.
   CollectiveCall call(guard_, CallKind::kStep);
   call.check([&] {
     guard_.require(CallGuard::State::kReady);
-    if (!window_.complete())
+    if ((options.partial_window != 0 && options.partial_window != 1) ||
+        (options.loss_averaged != 0 && options.loss_averaged != 1))
+      guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "zero_step_options_t's partial_window and loss_averaged must be 0 or 1");
+    if (options.partial_window && window_.ended() < 1)
+      guard_.fail(ZERO_ERR_INVALID_STATE, "no call of zero_backward_end since the last step: nothing to average");
+    if (!options.partial_window && !window_.complete())
       guard_.fail(ZERO_ERR_INVALID_STATE,
                   "expected gradient_accumulation_steps (" + std::to_string(config_.gradient_accumulation_steps) +
-                      ") calls of zero_backward_end since the last step, got " + std::to_string(window_.ended()));
+                      ") calls of zero_backward_end since the last step, got " + std::to_string(window_.ended()) +
+                      " (zero_step_options_t.partial_window steps after fewer)");
     const int gathered = store_.first_gathered();
     if (gathered >= 0)
       guard_.fail(ZERO_ERR_INVALID_STATE,
@@ -43,28 +50,43 @@ StepResult Engine::step() {
     test_hooks::maybe_fail("step", comm_.rank());
   });
   const std::vector<GroupSpec>& groups = registration_.groups();
-  std::vector<double> lrs(groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) lrs[g] = groups[g].base_lr;
-  auto explain_lrs = [&]() {
-    std::vector<double> all(lrs.size() * static_cast<size_t>(comm_.size()));
-    std::memcpy(all.data() + lrs.size() * comm_.rank(), lrs.data(), lrs.size() * sizeof(double));
-    comm_.control_all_gather(all.data(), lrs.size() * sizeof(double), guard_.label("the ranks' learning rates"));
+  // What must be equal on every rank: the options, then each group's learning rate.
+  std::vector<double> agreed{static_cast<double>(options.partial_window), static_cast<double>(options.loss_averaged)};
+  for (const GroupSpec& g : groups) agreed.push_back(g.base_lr);
+  auto explain = [&]() {
+    std::vector<double> all(agreed.size() * static_cast<size_t>(comm_.size()));
+    std::memcpy(all.data() + agreed.size() * comm_.rank(), agreed.data(), agreed.size() * sizeof(double));
+    comm_.control_all_gather(all.data(), agreed.size() * sizeof(double),
+                             guard_.label("the ranks' step options and learning rates"));
+    auto differs = [&](size_t k) {
+      for (int r = 1; r < comm_.size(); ++r)
+        if (all[agreed.size() * r + k] != all[k]) return true;
+      return false;
+    };
+    auto by_rank = [&](size_t k, bool flag) {
+      std::string text;
+      for (int r = 0; r < comm_.size(); ++r) {
+        const double v = all[agreed.size() * r + k];
+        text += (r ? ", rank " : " rank ") + std::to_string(r) + " " +
+                (flag ? std::to_string(static_cast<int>(v)) : exact_decimal(v));
+      }
+      return text;
+    };
     std::ostringstream os;
-    os << "the ranks set different learning rates (zero_set_lr must set the same value on every rank):";
-    for (size_t g = 0; g < lrs.size(); ++g) {
-      bool differs = false;
-      for (int r = 1; r < comm_.size(); ++r) differs |= all[lrs.size() * r + g] != all[g];
-      if (!differs) continue;
-      os << " group " << g << " ('" << groups[g].name << "'):";
-      for (int r = 0; r < comm_.size(); ++r)
-        os << (r ? "," : "") << " rank " << r << " " << exact_decimal(all[lrs.size() * r + g]);
-      os << ";";
+    if (differs(0) || differs(1)) {
+      os << "the ranks passed different zero_step_options_t (every rank must step the same way):";
+      if (differs(0)) os << " partial_window:" << by_rank(0, true) << ";";
+      if (differs(1)) os << " loss_averaged:" << by_rank(1, true) << ";";
+    } else {
+      os << "the ranks set different learning rates (zero_set_lr must set the same value on every rank):";
+      for (size_t g = 0; g < groups.size(); ++g)
+        if (differs(2 + g)) os << " group " << g << " ('" << groups[g].name << "'):" << by_rank(2 + g, false) << ";";
     }
     std::string text = os.str();
     text.back() = '.';
     return text;
   };
-  call.agree(stepper_.steps() + 1, window_.ended(), static_cast<int64_t>(digest_doubles(lrs)), explain_lrs);
+  call.agree(stepper_.steps() + 1, window_.ended(), static_cast<int64_t>(digest_doubles(agreed)), explain);
 
   StepResult result;
   call.move([&] {
@@ -96,7 +118,8 @@ StepResult Engine::step() {
       sum_sq = comm_.sum_over_ranks(local, guard_.label("partial sums of squares"));
     }
     // 3. Average, unscale and clip; the loss scale; the learning rate.
-    const StepDecision decision = stepper_.decide(sum_sq, comm_.size(), groups);
+    const int64_t micro_steps = options.loss_averaged ? 1 : window_.ended();
+    const StepDecision decision = stepper_.decide(sum_sq, comm_.size(), micro_steps, groups);
     result = decision.result;
     // 4. The fused optimizer pass over what this rank updates (skipped on overflow: weights, state, step counter
     //    and schedule untouched).

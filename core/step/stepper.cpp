@@ -73,11 +73,11 @@ double Stepper::local_sum_squares(ParameterStore& store, const std::function<con
 // Average and unscale (the sum over ranks and micro-steps divided once by N x G x scale: a correctly rounded
 // division, exact whenever the average is representable, so N = 3 or G = 3 train exactly as N = 1 does on the
 // same averaged gradient), then clip with a separate multiply.
-StepDecision Stepper::decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups) {
+StepDecision Stepper::decide(double sum_sq, int world_size, int64_t micro_steps, const std::vector<GroupSpec>& groups) {
   StepDecision d;
   StepResult& result = d.result;
   result.loss_scale = scaler_.scale();
-  const double samples = static_cast<double>(world_size) * static_cast<double>(config_.gradient_accumulation_steps);
+  const double samples = static_cast<double>(world_size) * static_cast<double>(micro_steps);
   // The norm of the averaged gradients: sum_sq / D^2 with D = N x G x scale is exact when the averaged values'
   // squares are, so for the same averaged gradient every N and G compute the same norm (sqrt(sum_sq) / D would
   // round differently for D = 3).
@@ -98,6 +98,8 @@ StepDecision Stepper::decide(double sum_sq, int world_size, const std::vector<Gr
     d.clip = std::isfinite(result.grad_norm) ? config_.gradient_clipping / (result.grad_norm + 1e-6) : 0.0;
   return d;
 }
+
+double Stepper::next_lr(double base_lr) const { return scheduled_lr(config_.scheduler, base_lr, steps_ + 1); }
 
 CopyMode Stepper::copy_mode() const {
   switch (config_.compute_dtype) {

@@ -23,6 +23,17 @@ struct StepResult {
   bool skipped = false;
 };
 
+// How zero_step averages the window's gradients (zero_step_options_t), as the caller gave them: 0 or 1, checked by
+// zero_step where a rank's bad value reaches the others.
+struct StepOptions {
+  // 1: step after the micro-steps ended so far (1 to gradient_accumulation_steps: an epoch's remainder), averaging
+  // over those; 0: exactly gradient_accumulation_steps must have ended.
+  int partial_window = 0;
+  // 1: each micro-step's loss was already divided by the window's micro-steps (DeepSpeed's scale_wrt_gas=False):
+  // the gradients are averaged over ranks only.
+  int loss_averaged = 0;
+};
+
 // What the optimizer pass needs from the decision: every gradient is divided by `divisor` (world size x
 // accumulation steps x loss scale), then multiplied by `clip`.
 struct StepDecision {
@@ -43,7 +54,9 @@ class Stepper {
   // (GradientReducer::folded_squares): the same bits, no pass over the unit.
   double local_sum_squares(ParameterStore& store, const std::function<const double*(int)>& folded = nullptr);
   // From the sum over ranks: the norm, the skip and loss-scale decisions, the clip, the learning rate of group 0.
-  StepDecision decide(double sum_sq, int world_size, const std::vector<GroupSpec>& groups);
+  // The gradients are the sum over `world_size` ranks and `micro_steps` micro-steps (1 where each micro-step's
+  // loss was already averaged).
+  StepDecision decide(double sum_sq, int world_size, int64_t micro_steps, const std::vector<GroupSpec>& groups);
   // The fused optimizer pass over every unit's update range (counts the step); with `clear_grads` it zeroes the
   // gradients it reads (GradientReducer::clear_in_update). With `sum_sq` it also adds this rank's sum of squares
   // there, the bits local_sum_squares gives (where the store's NormPlan sums the norm in the update).
@@ -55,6 +68,8 @@ class Stepper {
   void account(const StepResult& result);
 
   int64_t steps() const { return steps_; }
+  // The learning rate the next step gives a group whose base rate is `base_lr`.
+  double next_lr(double base_lr) const;
   void set_steps(int64_t steps) { steps_ = steps; }
   double loss_scale() const { return scaler_.scale(); }
   LossScaler::State scaler_state() const { return scaler_.state(); }

@@ -129,6 +129,10 @@ SIZE(zero_save_options_t, 16); /* 0.4 */
 OFFSET(zero_save_options_t, struct_size, 0);
 OFFSET(zero_save_options_t, exclude_frozen, 8);
 OFFSET(zero_save_options_t, reserved, 12);
+SIZE(zero_step_options_t, 16); /* 0.4 */
+OFFSET(zero_step_options_t, struct_size, 0);
+OFFSET(zero_step_options_t, partial_window, 8);
+OFFSET(zero_step_options_t, loss_averaged, 12);
 
 SIZE(zero_comm_kind_stats_t, 24);
 OFFSET(zero_comm_kind_stats_t, calls, 0);

@@ -417,9 +417,20 @@ static void test_wrong_order(void** state) {
                "zero_memory_stats: needs zero_engine_finalize first");
   assert_fails(zero_memory_placement(&early_placement, engine), ZERO_ERR_INVALID_STATE,
                "zero_memory_placement: needs zero_engine_finalize first");
+  double lr = 0;
+  assert_fails(zero_get_lr(&lr, engine, 0), ZERO_ERR_INVALID_STATE, "zero_engine_finalize first");
   int32_t w = add_param(engine, "w", 10, 0);
   assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
   assert_fails(zero_engine_finalize(engine), ZERO_ERR_INVALID_STATE, "already finalized");
+  /* The next step's rate: the config's, then zero_set_lr's. */
+  assert_int_equal(zero_get_lr(&lr, engine, 0), ZERO_OK);
+  assert_true(lr == 0.01);
+  assert_int_equal(zero_set_lr(engine, 0, 0.25), ZERO_OK);
+  assert_int_equal(zero_get_lr(&lr, engine, 0), ZERO_OK);
+  assert_true(lr == 0.25);
+  assert_int_equal(zero_set_lr(engine, 0, 0.01), ZERO_OK);
+  assert_fails(zero_get_lr(&lr, engine, 1), ZERO_ERR_INVALID_ARGUMENT, "no param group 1");
+  assert_fails(zero_get_lr(NULL, engine, 0), ZERO_ERR_INVALID_ARGUMENT, "out_lr is NULL");
   int32_t id = 0;
   zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
   d.name = "late";
@@ -434,6 +445,19 @@ static void test_wrong_order(void** state) {
   zero_step_info_t info = ZERO_STEP_INFO_INIT;
   info.struct_size = 1;
   assert_fails(zero_step(&info, engine), ZERO_ERR_INVALID_ARGUMENT, "zero_step_info_init");
+  zero_step_options_t so;
+  memset(&so, 0x5a, sizeof so);
+  assert_int_equal(zero_step_options_init(&so, sizeof so), ZERO_OK);
+  assert_int_equal(so.partial_window, 0);
+  assert_int_equal(so.loss_averaged, 0);
+  assert_fails(zero_step_with(NULL, engine, &so), ZERO_ERR_INVALID_STATE, "steps after fewer");
+  so.partial_window = 1;
+  assert_fails(zero_step_with(NULL, engine, &so), ZERO_ERR_INVALID_STATE, "nothing to average");
+  so.loss_averaged = -1;
+  assert_fails(zero_step_with(NULL, engine, &so), ZERO_ERR_INVALID_ARGUMENT, "must be 0 or 1");
+  so.struct_size = 4;
+  assert_fails(zero_step_with(NULL, engine, &so), ZERO_ERR_INVALID_ARGUMENT, "zero_step_options_init");
+  assert_fails(zero_step_options_init(&so, 4), ZERO_ERR_INVALID_ARGUMENT, "zero_step_options_t");
   assert_fails(zero_set_lr(engine, 4, 0.1), ZERO_ERR_INVALID_ARGUMENT, "no param group 4");
   assert_fails(zero_engine_set_num_threads(engine, -2), ZERO_ERR_INVALID_ARGUMENT, "threads must be in [0, 4096]");
   /* A checkpoint between zero_grad_data and zero_backward_end would leave the micro-step half-done: refused

@@ -4,7 +4,8 @@
  *   mpirun -np N test_failures --scenario NAME [--stage S]
  *
  *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/util/test_hooks.hpp): finalize.alloc,
- *                    gather, gather.alloc, prefetch, bucket, backward_end, step, save, load, comm_finalize. It
+ *                    gather, gather.alloc, prefetch, bucket, backward_end, step, partial_step (zero_step_with after
+ *                    2 of 3 micro-steps), save, load, comm_finalize. It
  *                    gets its own error, every other rank ZERO_ERR_REMOTE naming it, within seconds (the timeout is
  *                    60 s). No data moved, so the same call, retried without the fault, succeeds everywhere and
  *                    training goes on.
@@ -16,6 +17,11 @@
  *   skip-step        stage 3: the last rank skips zero_step and gathers the next micro-step's first unit:
  *                    ZERO_ERR_MISMATCH on every rank, naming both calls.
  *   different-unit   stage 3: rank 0 gathers unit 0, the others unit 1 (same size): ZERO_ERR_MISMATCH everywhere.
+ *   different-step-options  zero_step_with with other options on the last rank (loss_averaged, then
+ *                    partial_window): ZERO_ERR_MISMATCH on every rank naming the option and each rank's value; an
+ *                    option that is neither 0 nor 1 on one rank is its ZERO_ERR_INVALID_ARGUMENT and the others'
+ *                    ZERO_ERR_REMOTE; a partial step with no micro-step and a whole one after too few are
+ *                    ZERO_ERR_INVALID_STATE. The engine steps on after each.
  *   different-lr     zero_set_lr with a different value on the last rank: zero_step fails with ZERO_ERR_MISMATCH
  *                    on every rank, naming both values in decimal; the engine is usable (same rates, then a step).
  *   stall            the last rank is stuck before zero_backward_end for 6 s; with a 2 s timeout the others get
@@ -79,6 +85,7 @@
 static int g_rank = 0, g_world = 1, g_last = 0;
 static long g_bucket_elems = 300; /* reduce_bucket_size: one unit per bucket */
 static int g_overlap = 0;         /* overlap_comm */
+static int g_gas = 1;             /* gradient_accumulation_steps */
 static const char* g_scenario = "";
 static char g_dir[512];
 
@@ -110,10 +117,10 @@ static void expect_status(zero_engine_t* engine, zero_status_t got, zero_status_
 static zero_engine_t* make_engine(zero_comm_t* comm, int stage, double timeout_s, int32_t* ids, int finalize) {
   char config[512];
   snprintf(config, sizeof config,
-           "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}},"
+           "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}, \"gradient_accumulation_steps\": %d,"
            " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %ld,"
            " \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": %s}, \"libzero\": {\"timeout_s\": %g}}",
-           stage, g_bucket_elems, g_overlap ? "true" : "false", timeout_s);
+           g_gas, stage, g_bucket_elems, g_overlap ? "true" : "false", timeout_s);
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
   register_test_model(engine, ZERO_DTYPE_FP32, NULL, ids);
@@ -209,6 +216,22 @@ static void fail_at(zero_comm_t* comm, const char* site, int stage) {
     unsetenv("ZERO_TEST_FAIL");
     expect_status(engine, s, want, fragment, t, limit, "zero_step");
     CHECK(zero_step(NULL, engine));
+  } else if (strcmp(site, "partial_step") == 0) {
+    /* zero_step_with after 2 of the window's 3 micro-steps (an epoch's remainder): the same hook as zero_step. */
+    zero_engine_destroy(engine);
+    g_gas = 3;
+    engine = make_engine(comm, stage, 60.0, ids, 1);
+    micro_step(engine, ids);
+    micro_step(engine, ids);
+    zero_step_options_t options = ZERO_STEP_OPTIONS_INIT;
+    options.partial_window = 1;
+    set_fault("step");
+    t = now();
+    s = zero_step_with(NULL, engine, &options);
+    unsetenv("ZERO_TEST_FAIL");
+    expect_status(engine, s, want, fragment, t, limit, "zero_step_with (partial window)");
+    CHECK(zero_step_with(NULL, engine, &options));
+    for (int k = 0; k < 2; ++k) micro_step(engine, ids); /* a whole window follows, its last micro-step below */
   } else if (strcmp(site, "save") == 0 || strcmp(site, "load") == 0) {
     micro_step(engine, ids);
     CHECK(zero_step(NULL, engine));
@@ -462,6 +485,44 @@ static void divergence(zero_comm_t* comm, const char* scenario) {
     expect_status(engine, s, ZERO_ERR_MISMATCH, "ranks diverged", t, 8.0, "zero_gather of different units");
     EXPECT(strstr(zero_last_error(), "zero_gather of unit 0") && strstr(zero_last_error(), "zero_gather of unit 1"),
            "names both units: %s", zero_last_error());
+  } else if (strcmp(scenario, "different-step-options") == 0) {
+    /* The last rank says its losses were already averaged (or that the window is partial), the others not: the
+     * gradients would be divided differently and the replicas drift apart. */
+    zero_engine_destroy(engine);
+    g_gas = 2;
+    engine = make_engine(comm, 3, 60.0, ids, 1);
+    micro_step(engine, ids);
+    micro_step(engine, ids);
+    zero_step_options_t options = ZERO_STEP_OPTIONS_INIT;
+    options.loss_averaged = g_rank == g_last;
+    s = zero_step_with(NULL, engine, &options);
+    expect_status(engine, s, ZERO_ERR_MISMATCH, "different zero_step_options_t", t, 8.0, "zero_step_with");
+    EXPECT(strstr(zero_last_error(), "loss_averaged: rank 0 0") != NULL, "names the option: %s", zero_last_error());
+    options.loss_averaged = 0;
+    options.partial_window = g_rank == g_last;
+    s = zero_step_with(NULL, engine, &options);
+    expect_status(engine, s, ZERO_ERR_MISMATCH, "partial_window", t, 8.0, "zero_step_with");
+    /* Agreed before data moved: the engine steps once the options agree. */
+    options.partial_window = 0;
+    CHECK(zero_step_with(NULL, engine, &options));
+    micro_step(engine, ids);
+    /* A partial window needs a micro-step; a whole step needs them all, and says how to step after fewer. */
+    s = zero_step(NULL, engine);
+    expect_status(engine, s, ZERO_ERR_INVALID_STATE, "partial_window steps after fewer", t, 8.0, "zero_step early");
+    options.partial_window = 1;
+    CHECK(zero_step_with(NULL, engine, &options));
+    s = zero_step_with(NULL, engine, &options);
+    expect_status(engine, s, ZERO_ERR_INVALID_STATE, "nothing to average", t, 8.0, "zero_step_with, no micro-step");
+    /* An option that is neither 0 nor 1, on one rank: its argument error reaches the others. */
+    micro_step(engine, ids);
+    options.partial_window = g_rank == g_last ? 2 : 1;
+    s = zero_step_with(NULL, engine, &options);
+    expect_status(engine, s, g_rank == g_last ? ZERO_ERR_INVALID_ARGUMENT : ZERO_ERR_REMOTE, "must be 0 or 1", t, 8.0,
+                  "zero_step_with, a bad option on one rank");
+    options.partial_window = 1;
+    CHECK(zero_step_with(NULL, engine, &options));
+    zero_engine_destroy(engine);
+    return;
   } else { /* different-lr */
     CHECK(zero_set_lr(engine, -1, g_rank == g_last ? 0.0025 : 0.002));
     micro_step(engine, ids);
@@ -647,7 +708,7 @@ int main(int argc, char** argv) {
   else if (strcmp(g_scenario, "exit-early") == 0 || strcmp(g_scenario, "exit-silently") == 0)
     left = exit_early(comm, strcmp(g_scenario, "exit-silently") == 0);
   else if (strcmp(g_scenario, "skip-step") == 0 || strcmp(g_scenario, "different-unit") == 0 ||
-           strcmp(g_scenario, "different-lr") == 0)
+           strcmp(g_scenario, "different-lr") == 0 || strcmp(g_scenario, "different-step-options") == 0)
     divergence(comm, g_scenario);
   else if (strcmp(g_scenario, "comm-finalize-during-finalize") == 0)
     comm_finalize_during_finalize(comm);

@@ -5,7 +5,16 @@
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
  *                            [--comm mpi|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
- *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR]
+ *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
+ *                            [--loss-averaged 0|1]
+ *
+ * --partial 1 ends every fourth window early, as a training loop does at the end of an epoch whose length is not a
+ * multiple of the window: after k = 1, 2, ... G - 1 micro-steps in turn, zero_step_with(partial_window) steps, and
+ * the weights must be the bits of a reference that averages over k (an engine configured with G = k); every eighth
+ * whole window also goes through zero_step_with(partial_window). --loss-averaged 1 divides each micro-step's
+ * gradients by the window's micro-steps before adding them (the Hugging Face Trainer divides the loss) and steps with
+ * zero_step_with(loss_averaged): the reference sums them and divides by N x loss scale only. With it k is a power of
+ * two (1 for k = 3), so the test's division is exact.
  *
  * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on, and the new params are
  * all-gathered in the background after the step (stages 1-2: zero_gather waits for its unit); the weights must be
@@ -181,8 +190,18 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
   }
 }
 
+/* Step t's micro-steps: gas, except every fourth window with --partial, which ends after 1, 2, ..., gas - 1 in turn
+ * (a power of two with --loss-averaged). */
+static int window_of(int t, int gas, int partial, int loss_averaged) {
+  int window = gas;
+  if (partial && gas > 1 && t % 4 == 0) window = 1 + (t / 4 - 1) % (gas - 1);
+  if (loss_averaged && window == 3) window = 2;
+  return window;
+}
+
 int main(int argc, char** argv) {
-  int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0, norm_in_update = 0;
+  int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0, norm_in_update = 0, partial = 0;
+  int loss_averaged = 0;
   long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
   const char *nvme_dir = NULL, *nvme_params_dir = NULL;
   const char* comm_kind = "mpi";
@@ -213,6 +232,10 @@ int main(int argc, char** argv) {
       shuffle = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--norm-in-update") == 0)
       norm_in_update = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--partial") == 0)
+      partial = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--loss-averaged") == 0)
+      loss_averaged = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--nvme") == 0)
       nvme_dir = argv[i + 1];
     else if (strcmp(argv[i], "--nvme-params") == 0)
@@ -298,12 +321,16 @@ int main(int argc, char** argv) {
          "the engine logged %d 'summed in the optimizer pass' and %d 'pass of its own', expected %s",
          norm_log.in_update, norm_log.own_pass, expect_in_update ? "the first" : "the second");
 
-  int clipped = 0;
+  int clipped = 0, partial_steps = 0;
   for (int t = 1; t <= kSteps; ++t) {
     double scale = 0.0; /* fp16: 2^16 throughout (no overflow, window 1000); else 1 */
     CHECK(zero_loss_scale(&scale, engine));
     EXPECT(scale == (g_dtype == ZERO_DTYPE_FP16 ? 65536.0 : 1.0), "loss scale %g", scale);
-    for (int k = 0; k < gas; ++k) {
+    const int window = window_of(t, gas, partial, loss_averaged);
+    partial_steps += window < gas;
+    /* What each micro-step's gradients are divided by before they are added (the loss averaged over the window). */
+    const float averaged = loss_averaged ? (float)window : 1.0f;
+    for (int k = 0; k < window; ++k) {
       static const int kShuffled[kNumUnits] = {2, 0, 1};
       for (int i = 0; i < kNumUnits; ++i) { /* forward */
         const int u = shuffle && t % 3 == 0 ? kShuffled[i] : i;
@@ -320,18 +347,26 @@ int main(int argc, char** argv) {
           if (kModel[p].unit != u) continue;
           float* grad = NULL; /* the gradient accumulation dtype is fp32 by default in every mode */
           CHECK(zero_grad_data((void**)&grad, engine, ids[p]));
-          for (size_t i = 0; i < test_param_numel(p); ++i) grad[i] += test_grad(t, k, rank, p, i) * (float)scale;
+          for (size_t i = 0; i < test_param_numel(p); ++i)
+            grad[i] += test_grad(t, k, rank, p, i) / averaged * (float)scale;
           CHECK(zero_grad_ready(engine, ids[p]));
           for (int r = 0; r < world; ++r)
-            for (size_t i = 0; i < test_param_numel(p); ++i) ref.g[p][i] += test_grad(t, k, r, p, i) * (float)scale;
+            for (size_t i = 0; i < test_param_numel(p); ++i)
+              ref.g[p][i] += test_grad(t, k, r, p, i) / averaged * (float)scale;
         }
         CHECK(zero_release(engine, u));
       }
       CHECK(zero_backward_end(engine));
     }
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
-    CHECK(zero_step(&info, engine));
-    double norm = reference_step(&ref, t, world, gas, scale);
+    zero_step_options_t options = ZERO_STEP_OPTIONS_INIT;
+    options.partial_window = window < gas || (partial && t % 8 == 1);
+    options.loss_averaged = loss_averaged;
+    if (options.partial_window || options.loss_averaged)
+      CHECK(zero_step_with(&info, engine, &options));
+    else
+      CHECK(zero_step(&info, engine));
+    double norm = reference_step(&ref, t, world, loss_averaged ? 1 : window, scale);
     EXPECT(info.loss_scale == scale, "step %d: loss scale %g, expected %g", t, info.loss_scale, scale);
     EXPECT(info.step == t, "step %lld, expected %d", (long long)info.step, t);
     EXPECT(info.grad_norm == norm, "step %d: grad_norm %.17g, reference %.17g", t, info.grad_norm, norm);
@@ -343,7 +378,12 @@ int main(int argc, char** argv) {
    * gradients on every micro-step), stages 0-1 as they widen what was reduced in bf16 or fp16 (the default
    * communication dtype of those modes), wherever the optimizer pass does not sum the norm: every unit on every
    * step, so zero_step reads no shard for the norm. */
-  const int expect_folded = !expect_in_update && (stage >= 2 || g_dtype != ZERO_DTYPE_FP32) ? kSteps : 0;
+  /* A window that ended early did not know its last micro-step was the last: its step reads the shards for the norm
+   * at stages 2-3. */
+  const int expect_folded = expect_in_update             ? 0
+                            : stage >= 2                 ? kSteps - partial_steps
+                            : g_dtype != ZERO_DTYPE_FP32 ? kSteps
+                                                         : 0;
   EXPECT(norm_log.steps_folded_all == expect_folded,
          "%d steps summed every unit's squares in the reductions, expected %d", norm_log.steps_folded_all,
          expect_folded);
@@ -364,7 +404,11 @@ int main(int argc, char** argv) {
   if (stage == 3 && persist == 0 && (prefetch > 0 || explicit_prefetch || (overlap && prefetch < 0)))
     EXPECT(mem.gathered_bytes >= 2 * largest_unit, "prefetch asked for, but %llu bytes of gathered buffers",
            (unsigned long long)mem.gathered_bytes);
-  const uint64_t gathers = (uint64_t)kSteps * gas * 2 * kNumUnits + kNumUnits;
+  uint64_t gathers = kNumUnits;
+  for (int t = 1; t <= kSteps; ++t) {
+    const int window = window_of(t, gas, partial, loss_averaged);
+    gathers += (uint64_t)window * 2 * kNumUnits;
+  }
   if (stage == 3 && persist == 0 && (reuse > 0 || (overlap && reuse < 0)))
     EXPECT(cs.all_gather.calls < gathers, "reuse asked for, but %llu all-gathers for %llu gathers",
            (unsigned long long)cs.all_gather.calls, (unsigned long long)gathers);
@@ -386,9 +430,10 @@ int main(int argc, char** argv) {
            (unsigned long long)mem.gathered_bytes);
   if (rank == 0)
     printf(
-        "parity ok: %s, stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped), %s "
-        "communicator, bit-identical weights\n",
-        dtype_text(g_dtype), stage, world, gas, kSteps, clipped, comm_kind);
+        "parity ok: %s, stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped, %d after a partial "
+        "window%s), %s communicator, bit-identical weights\n",
+        dtype_text(g_dtype), stage, world, gas, kSteps, clipped, partial_steps,
+        loss_averaged ? ", losses averaged by the caller" : "", comm_kind);
   for (int p = 0; p < kNumParams; ++p) free(ref.w[p]), free(ref.m[p]), free(ref.v[p]), free(ref.g[p]);
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);

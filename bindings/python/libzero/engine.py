@@ -280,10 +280,14 @@ class Engine:
         self._grad_views_epoch += 1
         self._n.backward_end()
 
-    def step(self) -> StepResult:
-        """The optimizer step, after gradient_accumulation_steps micro-steps. Collective."""
+    def step(self, partial_window: bool = False, loss_averaged: bool = False) -> StepResult:
+        """The optimizer step, after gradient_accumulation_steps micro-steps. Collective.
+
+        ``partial_window``: step after however many micro-steps have ended (an epoch's remainder), averaging over
+        those, the bits of an engine configured with that many. ``loss_averaged``: each micro-step's loss was already
+        divided by the window's micro-steps (DeepSpeed's ``scale_wrt_gas=False``): average over ranks only."""
         self._grad_views_epoch += 1
-        return StepResult(**self._n.step())
+        return StepResult(**self._n.step(bool(partial_window), bool(loss_averaged)))
 
     # ---- hyper-parameters ----------------------------------------------------------------------------------------
     @property
@@ -294,6 +298,11 @@ class Engine:
     def set_lr(self, lr: float, group: int = -1) -> None:
         """Sets a group's learning rate (-1: every group) for the following steps. Every rank must set the same."""
         self._n.set_lr(int(group), float(lr))
+
+    def get_lr(self, group: int = 0) -> float:
+        """The learning rate the next step gives a group (the config's scheduler evaluated there, where it has
+        one)."""
+        return float(self._n.get_lr(int(group)))
 
     def set_num_threads(self, threads: int) -> None:
         """Optimizer threads of this rank (0: automatic). Results do not depend on it."""

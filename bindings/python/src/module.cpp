@@ -386,10 +386,14 @@ class Engine {
     call([](zero_engine_t* e) { return zero_backward_end(e); });
   }
 
-  py::dict step() {
+  py::dict step(bool partial_window, bool loss_averaged) {
     zero_step_info_t info;
     check(zero_step_info_init(&info, sizeof info));
-    call([&info](zero_engine_t* e) { return zero_step(&info, e); });
+    zero_step_options_t options;
+    check(zero_step_options_init(&options, sizeof options));
+    options.partial_window = partial_window ? 1 : 0;
+    options.loss_averaged = loss_averaged ? 1 : 0;
+    call([&](zero_engine_t* e) { return zero_step_with(&info, e, &options); });
     py::dict d;
     d["step"] = info.step;
     d["loss_scale"] = info.loss_scale;
@@ -405,6 +409,11 @@ class Engine {
     return scale;
   }
   void set_lr(int32_t group, double lr) { check(zero_set_lr(get(), group, lr), engine_); }
+  double get_lr(int32_t group) const {
+    double lr = 0;
+    check(zero_get_lr(&lr, get(), group), engine_);
+    return lr;
+  }
 
   void save_checkpoint(const std::string& dir, const std::string& tag, bool exclude_frozen) {
     zero_save_options_t options;
@@ -673,9 +682,10 @@ PYBIND11_MODULE(_native, m) {
       .def("prefetch", &Engine::prefetch)
       .def("grad_ready", &Engine::grad_ready)
       .def("backward_end", &Engine::backward_end)
-      .def("step", &Engine::step)
+      .def("step", &Engine::step, py::arg("partial_window") = false, py::arg("loss_averaged") = false)
       .def("loss_scale", &Engine::loss_scale)
       .def("set_lr", &Engine::set_lr)
+      .def("get_lr", &Engine::get_lr)
       .def("save_checkpoint", &Engine::save_checkpoint)
       .def("load_checkpoint", &Engine::load_checkpoint)
       .def("info", &Engine::info)

@@ -457,6 +457,32 @@ ZERO_API zero_status_t zero_step_info_init(zero_step_info_t* info, size_t struct
  * released. `out_info` may be NULL. */
 ZERO_API zero_status_t zero_step(zero_step_info_t* out_info, zero_engine_t* engine);
 
+/* Since 0.4. How zero_step_with averages the window's gradients. */
+typedef struct zero_step_options {
+  size_t struct_size;
+  /* 1: step after the micro-steps ended since the last step, however many (1 to gradient_accumulation_steps: the
+   * remainder of an epoch whose length is not a multiple of the window), averaging over those k micro-steps: the
+   * same bits as an engine configured with gradient_accumulation_steps = k. 0: exactly gradient_accumulation_steps
+   * must have ended, as zero_step asks. */
+  int32_t partial_window;
+  /* 1: each micro-step's loss was already divided by the number of micro-steps averaged (DeepSpeed's
+   * backward(scale_wrt_gas=False), which the Hugging Face Trainer uses): the gradients are summed over micro-steps
+   * and averaged over ranks only (divided by world size x loss scale). 0: divided by world size x micro-steps x
+   * loss scale. */
+  int32_t loss_averaged;
+} zero_step_options_t;
+
+#define ZERO_STEP_OPTIONS_INIT \
+  { sizeof(zero_step_options_t), 0, 0 }
+
+ZERO_API zero_status_t zero_step_options_init(zero_step_options_t* options, size_t struct_size);
+
+/* Since 0.4. zero_step with options (NULL: the defaults, which zero_step uses). Every rank must pass the same
+ * options after the same number of micro-steps (ZERO_ERR_MISMATCH on every rank otherwise, before anything moves).
+ * Collective. */
+ZERO_API zero_status_t zero_step_with(zero_step_info_t* out_info, zero_engine_t* engine,
+                                      const zero_step_options_t* options);
+
 /* The factor to multiply the loss by before backward: the current fp16 loss scale (2^initial_scale_power to
  * start, default 2^16), or 1.0 for fp32 and bf16. It changes only in zero_step. Local. */
 ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* engine);
@@ -465,6 +491,11 @@ ZERO_API zero_status_t zero_loss_scale(double* out_scale, const zero_engine_t* e
  * the config has a "scheduler". Local; every rank must set the same value — the next zero_step checks that they
  * did (ZERO_ERR_MISMATCH on every rank otherwise). */
 ZERO_API zero_status_t zero_set_lr(zero_engine_t* engine, int32_t group, double lr);
+
+/* Since 0.4. The learning rate the next zero_step gives a group: the config's "scheduler" evaluated at that step
+ * where there is one (a skipped step does not advance it), else the rate the group was created with or last set by
+ * zero_set_lr (DeepSpeed's get_lr()). After finalize. Local. */
+ZERO_API zero_status_t zero_get_lr(double* out_lr, const zero_engine_t* engine, int32_t group);
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Checkpoints. The format is specified in docs/checkpoint-format.md: safetensors shards plus a JSON manifest with
