@@ -28,6 +28,7 @@ registration order; ``units=fn(name, param) -> key`` groups params by any key in
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -63,6 +64,7 @@ def initialize(
     optimizer: torch.optim.Optimizer | None = None,
     units: Callable[[str, torch.nn.Parameter], Hashable] | None = None,
     state_dict: StateDictLike | None = None,
+    lr_scheduler: Any = None,
 ) -> TorchEngine:
     """Trains ``model`` with libzero as ``config`` says (a DeepSpeed config: dict, JSON text or path). Without an
     ``optimizer`` block the hyper-parameters come from ``optimizer`` (AdamW, Adam, Adagrad, SGD), as DeepSpeed takes a
@@ -76,12 +78,16 @@ def initialize(
     and pass the same ``state_dict`` everywhere, and no rank needs more than its shards and one unit. Without it,
     rank 0's model gives the values (the other ranks may build theirs on the meta device).
 
-    Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below."""
+    ``lr_scheduler``: a torch scheduler of ``optimizer`` (when the config has no ``scheduler`` block), stepped after
+    every optimizer step taken, its rates handed to the engine (DeepSpeed's client scheduler).
+
+    Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below (``libzero.deepspeed.initialize``
+    returns DeepSpeed's 4-tuple instead)."""
     comm = comm if comm is not None else _default_comm()
     cfg, groups = engine_config(config, optimizer)
     engine = Engine(cfg, comm)
     # The stage as the engine read it (libzero's parser, its defaults and spellings), not as the config text says.
     cls = Stage3Engine if int(engine.info["stage"]) == 3 else TorchEngine
     out = cls.__new__(cls)  # not cls(...): that would create a second engine
-    out._start(model, engine, units, groups, state_dict)
+    out._start(model, engine, units, groups, state_dict, optimizer, lr_scheduler, "scheduler" in cfg)
     return out

@@ -17,7 +17,17 @@ from ..comm import Comm
 from ..engine import ConfigLike, Engine, StepResult
 from ..errors import ZeroError
 from . import loading
+from .rank0 import share_outcome
 from .config import _TORCH_DTYPE, _group_overrides, engine_config
+from .schedule import (
+    ConfigScheduler,
+    EngineParamGroups,
+    load_client_state,
+    push_client_rates,
+    restore_client_scheduler,
+    save_client_state,
+    step_client_scheduler,
+)
 from .tensors import FLOATING, engine_shape, from_engine, host_bytes, host_values, stored_type
 from .units import default_units, number_units
 
@@ -26,10 +36,14 @@ from .units import default_units, number_units
 _ENGINES: "weakref.WeakSet[TorchEngine]" = weakref.WeakSet()
 
 
-class TorchEngine:
+class TorchEngine(torch.nn.Module):
     """A torch model trained by a libzero engine (see libzero.torch's documentation). ``engine.module`` is the model,
     ``engine.engine`` the underlying :class:`libzero.Engine`. This class runs stages 0-2; ``initialize`` picks
-    :class:`~libzero.torch.Stage3Engine` for stage 3."""
+    :class:`~libzero.torch.Stage3Engine` for stage 3.
+
+    It is a ``torch.nn.Module`` wrapping the model, as DeepSpeed's engine is, so that code that takes a module
+    (``parameters()``, ``zero_grad()``, ``train()``, a framework's unwrapping through ``.module``) takes it and
+    nothing wraps it again in DistributedDataParallel."""
 
     stages: tuple[int, ...] = (0, 1, 2)  # the ZeRO stages this class runs
 
@@ -40,9 +54,10 @@ class TorchEngine:
         comm: Comm | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         units: Callable[[str, torch.nn.Parameter], Hashable] | None = None,
+        lr_scheduler: Any = None,
     ) -> None:
         cfg, groups = engine_config(config, optimizer)
-        self._start(model, Engine(cfg, comm), units, groups)
+        self._start(model, Engine(cfg, comm), units, groups, None, optimizer, lr_scheduler, "scheduler" in cfg)
 
     def _start(
         self,
@@ -51,16 +66,52 @@ class TorchEngine:
         units: Any,
         groups: list[dict[str, Any]],
         state_dict: loading.StateDictLike | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any = None,
+        config_scheduler: bool = False,
     ) -> None:
         """Takes ``engine`` over (closing it if the model cannot be set up)."""
+        torch.nn.Module.__init__(self)
         self.module = model
         self.engine = engine
         self._state_dict = state_dict
         try:
+            if lr_scheduler is not None and config_scheduler:
+                raise ValueError(
+                    "both a config 'scheduler' block and a client lr_scheduler were given: use one (the config's "
+                    "runs inside the engine; a client torch scheduler is stepped after every optimizer step)"
+                )
+            if lr_scheduler is not None and optimizer is None:
+                raise ValueError("a client lr_scheduler needs the client optimizer it schedules (optimizer=)")
             self._setup(model, units, groups)
+            self._setup_schedule(groups, optimizer, lr_scheduler, config_scheduler)
         except BaseException:
             self.engine.close()
             raise
+
+    def _setup_schedule(
+        self, groups: list[dict[str, Any]], optimizer: Any, lr_scheduler: Any, config_scheduler: bool
+    ) -> None:
+        """``optimizer`` and ``lr_scheduler`` as DeepSpeed's engine has them: the client's, or views of the engine's
+        param groups and of the config's scheduler."""
+        n_groups = max(1, len(groups))
+        if optimizer is not None:
+            self.optimizer = optimizer
+        else:
+            members: list[list[torch.nn.Parameter]] = [[] for _ in range(n_groups)]
+            for i, p in enumerate(self._params):
+                if self._trained[i]:
+                    members[0].append(p)
+            self.optimizer = EngineParamGroups(self.engine, members)
+        self._client_scheduler = lr_scheduler
+        if lr_scheduler is not None:
+            push_client_rates(self.engine, optimizer)  # what the scheduler set at its construction
+            self.lr_scheduler = lr_scheduler
+        elif config_scheduler:
+            self.lr_scheduler = ConfigScheduler(self.engine, n_groups)
+        else:
+            self.lr_scheduler = None
+        self._n_groups = n_groups
 
     def _setup(self, model: torch.nn.Module, units: Any, groups: list[dict[str, Any]]) -> None:
         info = self.engine.info
@@ -75,7 +126,12 @@ class TorchEngine:
         self._fp16 = info["param_dtype"] == "fp16"
         self._step_calls = 0  # step() calls, for is_gradient_accumulation_boundary (DeepSpeed's micro_steps)
         self._global_steps = 0
-        self._in_backward = False
+        self._in_backward = False  # inside engine.backward
+        self._plain = False  # inside a loss.backward() the user called (the micro-step ends when it does)
+        self._scaled = False  # engine.scale(loss) was called for the backward to come (fp16)
+        self._scale_wrt_gas: set[bool] = set()  # how the window's micro-steps scaled their loss
+        self._boundary: bool | None = None  # set_gradient_accumulation_boundary's override
+        self._grad_norm: float | None = None
         self._ready: set[int] = set()  # params whose gradient this micro-step is in
         self._handles: list[Any] = []
         self._modifying = 0  # gathered_parameters blocks open (stage 3 keeps their units gathered)
@@ -189,28 +245,29 @@ class TorchEngine:
             p.data = p.data.clone()
 
     # ---- the training loop ---------------------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward. If it raises, what it gathered is released (the micro-step can start over)."""
+        if self._plain:  # the last loss.backward() raised before it ended: its micro-step is abandoned
+            self._plain = False
+            self._ready.clear()
+            self._backward_ended(True)
         try:
             return self.module(*args, **kwargs)
         except BaseException:
             self._forward_failed(args)
             raise
 
-    forward = __call__
-
-    def train(self, mode: bool = True) -> "TorchEngine":
-        self.module.train(mode)
-        return self
-
-    def eval(self) -> "TorchEngine":
-        self.module.eval()
-        return self
-
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> None:
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> None:
         """Backward of ``loss`` (times the fp16 loss scale), then the end of the micro-step. ``param.grad`` stays
-        None: each gradient went into libzero's buffers (the step's ``grad_norm`` reports their norm)."""
-        if self._fp16:
+        None: each gradient went into libzero's buffers (the step's ``grad_norm`` reports their norm).
+
+        ``scale_wrt_gas`` (DeepSpeed's): True averages the window's gradients over its micro-steps at the step;
+        False says the loss was already divided by them (the Hugging Face Trainer does so), and the step averages
+        over ranks only. A plain ``loss.backward()`` works too (as DeepSpeed's does): the micro-step ends when it
+        does, with ``scale_wrt_gas=True``; in fp16 it must be ``engine.scale(loss).backward()``."""
+        if self._plain:
+            raise RuntimeError("engine.backward inside a loss.backward() that has not ended")
+        if self._fp16 and not self._scaled:
             loss = loss * self.engine.loss_scale
         self._in_backward = True
         failed = True
@@ -221,24 +278,94 @@ class TorchEngine:
             self._in_backward = False
             self._ready.clear()
             self._backward_ended(failed)
-        self.engine.backward_end()
+        self._end_micro_step(scale_wrt_gas)
 
-    def step(self) -> StepResult | None:
-        """The optimizer step when ``gradient_accumulation_steps`` micro-steps have ended since the last one (call
-        it after every backward, as with DeepSpeed); None otherwise."""
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the current fp16 loss scale (the loss itself otherwise), for a backward the caller runs:
+        ``engine.scale(loss).backward()``, as DeepSpeed's ``scale``."""
+        if not self._fp16:
+            return loss
+        self._scaled = True
+        return loss * self.engine.loss_scale
+
+    def _end_micro_step(self, scale_wrt_gas: bool) -> None:
+        self._scaled = False
+        self.engine.backward_end()
+        self._scale_wrt_gas.add(bool(scale_wrt_gas))
+
+    def _backward_running(self) -> bool:
+        """Inside a backward, engine.backward's or the user's own (an activation-checkpoint recompute runs there)."""
+        return self._in_backward or self._plain or torch._C._current_graph_task_id() != -1
+
+    def _begin_plain_backward(self) -> None:
+        """The first gradient of a ``loss.backward()`` the user called: its end will end the micro-step."""
+        if self._fp16 and not self._scaled:
+            raise RuntimeError(
+                "fp16: loss.backward() outside engine.backward has no loss scale, so small gradients underflow: call "
+                "engine.scale(loss).backward() (as with DeepSpeed) or engine.backward(loss)"
+            )
+        self._plain = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_plain_backward)
+
+    def _end_plain_backward(self) -> None:
+        self._plain = False
+        self._ready.clear()
+        self._backward_ended(False)
+        self._end_micro_step(True)
+
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> StepResult | None:
+        """The optimizer step at the accumulation boundary (call it after every backward, as with DeepSpeed); None
+        otherwise. The boundary is ``gradient_accumulation_steps`` micro-steps, or what
+        ``set_gradient_accumulation_boundary`` says: True after fewer steps over those (an epoch's remainder,
+        averaged over the micro-steps it had). A client lr_scheduler is stepped after every step taken (with
+        ``lr_kwargs``), not after a skipped fp16 step."""
         self._step_calls += 1
         window = self.engine.window
-        if window["micro_steps"] < window["accumulation_steps"]:
+        ended = int(window["micro_steps"])
+        boundary = self._boundary if self._boundary is not None else ended >= int(window["accumulation_steps"])
+        if not boundary or ended == 0:
             return None
+        if len(self._scale_wrt_gas) > 1:
+            raise ValueError(
+                "the micro-steps of one accumulation window mixed backward(scale_wrt_gas=True) and "
+                "scale_wrt_gas=False: their gradients cannot be averaged as one"
+            )
+        averaged = self._scale_wrt_gas == {False}
+        rates = self.get_lr()
         with self._released():
-            result = self.engine.step()
+            result = self.engine.step(partial_window=ended < int(window["accumulation_steps"]), loss_averaged=averaged)
+        self._scale_wrt_gas.clear()
+        self._grad_norm = result.grad_norm
         if not result.skipped:
             self._global_steps = result.step
+            if isinstance(self.lr_scheduler, ConfigScheduler):
+                self.lr_scheduler.last_lr = rates
+            elif self._client_scheduler is not None:
+                step_client_scheduler(self.engine, self.optimizer, self._client_scheduler, **(lr_kwargs or {}))
         return result
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        """As DeepSpeed's: True during the micro-step whose step() will run the optimizer."""
+        """As DeepSpeed's: True during the micro-step whose step() will run the optimizer (what
+        set_gradient_accumulation_boundary set, where it was called)."""
+        if self._boundary is not None:
+            return self._boundary
         return (self._step_calls + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed's: overrides where the window ends (accelerate calls it before every backward); with True the
+        next step() steps after however many micro-steps the window has."""
+        self._boundary = bool(is_boundary)
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._gas
+
+    def get_lr(self) -> list[float]:
+        """Each param group's learning rate for the next step (DeepSpeed's ``get_lr``)."""
+        return [self.engine.get_lr(g) for g in range(self._n_groups)]
+
+    def get_global_grad_norm(self) -> float | None:
+        """The gradient norm of the last step (before clipping; None before the first), as DeepSpeed's."""
+        return self._grad_norm
 
     @property
     def global_steps(self) -> int:
@@ -251,30 +378,56 @@ class TorchEngine:
     def set_lr(self, lr: float, group: int = -1) -> None:
         self.engine.set_lr(lr, group)
 
-    def save_checkpoint(self, directory: str, tag: str | None = None, exclude_frozen_parameters: bool = False) -> str:
-        """Writes ``directory/tag`` (``global_step<N>`` by default, as DeepSpeed names it). Collective. Returns the
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag: str | None = None,
+        client_state: dict[str, Any] | None = None,
+        exclude_frozen_parameters: bool = False,
+    ) -> str:
+        """Writes ``save_dir/tag`` (``global_step<N>`` by default, as DeepSpeed names it). Collective. Returns the
         tag. ``exclude_frozen_parameters`` (DeepSpeed's name) leaves the frozen params' bytes out: a load keeps the
-        loading engine's own."""
+        loading engine's own. ``client_state`` (any picklable dict) and a client lr_scheduler's state are stored by
+        rank 0 beside libzero's files, and ``load_checkpoint`` returns them."""
         tag = tag if tag is not None else f"global_step{self._global_steps}"
         with self._released():
-            self.engine.save_checkpoint(directory, tag, exclude_frozen=exclude_frozen_parameters)
+            self.engine.save_checkpoint(save_dir, tag, exclude_frozen=exclude_frozen_parameters)
+        error: BaseException | None = None
+        if self.engine.rank == 0:
+            state = {"client_state": dict(client_state or {})}
+            if self._client_scheduler is not None:
+                state["lr_scheduler"] = self._client_scheduler.state_dict()
+            try:
+                save_client_state(os.path.join(save_dir, tag), state)
+            except Exception as e:  # every rank must hear of it, not only rank 0
+                error = e
+        share_outcome(self.engine, error)
         return tag
 
-    def load_checkpoint(self, directory: str, tag: str | None = None) -> str:
-        """Loads ``directory/tag`` (the latest when None), saved at any rank count and stage. Collective. Returns
-        the path loaded."""
+    def load_checkpoint(
+        self, load_dir: str, tag: str | None = None, load_lr_scheduler_states: bool = True
+    ) -> tuple[str, dict[str, Any]]:
+        """Loads ``load_dir/tag`` (the latest when None), saved at any rank count and stage. Collective. Returns the
+        path loaded and the ``client_state`` saved with it (empty when none was), as DeepSpeed's does; a client
+        lr_scheduler takes its saved state (unless ``load_lr_scheduler_states`` is False)."""
         with self._released():
-            self.engine.load_checkpoint(directory, tag)
+            self.engine.load_checkpoint(load_dir, tag)
         if tag is None:
-            with open(os.path.join(directory, "latest"), encoding="utf-8") as f:
+            with open(os.path.join(load_dir, "latest"), encoding="utf-8") as f:
                 tag = f.read().strip()
-        path = os.path.join(directory, tag)
+        path = os.path.join(load_dir, tag)
         try:
             with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
                 self._global_steps = int(json.load(f).get("step", self._global_steps))
         except (OSError, ValueError):
             pass
-        return path
+        state = load_client_state(path)
+        if load_lr_scheduler_states and self._client_scheduler is not None and "lr_scheduler" in state:
+            restore_client_scheduler(self.engine, self.optimizer, self._client_scheduler, state["lr_scheduler"])
+        if isinstance(self.lr_scheduler, ConfigScheduler):
+            self.lr_scheduler.last_lr = self.lr_scheduler.get_lr()
+        self._scale_wrt_gas.clear()
+        return path, dict(state.get("client_state", {}))
 
     def full_parameters(self, frozen: bool = False, rank0_only: bool = False) -> dict[str, torch.Tensor]:
         """Every trained param's full values (copies, in the compute dtype), by name; with ``frozen`` the frozen ones
@@ -420,6 +573,8 @@ class TorchEngine:
                     "modules under reentrant activation checkpointing?): libzero takes one per param and micro-step "
                     "(use torch.utils.checkpoint with use_reentrant=False)"
                 )
+            if not self._in_backward and not self._plain:
+                self._begin_plain_backward()
             self._ready.add(i)
             dst = torch.from_dlpack(self.engine.grad(i))
             dst.add_(g.reshape(dst.shape))

@@ -312,7 +312,7 @@ class Stage3Engine(TorchEngine):
     def _after_block_forward(self, u: int) -> Callable[..., None]:
         def hook(_m: torch.nn.Module, _args: Any, _output: Any) -> None:
             # An activation-checkpoint recompute keeps its block for its backward; gathered_parameters holds its own.
-            if not self._in_backward and not self._modifying:
+            if not self._backward_running() and not self._modifying:
                 self._release(u)
 
         return hook

@@ -1,0 +1,120 @@
+"""The learning rate as a training loop written for DeepSpeed reads and drives it: ``engine.optimizer.param_groups``
+(each group's rate for the next step), ``engine.lr_scheduler`` (the config's scheduler, or the client's torch
+scheduler, which libzero steps after every optimizer step that was not skipped and whose rates it hands to the
+engine), and the client state a checkpoint carries beside libzero's own files."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..engine import Engine
+
+CLIENT_STATE_FILE = "client_state.pt"
+
+
+class EngineParamGroups:
+    """``engine.optimizer`` without a client optimizer: ``param_groups[g]["lr"]`` is the rate the next step gives
+    group ``g`` (the config's scheduler evaluated there), ``params`` the torch params of the group. Writing ``lr``
+    sets it (``zero_set_lr``; refused with a config scheduler, which sets it every step)."""
+
+    def __init__(self, engine: Engine, params: list[list[torch.nn.Parameter]]) -> None:
+        self._engine = engine
+        self._params = params
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [_Group(self._engine, g, params) for g, params in enumerate(self._params)]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to clear: gradients go into libzero's buffers, which the step clears."""
+        del set_to_none
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer state is in libzero's checkpoints (``save_checkpoint``), sharded; nothing is kept here."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+class _Group(dict):  # type: ignore[type-arg]
+    """One param group as a dict whose ``lr`` entry reads and writes the engine's."""
+
+    def __init__(self, engine: Engine, group: int, params: list[torch.nn.Parameter]) -> None:
+        super().__init__(params=params, lr=engine.get_lr(group))
+        self._engine = engine
+        self._group = group
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key == "lr":
+            self._engine.set_lr(float(value), self._group)
+        super().__setitem__(key, value)
+
+
+class ConfigScheduler:
+    """``engine.lr_scheduler`` for a config's ``scheduler`` block: the engine evaluates it at every step; this reads
+    it. ``step()`` does nothing: the engine's step advances it (a skipped fp16 step does not)."""
+
+    def __init__(self, engine: Engine, groups: int) -> None:
+        self._engine = engine
+        self._groups = groups
+        self.last_lr = self.get_lr()  # the rates of the last step taken (before any: the first step's)
+
+    def get_last_lr(self) -> list[float]:
+        return list(self.last_lr)
+
+    def get_lr(self) -> list[float]:
+        """The rates the next step uses."""
+        return [self._engine.get_lr(g) for g in range(self._groups)]
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        del args, kwargs
+
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule's position is the engine's step counter, which libzero's checkpoints hold."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+def push_client_rates(engine: Engine, optimizer: torch.optim.Optimizer) -> None:
+    """The client optimizer's rates (what its torch scheduler last set) become the engine's, group by group."""
+    for g, group in enumerate(optimizer.param_groups):
+        engine.set_lr(float(group["lr"]), g)
+
+
+def step_client_scheduler(engine: Engine, optimizer: torch.optim.Optimizer, scheduler: Any, **kwargs: Any) -> None:
+    """After an optimizer step the engine took: the client's torch scheduler steps and its rates become the
+    engine's. The engine's step stands for ``optimizer.step()``, which torch's schedulers look for (they warn that
+    a schedule value was skipped when they see a scheduler step before any optimizer step)."""
+    optimizer._opt_called = True  # what torch's optimizer.step() wrapper records for its schedulers
+    scheduler.step(**kwargs)
+    push_client_rates(engine, optimizer)
+
+
+def restore_client_scheduler(engine: Engine, optimizer: torch.optim.Optimizer, scheduler: Any, state: Any) -> None:
+    """A client scheduler's saved state, and its last rates in the optimizer and the engine (a torch scheduler's
+    load_state_dict restores its own position only)."""
+    scheduler.load_state_dict(state)
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr
+    push_client_rates(engine, optimizer)
+
+
+def save_client_state(path: str, state: dict[str, Any]) -> None:
+    """Rank 0's part of a checkpoint that libzero does not shard: the client state and the client scheduler's."""
+    torch.save(state, os.path.join(path, CLIENT_STATE_FILE))
+
+
+def load_client_state(path: str) -> dict[str, Any]:
+    """What save_client_state wrote under ``path`` (empty when the checkpoint has none: saved by the C API or
+    another binding)."""
+    file = os.path.join(path, CLIENT_STATE_FILE)
+    if not os.path.exists(file):
+        return {}
+    loaded = torch.load(file, map_location="cpu", weights_only=False)
+    return loaded if isinstance(loaded, dict) else {}
