@@ -17,8 +17,8 @@ from ..comm import Comm
 from ..engine import ConfigLike, Engine, StepResult
 from ..errors import ZeroError
 from . import loading
-from .rank0 import share_outcome
 from .config import _TORCH_DTYPE, _group_overrides, engine_config
+from .rank0 import broadcast_from_rank0, share_outcome
 from .schedule import (
     ConfigScheduler,
     EngineParamGroups,
@@ -207,7 +207,7 @@ class TorchEngine(torch.nn.Module):
                 if real.is_floating_point() and real.dtype != self._dtype:
                     real = real.to(self._dtype)
                 module._buffers[key] = buffers[id(b)] = real
-        self._broadcast_from_rank0(list(buffers.values()))
+        broadcast_from_rank0(self.engine, list(buffers.values()))
 
         for i, p in enumerate(self._params):
             if self._trained[i]:
@@ -514,33 +514,6 @@ class TorchEngine(torch.nn.Module):
             self._give_back()
         finally:
             self.engine.close()
-
-    # ---- what the engine does not hold ------------------------------------------------------------------------
-    def _broadcast_from_rank0(self, tensors: list[torch.Tensor]) -> None:
-        """Rank 0's bytes of ``tensors`` (buffers) on every rank, as DeepSpeed broadcasts the module at
-        initialisation: through a throwaway stage-3 engine on the same communicator, each tensor a frozen param of
-        a unit of its own (its bytes as they are, whatever the dtype: no NaN rewritten, no fp32 detour; a shard and one
-        unit at a time)."""
-        if self.engine.world_size == 1 or not tensors:
-            return
-        cfg = {
-            "train_batch_size": self.engine.world_size,
-            "train_micro_batch_size_per_gpu": 1,
-            "gradient_clipping": 0,
-            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-            "optimizer": {"type": "SGD", "params": {"lr": 0}},
-            "libzero": {"timeout_s": self.engine.info["timeout_s"]},
-        }
-        with Engine(cfg, self.engine._comm) as carrier:
-            for k, t in enumerate(tensors):
-                init = host_bytes(t) if carrier.rank == 0 else None
-                carrier.add_param(f"buffer.{k}", (t.numel() * t.element_size(),), unit=k, init=init, frozen=True,
-                                  dtype="uint8")
-            carrier.finalize()
-            for k, t in enumerate(tensors):
-                with carrier.gathered(k):
-                    received = torch.from_dlpack(carrier.param(k))
-                    t.data.reshape(-1).view(torch.uint8).copy_(received)
 
     # ---- stages 0-2: params in engine memory --------------------------------------------------------------------
     def _bind_full(self) -> None:

@@ -1,12 +1,14 @@
-"""Work only rank 0 does (writing a file) made collective: every rank waits for rank 0 to finish and learns whether it
-failed, so a failed write is an error on every rank, never a rank that reads a file that is not there or one that
-waits forever."""
+"""What rank 0 alone holds or does, made every rank's: its bytes of tensors the engine does not hold (buffers), and
+work only it does (writing a file), which every rank waits for and learns the outcome of, so a failed write is an
+error on every rank, never a rank that reads a file that is not there or one that waits forever."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ..engine import Engine
+from .tensors import host_bytes
 
 _MESSAGE_BYTES = 4096
 
@@ -41,3 +43,30 @@ def share_outcome(engine: Engine, error: BaseException | None) -> None:
     if received[0] != 0:
         message = bytes(received[1:]).rstrip(b"\0").decode(errors="replace")
         raise RuntimeError(f"rank 0 failed: {message}")
+
+
+def broadcast_from_rank0(engine: Engine, tensors: list[torch.Tensor]) -> None:
+    """Rank 0's bytes of ``tensors`` (buffers) on every rank, as DeepSpeed broadcasts the module at initialisation:
+    through a throwaway stage-3 engine on ``engine``'s communicator, each tensor a frozen param of a unit of its own
+    (its bytes as they are, whatever the dtype: no NaN rewritten, no fp32 detour; a shard and one unit at a time).
+    Collective."""
+    if engine.world_size == 1 or not tensors:
+        return
+    cfg = {
+        "train_batch_size": engine.world_size,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_clipping": 0,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "SGD", "params": {"lr": 0}},
+        "libzero": {"timeout_s": engine.info["timeout_s"]},
+    }
+    with Engine(cfg, engine._comm) as carrier:
+        for k, t in enumerate(tensors):
+            init = host_bytes(t) if carrier.rank == 0 else None
+            carrier.add_param(f"buffer.{k}", (t.numel() * t.element_size(),), unit=k, init=init, frozen=True,
+                              dtype="uint8")
+        carrier.finalize()
+        for k, t in enumerate(tensors):
+            with carrier.gathered(k):
+                received = torch.from_dlpack(carrier.param(k))
+                t.data.reshape(-1).view(torch.uint8).copy_(received)
