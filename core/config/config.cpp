@@ -29,6 +29,12 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 namespace {
 
+// A config written for the Hugging Face Trainer: how its "auto" values become numbers outside transformers.
+constexpr char kAutoAdvice[] =
+    "replace it with a value, or resolve the config's \"auto\" values from the training arguments and the model "
+    "as transformers does for DeepSpeed: libzero.config.resolve_auto(config, training_args, model, "
+    "num_training_steps) in Python";
+
 // One JSON object of the config, with its dotted path for messages.
 class Section {
  public:
@@ -117,9 +123,7 @@ class Section {
   const json& value(const std::string& key) const {
     const json& v = obj_.at(key);
     if (v.is_string() && v.get<std::string>() == "auto")
-      fail(ZERO_ERR_CONFIG, "config key '" + qualified(key) +
-                                "' is \"auto\"; replace it with a value (the Hugging Face Trainer resolves \"auto\" "
-                                "before handing the config over)");
+      fail(ZERO_ERR_CONFIG, "config key '" + qualified(key) + "' is \"auto\"; " + kAutoAdvice);
     return v;
   }
   [[noreturn]] void type_error(const std::string& key, const char* expected) const {
@@ -260,9 +264,7 @@ void parse_betas(const Section& p, OptimizerHyper& opt) {
   if (!p.has("betas")) return;
   const json& b = p.raw("betas");
   if (b.is_string() && b.get<std::string>() == "auto")
-    fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") +
-                              "' is \"auto\"; replace it with a value (the Hugging Face Trainer resolves \"auto\" "
-                              "before handing the config over)");
+    fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") + "' is \"auto\"; " + kAutoAdvice);
   if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
     fail(ZERO_ERR_CONFIG, "config key '" + p.qualified("betas") + "' must be an array of two numbers, got " + b.dump());
   opt.beta1 = b[0].get<double>();
