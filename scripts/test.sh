@@ -28,13 +28,13 @@ ccache --zero-stats >/dev/null
 torchenv=${ZERO_TORCHENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/torchenv}
 torch_log=$(mktemp)
 torch_pid=
-if ! "$torchenv/bin/python3" -c "import torch, numpy, pytest, transformers, peft, deepspeed" 2>/dev/null; then
-  echo "== installing torch, transformers, peft and DeepSpeed from PyPI into $torchenv (in the background)"
+if ! "$torchenv/bin/python3" -c "import torch, numpy, pytest, transformers, peft, accelerate, deepspeed" 2>/dev/null; then
+  echo "== installing torch, transformers, peft, accelerate and DeepSpeed from PyPI into $torchenv (in the background)"
   (if ! "$torchenv/bin/python3" -c "import torch" 2>/dev/null; then
      rm -rf "$torchenv" && mkdir -p "$(dirname "$torchenv")" &&
        /usr/bin/python3 -m venv --system-site-packages "$torchenv"
    fi &&
-   "$torchenv/bin/pip" install --quiet --disable-pip-version-check torch numpy transformers peft &&
+   "$torchenv/bin/pip" install --quiet --disable-pip-version-check torch numpy transformers peft accelerate &&
    DS_BUILD_OPS=0 "$torchenv/bin/pip" install --quiet --disable-pip-version-check deepspeed==0.19.8) \
     >"$torch_log" 2>&1 &
   torch_pid=$!
@@ -86,11 +86,12 @@ bash scripts/configure-preset.sh asan -DZERO_TEST_PYTHON="$pyenv/bin/python3" -D
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
 
-echo "== clang 14 build with UBSan, full test suite (the 2 GiB unit test, the pip install, the torch and fine-tuning tests and the GPT's learning on each SIMD path and BLAS kernel set ran in the release suite)"
+echo "== clang 14 build with UBSan, full test suite (the 2 GiB unit test, the pip install, the torch, fine-tuning, training-loop and Trainer tests and the GPT's learning on each SIMD path and BLAS kernel set ran in the release suite)"
 bash scripts/configure-preset.sh clang -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
   -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON
 cmake --build --preset clang -j "$jobs"
-ctest --preset clang -j "$test_jobs" -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.torch\.|^python\.finetune\.|^mpi\.gpt\.learns\.'
+ctest --preset clang -j "$test_jobs" \
+  -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.(torch|finetune|loop|trainer|example)\.|^python\.resolve-auto$|^mpi\.gpt\.learns\.'
 
 echo "== fuzzers"
 bash scripts/run-fuzzers.sh

@@ -82,6 +82,7 @@ def resolve_auto(
     model: Any = None,
     num_training_steps: int | None = None,
     auto_find_batch_size: bool = False,
+    require_all: bool = True,
 ) -> dict[str, Any]:
     """The DeepSpeed ``config`` (dict, JSON text or path; not modified) with its ``"auto"`` values resolved from the
     training arguments ``args``: batch sizes (``per_device_train_batch_size``, ``gradient_accumulation_steps``,
@@ -90,7 +91,9 @@ def resolve_auto(
     sizes from its ``config.hidden_size``; with ``num_training_steps`` the scheduler's total and warmup steps.
     A value that is set (not "auto") and differs from the arguments is a ValueError listing every such key, with
     transformers' wording; so is an "auto" left unresolved (a hidden-size key without a model that has one, a
-    scheduler step count without ``num_training_steps``)."""
+    scheduler step count without ``num_training_steps``; stage-3 keys that transformers leaves "auto" below stage 3,
+    where DeepSpeed ignores them, are removed), unless ``require_all`` is False: then those stay "auto" for
+    a later call that has the model and the step count."""
     resolver = _Resolver(copy.deepcopy(json.loads(config_text(config))))
     fill = resolver.fill
     world = int(getattr(args, "world_size", 1) or 1)
@@ -125,6 +128,12 @@ def resolve_auto(
         if resolver.value("zero_optimization.stage") == 3:
             fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * hidden * hidden), must_match=False)
             fill("zero_optimization.stage3_param_persistence_threshold", 10 * hidden, must_match=False)
+    if resolver.value("zero_optimization.stage") != 3:
+        # transformers leaves these "auto" below stage 3, where DeepSpeed ignores them: they go.
+        zero = resolver.config.get("zero_optimization", {})
+        for key in _HIDDEN_SIZE_KEYS[1:]:
+            if zero.get(key.split(".")[1]) == "auto":
+                del zero[key.split(".")[1]]
     if num_training_steps is not None:
         fill("scheduler.params.total_num_steps", num_training_steps, "num_training_steps (calculated)")
         fill("scheduler.params.warmup_num_steps", max(1, _warmup_steps(args, num_training_steps)), "warmup_steps")
@@ -136,7 +145,7 @@ def resolve_auto(
             + "\nThe easiest method is to set these DeepSpeed config values to 'auto'."
         )
     left = sorted(_auto_keys(resolver.config))
-    if left:
+    if left and require_all:
         raise ValueError(
             f"these DeepSpeed config values are still \"auto\": {', '.join(left)} (give resolve_auto the model, "
             "whose config.hidden_size sizes the buckets, and num_training_steps, which the scheduler's step counts "

@@ -68,6 +68,17 @@ def test_the_values_transformers_gives_deepspeed(tmp_path, name, config):
     assert config["optimizer"]["params"]["lr"] == "auto"  # the caller's config is left alone
 
 
+def test_stage_3_keys_below_stage_3_go_where_transformers_leaves_them_auto(tmp_path):
+    config = copy.deepcopy(ZERO3)
+    config["zero_optimization"]["stage"] = 2
+    a, m = args(tmp_path), model()
+    expected = hf_resolved(config, a, m, 120)
+    assert expected["zero_optimization"]["stage3_prefetch_bucket_size"] == "auto"
+    for key in ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        del expected["zero_optimization"][key]
+    assert libzero.config.resolve_auto(config, a, m, 120) == expected
+
+
 def test_a_ratio_of_warmup_and_fp16(tmp_path):
     a, m = args(tmp_path, warmup_steps=0.1, bf16=False, fp16=False), model(64)
     assert libzero.config.resolve_auto(ZERO3, a, m, 55) == hf_resolved(ZERO3, a, m, 55)

@@ -19,15 +19,7 @@ from ..errors import ZeroError
 from . import loading
 from .config import _TORCH_DTYPE, _group_overrides, engine_config
 from .rank0 import broadcast_from_rank0, share_outcome
-from .schedule import (
-    ConfigScheduler,
-    EngineParamGroups,
-    load_client_state,
-    push_client_rates,
-    restore_client_scheduler,
-    save_client_state,
-    step_client_scheduler,
-)
+from .schedule import ConfigScheduler, LearningRates, load_client_state, restore_client_scheduler, save_client_state
 from .tensors import FLOATING, engine_shape, from_engine, host_bytes, host_values, stored_type
 from .units import default_units, number_units
 
@@ -36,7 +28,7 @@ from .units import default_units, number_units
 _ENGINES: "weakref.WeakSet[TorchEngine]" = weakref.WeakSet()
 
 
-class TorchEngine(torch.nn.Module):
+class TorchEngine(LearningRates, torch.nn.Module):
     """A torch model trained by a libzero engine (see libzero.torch's documentation). ``engine.module`` is the model,
     ``engine.engine`` the underlying :class:`libzero.Engine`. This class runs stages 0-2; ``initialize`` picks
     :class:`~libzero.torch.Stage3Engine` for stage 3.
@@ -88,30 +80,6 @@ class TorchEngine(torch.nn.Module):
         except BaseException:
             self.engine.close()
             raise
-
-    def _setup_schedule(
-        self, groups: list[dict[str, Any]], optimizer: Any, lr_scheduler: Any, config_scheduler: bool
-    ) -> None:
-        """``optimizer`` and ``lr_scheduler`` as DeepSpeed's engine has them: the client's, or views of the engine's
-        param groups and of the config's scheduler."""
-        n_groups = max(1, len(groups))
-        if optimizer is not None:
-            self.optimizer = optimizer
-        else:
-            members: list[list[torch.nn.Parameter]] = [[] for _ in range(n_groups)]
-            for i, p in enumerate(self._params):
-                if self._trained[i]:
-                    members[0].append(p)
-            self.optimizer = EngineParamGroups(self.engine, members)
-        self._client_scheduler = lr_scheduler
-        if lr_scheduler is not None:
-            push_client_rates(self.engine, optimizer)  # what the scheduler set at its construction
-            self.lr_scheduler = lr_scheduler
-        elif config_scheduler:
-            self.lr_scheduler = ConfigScheduler(self.engine, n_groups)
-        else:
-            self.lr_scheduler = None
-        self._n_groups = n_groups
 
     def _setup(self, model: torch.nn.Module, units: Any, groups: list[dict[str, Any]]) -> None:
         info = self.engine.info
@@ -338,10 +306,7 @@ class TorchEngine(torch.nn.Module):
         self._grad_norm = result.grad_norm
         if not result.skipped:
             self._global_steps = result.step
-            if isinstance(self.lr_scheduler, ConfigScheduler):
-                self.lr_scheduler.last_lr = rates
-            elif self._client_scheduler is not None:
-                step_client_scheduler(self.engine, self.optimizer, self._client_scheduler, **(lr_kwargs or {}))
+            self._stepped_with(rates, lr_kwargs)
         return result
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -351,17 +316,14 @@ class TorchEngine(torch.nn.Module):
             return self._boundary
         return (self._step_calls + 1) % self._gas == 0
 
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+    def set_gradient_accumulation_boundary(self, is_boundary: bool | None) -> None:
         """DeepSpeed's: overrides where the window ends (accelerate calls it before every backward); with True the
-        next step() steps after however many micro-steps the window has."""
-        self._boundary = bool(is_boundary)
+        next step() steps after however many micro-steps the window has. None: the window ends after
+        gradient_accumulation_steps micro-steps again."""
+        self._boundary = None if is_boundary is None else bool(is_boundary)
 
     def gradient_accumulation_steps(self) -> int:
         return self._gas
-
-    def get_lr(self) -> list[float]:
-        """Each param group's learning rate for the next step (DeepSpeed's ``get_lr``)."""
-        return [self.engine.get_lr(g) for g in range(self._n_groups)]
 
     def get_global_grad_norm(self) -> float | None:
         """The gradient norm of the last step (before clipping; None before the first), as DeepSpeed's."""

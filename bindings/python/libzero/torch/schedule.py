@@ -118,3 +118,65 @@ def load_client_state(path: str) -> dict[str, Any]:
         return {}
     loaded = torch.load(file, map_location="cpu", weights_only=False)
     return loaded if isinstance(loaded, dict) else {}
+
+
+class LearningRates:
+    """The learning rate of a torch engine as DeepSpeed's engine exposes it: ``optimizer``, ``lr_scheduler``,
+    ``get_lr()``; a client scheduler stepped after every step taken. Mixed into TorchEngine, whose ``engine``,
+    ``_params`` and ``_trained`` it reads."""
+
+    engine: Engine
+    _params: list[torch.nn.Parameter]
+    _trained: list[bool]
+    _last_step_lr: list[float] | None = None
+
+    def _setup_schedule(
+        self, groups: list[dict[str, Any]], optimizer: Any, lr_scheduler: Any, config_scheduler: bool
+    ) -> None:
+        """``optimizer`` and ``lr_scheduler`` as DeepSpeed's engine has them: the client's, or views of the engine's
+        param groups and of the config's scheduler."""
+        n_groups = max(1, len(groups))
+        if optimizer is not None:
+            self.optimizer = optimizer
+        else:
+            members: list[list[torch.nn.Parameter]] = [[] for _ in range(n_groups)]
+            for i, p in enumerate(self._params):
+                if self._trained[i]:
+                    members[0].append(p)
+            self.optimizer = EngineParamGroups(self.engine, members)
+        self._client_scheduler = lr_scheduler
+        if lr_scheduler is not None:
+            push_client_rates(self.engine, optimizer)  # what the scheduler set at its construction
+            self.lr_scheduler = lr_scheduler
+        elif config_scheduler:
+            self.lr_scheduler = ConfigScheduler(self.engine, n_groups)
+        else:
+            self.lr_scheduler = None
+        self._n_groups = n_groups
+
+    def get_lr(self) -> list[float]:
+        """Each param group's learning rate for the next step (DeepSpeed's ``get_lr``)."""
+        return [self.engine.get_lr(g) for g in range(self._n_groups)]
+
+    def last_step_lr(self) -> list[float]:
+        """Each group's learning rate in the last step taken (before any: the first step's)."""
+        return list(self._last_step_lr) if self._last_step_lr is not None else self.get_lr()
+
+    def attach_lr_scheduler(self, lr_scheduler: Any) -> None:
+        """A client torch scheduler of the client optimizer, given after initialize (the Hugging Face Trainer
+        creates its schedule once the optimizer is prepared): stepped after every step taken from now on, its
+        current rates the engine's at once."""
+        if self.lr_scheduler is not None:
+            raise ValueError("the engine already has a learning-rate scheduler")
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise ValueError("a client lr_scheduler needs the client optimizer it schedules (initialize(optimizer=))")
+        push_client_rates(self.engine, self.optimizer)
+        self._client_scheduler = self.lr_scheduler = lr_scheduler
+
+    def _stepped_with(self, rates: list[float], lr_kwargs: dict[str, Any] | None) -> None:
+        """After a step that was taken with ``rates``: they are the last step's, and the schedule moves on."""
+        self._last_step_lr = rates
+        if isinstance(self.lr_scheduler, ConfigScheduler):
+            self.lr_scheduler.last_lr = rates
+        elif self._client_scheduler is not None:
+            step_client_scheduler(self.engine, self.optimizer, self._client_scheduler, **(lr_kwargs or {}))
