@@ -29,6 +29,7 @@ import transformers
 from .config import resolve_auto
 from .engine import ConfigLike
 from .torch import TorchEngine
+from .torch.schedule import EngineHeldState
 from .torch import initialize as _initialize
 
 _CHECKPOINT_TAG = "libzero"  # the engine's checkpoint inside a Trainer checkpoint directory
@@ -83,7 +84,7 @@ class Seq2SeqTrainingArguments(_LibzeroArguments, transformers.Seq2SeqTrainingAr
     """``transformers.Seq2SeqTrainingArguments`` whose ``deepspeed=`` config is libzero's."""
 
 
-class _EngineOptimizer:
+class _EngineOptimizer(EngineHeldState):
     """The Trainer's ``optimizer``: its ``step()`` ends the accumulation window with the engine's step (after
     however many micro-steps the window had); the param groups are the engine's."""
 
@@ -109,17 +110,6 @@ class _EngineOptimizer:
             self.engine.step()
         finally:
             self.engine.set_gradient_accumulation_boundary(None)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to clear: the gradients are in the engine, which clears them at its step."""
-        del set_to_none
-
-    def state_dict(self) -> dict[str, Any]:
-        """The optimizer state is the engine's, saved sharded with the Trainer's checkpoints."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
 
 
 class _EngineSchedule:

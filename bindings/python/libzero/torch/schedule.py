@@ -15,18 +15,8 @@ from ..engine import Engine
 CLIENT_STATE_FILE = "client_state.pt"
 
 
-class EngineParamGroups:
-    """``engine.optimizer`` without a client optimizer: ``param_groups[g]["lr"]`` is the rate the next step gives
-    group ``g`` (the config's scheduler evaluated there), ``params`` the torch params of the group. Writing ``lr``
-    sets it (``zero_set_lr``; refused with a config scheduler, which sets it every step)."""
-
-    def __init__(self, engine: Engine, params: list[list[torch.nn.Parameter]]) -> None:
-        self._engine = engine
-        self._params = params
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return [_Group(self._engine, g, params) for g, params in enumerate(self._params)]
+class EngineHeldState:
+    """An optimizer-shaped object whose gradients and state the engine holds: nothing to clear or save here."""
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing to clear: gradients go into libzero's buffers, which the step clears."""
@@ -38,6 +28,20 @@ class EngineParamGroups:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
+
+
+class EngineParamGroups(EngineHeldState):
+    """``engine.optimizer`` without a client optimizer: ``param_groups[g]["lr"]`` is the rate the next step gives
+    group ``g`` (the config's scheduler evaluated there), ``params`` the torch params of the group. Writing ``lr``
+    sets it (``zero_set_lr``; refused with a config scheduler, which sets it every step)."""
+
+    def __init__(self, engine: Engine, params: list[list[torch.nn.Parameter]]) -> None:
+        self._engine = engine
+        self._params = params
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [_Group(self._engine, g, params) for g, params in enumerate(self._params)]
 
 
 class _Group(dict):  # type: ignore[type-arg]
