@@ -29,7 +29,7 @@ import transformers
 from .config import resolve_auto
 from .engine import ConfigLike
 from .torch import TorchEngine
-from .torch.schedule import EngineHeldState
+from .torch.schedule import ConfigScheduler, EngineHeldState
 from .torch import initialize as _initialize
 
 _CHECKPOINT_TAG = "libzero"  # the engine's checkpoint inside a Trainer checkpoint directory
@@ -114,7 +114,9 @@ class _EngineOptimizer(EngineHeldState):
 
 class _EngineSchedule:
     """The Trainer's ``lr_scheduler``: the engine steps the schedule itself (not after a skipped fp16 step), so
-    ``step()`` does nothing; ``get_last_lr()`` is the rate of the step just taken, which the Trainer logs."""
+    ``step()`` does nothing. ``get_last_lr()``, which the Trainer logs after each step, means what it means with
+    DeepSpeed: under a config scheduler (which DeepSpeed steps right after the optimizer) the next step's rate,
+    under the Trainer's own schedule (which the Trainer steps after logging) the rate of the step just taken."""
 
     def __init__(self, engine: TorchEngine) -> None:
         self.engine = engine
@@ -123,6 +125,8 @@ class _EngineSchedule:
         del args, kwargs
 
     def get_last_lr(self) -> list[float]:
+        if isinstance(self.engine.lr_scheduler, ConfigScheduler):
+            return self.engine.lr_scheduler.get_last_lr()
         return self.engine.last_step_lr()
 
     def state_dict(self) -> dict[str, Any]:

@@ -123,6 +123,22 @@ def test_lora_trains_to_the_one_process_weights_with_the_base_sharded_at_stage3(
     assert got == reference(kind, "fp32")
 
 
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_lora_with_activation_checkpointing_at_stage3_gives_the_same_bits(reentrant):
+    """The common LoRA setup: gradient checkpointing on a frozen base. Backward recomputes each block and reads its
+    frozen weights (a norm's, for the gradient of its input) after the block's last adapter gradient is in, so a
+    block with frozen params must stay gathered until backward reaches another block."""
+    model = lora("llama")
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.enable_input_require_grads()
+    model.train()
+    eng = lzt.initialize(model, config(3), comm())
+    train(eng, [RANK])
+    got = bits(eng.full_parameters(frozen=True))
+    eng.close()
+    assert got == reference("llama", "fp32")
+
+
 @pytest.mark.parametrize("stage", [1, 3])
 def test_lora_in_bf16_gives_the_one_process_bits(stage):
     eng = lzt.initialize(lora("llama"), config(stage, "bf16"), comm())
@@ -306,7 +322,7 @@ def test_a_model_on_the_meta_device_loads_unit_by_unit_from_a_state_dict(stage):
     from libzero.torch.rank0 import share_outcome
 
     barrier = libzero.Engine(config(0), comm())
-    share_outcome(barrier, None)
+    share_outcome(barrier, None, "the test's wait for rank 0's files")
     barrier.close()
     with torch.device("meta"):
         model = transformers.GPT2LMHeadModel(source.config)
@@ -380,7 +396,7 @@ def test_lora_over_a_base_on_the_meta_device_loads_from_the_base_s_own_files(sta
     from libzero.torch.rank0 import share_outcome
 
     barrier = libzero.Engine(config(0), comm())
-    share_outcome(barrier, None)  # every rank waits for rank 0's files
+    share_outcome(barrier, None, "the test's wait for rank 0's files")  # every rank waits for rank 0's files
     barrier.close()
     with accelerate.init_empty_weights():  # params on the meta device, buffers (rotary inv_freq) real
         base = transformers.LlamaForCausalLM(source.config)

@@ -148,7 +148,7 @@ def test_get_lr_and_the_scheduler_follow_the_config_s_scheduler():
         eng.backward(eng(*batch(s, RANK)))
         result = eng.step()
         assert result.lr == upcoming[0]
-        assert eng.lr_scheduler.get_last_lr() == upcoming
+        assert eng.lr_scheduler.get_last_lr() == eng.get_lr()  # DeepSpeed's: the scheduler stepped after the update
         assert eng.get_global_grad_norm() == result.grad_norm
     assert eng.get_lr()[0] == LR  # warmed up
     with pytest.raises(libzero.ZeroError, match="scheduler"):
@@ -276,5 +276,52 @@ def test_a_client_state_rank_0_cannot_write_is_an_error_on_every_rank():
         assert "rank 0 failed" in str(raised.value)
     # The engine goes on: the failure was rank 0's file, after libzero's own collective save.
     eng.backward(eng(*batch(0, RANK)))
+    assert eng.step().step == 1
+    eng.close()
+
+
+class _FailsOnce(torch.autograd.Function):
+    """Identity forward; the first backward raises (an out-of-memory in the middle of backward, say)."""
+
+    raised = False
+
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: ANN001, ANN205
+        if not _FailsOnce.raised:
+            _FailsOnce.raised = True
+            raise RuntimeError("out of memory (test)")
+        return g
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_backward_that_raises_leaves_a_clear_error_not_a_misleading_one(plain):
+    """The failure comes after the head's and the last blocks' gradients went in (it sits after the first block)."""
+    eng = engine(1, 1)
+    model = eng.module
+    hook = model.blocks[0].register_forward_hook(lambda _m, _a, out: _FailsOnce.apply(out))
+    _FailsOnce.raised = False
+    loss = eng(*batch(0, RANK))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        if plain:
+            loss.backward()
+        else:
+            eng.backward(loss)
+    hook.remove()
+    # Part of that micro-step's gradients went in: the next use says so, and what to do.
+    with pytest.raises(RuntimeError, match="neither be retried nor undone"):
+        eng.backward(eng(*batch(1, RANK)))
+    eng.close()
+
+
+def test_a_backward_that_raises_before_any_gradient_leaves_the_micro_step_as_it_was():
+    eng = engine(2, 1)
+    _FailsOnce.raised = False
+    with pytest.raises(RuntimeError, match="out of memory"):
+        eng.backward(_FailsOnce.apply(eng(*batch(0, RANK))))
+    eng.backward(eng(*batch(0, RANK)))  # nothing went in: the micro-step starts over
     assert eng.step().step == 1
     eng.close()

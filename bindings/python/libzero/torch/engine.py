@@ -19,10 +19,17 @@ from ..errors import ZeroError
 from . import loading
 from .config import _TORCH_DTYPE, _group_overrides, engine_config
 from .rank0 import broadcast_from_rank0, share_outcome
-from .schedule import ConfigScheduler, LearningRates, load_client_state, restore_client_scheduler, save_client_state
+from .schedule import LearningRates, load_client_state, restore_client_scheduler, save_client_state
 from .tensors import FLOATING, engine_shape, from_engine, host_bytes, host_values, stored_type
 from .units import default_units, number_units
 
+
+# What a micro-step whose backward raised leaves behind.
+_UNFINISHED = (
+    "a backward raised in the middle of a micro-step: part of its gradients are already in libzero's buffers (at "
+    "stages 2-3 reduced across ranks), so that micro-step can neither be retried nor undone. Close the engine and go "
+    "on from a checkpoint (initialize again, then load_checkpoint)"
+)
 
 # The engines alive, so that GatheredParameters finds the one that holds the params it is given.
 _ENGINES: "weakref.WeakSet[TorchEngine]" = weakref.WeakSet()
@@ -100,6 +107,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
         self._scale_wrt_gas: set[bool] = set()  # how the window's micro-steps scaled their loss
         self._boundary: bool | None = None  # set_gradient_accumulation_boundary's override
         self._grad_norm: float | None = None
+        self._unfinished: str | None = None  # why the micro-step cannot go on (a backward raised in it)
         self._ready: set[int] = set()  # params whose gradient this micro-step is in
         self._handles: list[Any] = []
         self._modifying = 0  # gathered_parameters blocks open (stage 3 keeps their units gathered)
@@ -215,10 +223,12 @@ class TorchEngine(LearningRates, torch.nn.Module):
     # ---- the training loop ---------------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward. If it raises, what it gathered is released (the micro-step can start over)."""
-        if self._plain:  # the last loss.backward() raised before it ended: its micro-step is abandoned
+        if self._plain:  # the last loss.backward() raised before it ended
             self._plain = False
             self._ready.clear()
             self._backward_ended(True)
+            self._unfinished = _UNFINISHED
+        self._check_finished()
         try:
             return self.module(*args, **kwargs)
         except BaseException:
@@ -235,6 +245,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
         does, with ``scale_wrt_gas=True``; in fp16 it must be ``engine.scale(loss).backward()``."""
         if self._plain:
             raise RuntimeError("engine.backward inside a loss.backward() that has not ended")
+        self._check_finished()
         if self._fp16 and not self._scaled:
             loss = loss * self.engine.loss_scale
         self._in_backward = True
@@ -244,9 +255,15 @@ class TorchEngine(LearningRates, torch.nn.Module):
             failed = False
         finally:
             self._in_backward = False
+            if failed and self._ready:  # gradients of it went in (nothing did otherwise: it can start over)
+                self._unfinished = _UNFINISHED
             self._ready.clear()
             self._backward_ended(failed)
         self._end_micro_step(scale_wrt_gas)
+
+    def _check_finished(self) -> None:
+        if self._unfinished is not None:
+            raise RuntimeError(self._unfinished)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` times the current fp16 loss scale (the loss itself otherwise), for a backward the caller runs:
@@ -287,6 +304,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
         ``set_gradient_accumulation_boundary`` says: True after fewer steps over those (an epoch's remainder,
         averaged over the micro-steps it had). A client lr_scheduler is stepped after every step taken (with
         ``lr_kwargs``), not after a skipped fp16 step."""
+        self._check_finished()
         self._step_calls += 1
         window = self.engine.window
         ended = int(window["micro_steps"])
@@ -363,7 +381,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
                 save_client_state(os.path.join(save_dir, tag), state)
             except Exception as e:  # every rank must hear of it, not only rank 0
                 error = e
-        share_outcome(self.engine, error)
+        share_outcome(self.engine, error, "save_checkpoint")
         return tag
 
     def load_checkpoint(
@@ -386,8 +404,6 @@ class TorchEngine(LearningRates, torch.nn.Module):
         state = load_client_state(path)
         if load_lr_scheduler_states and self._client_scheduler is not None and "lr_scheduler" in state:
             restore_client_scheduler(self.engine, self.optimizer, self._client_scheduler, state["lr_scheduler"])
-        if isinstance(self.lr_scheduler, ConfigScheduler):
-            self.lr_scheduler.last_lr = self.lr_scheduler.get_lr()
         self._scale_wrt_gas.clear()
         return path, dict(state.get("client_state", {}))
 

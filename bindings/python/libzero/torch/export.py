@@ -35,7 +35,7 @@ def save_pretrained(engine: Any, directory: str, adapter_only: bool | None, **kw
         except Exception as e:  # noqa: BLE001 - any failure of the writer is every rank's
             error = e
     del state
-    share_outcome(engine.engine, error)
+    share_outcome(engine.engine, error, "save_pretrained")
 
 
 def _write(model: torch.nn.Module, directory: str, state: dict[str, torch.Tensor], adapter_only: bool,

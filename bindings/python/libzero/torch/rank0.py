@@ -8,15 +8,17 @@ import numpy as np
 import torch
 
 from ..engine import Engine
+from ..errors import ZeroError
 from .tensors import host_bytes
 
 _MESSAGE_BYTES = 4096
 
 
-def share_outcome(engine: Engine, error: BaseException | None) -> None:
+def share_outcome(engine: Engine, error: BaseException | None, what: str) -> None:
     """Collective over ``engine``'s communicator: rank 0's ``error`` (None: it succeeded) reaches every rank, which
     raises it (rank 0: the error itself; the others: a RuntimeError with its text). The bytes cross as the initial
-    value of a one-unit stage-0 engine, whose finalize broadcasts rank 0's values under the engine's timeout."""
+    value of a one-unit stage-0 engine, whose finalize broadcasts rank 0's values under the engine's timeout; an
+    error of that exchange (a rank elsewhere: ranks that diverged) names ``what`` the ranks were doing."""
     if engine.world_size == 1:
         if error is not None:
             raise error
@@ -32,12 +34,16 @@ def share_outcome(engine: Engine, error: BaseException | None) -> None:
         "optimizer": {"type": "SGD", "params": {"lr": 0}},
         "libzero": {"timeout_s": engine.info["timeout_s"]},
     }
-    with Engine(cfg, engine._comm) as carrier:
-        carrier.add_param("rank0.outcome", (_MESSAGE_BYTES,), init=status if carrier.rank == 0 else None, frozen=True,
-                          dtype="uint8")
-        carrier.finalize()
-        with carrier.gathered(0):
-            received = np.array(carrier.param(0), copy=True)
+    try:
+        with Engine(cfg, engine._comm) as carrier:
+            carrier.add_param("rank0.outcome", (_MESSAGE_BYTES,), init=status if carrier.rank == 0 else None,
+                              frozen=True, dtype="uint8")
+            carrier.finalize()
+            with carrier.gathered(0):
+                received = np.array(carrier.param(0), copy=True)
+    except ZeroError as e:
+        raise type(e)(f"{what}: while every rank learnt rank 0's outcome (collective: every rank must call "
+                      f"{what}): {e.message}", e.status) from e
     if error is not None:
         raise error
     if received[0] != 0:

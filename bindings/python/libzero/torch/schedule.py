@@ -65,10 +65,11 @@ class ConfigScheduler:
     def __init__(self, engine: Engine, groups: int) -> None:
         self._engine = engine
         self._groups = groups
-        self.last_lr = self.get_lr()  # the rates of the last step taken (before any: the first step's)
 
     def get_last_lr(self) -> list[float]:
-        return list(self.last_lr)
+        """DeepSpeed's meaning: its engine steps the scheduler right after the optimizer, so the rates the scheduler
+        last set are the next step's."""
+        return self.get_lr()
 
     def get_lr(self) -> list[float]:
         """The rates the next step uses."""
@@ -180,7 +181,5 @@ class LearningRates:
     def _stepped_with(self, rates: list[float], lr_kwargs: dict[str, Any] | None) -> None:
         """After a step that was taken with ``rates``: they are the last step's, and the schedule moves on."""
         self._last_step_lr = rates
-        if isinstance(self.lr_scheduler, ConfigScheduler):
-            self.lr_scheduler.last_lr = rates
-        elif self._client_scheduler is not None:
+        if self._client_scheduler is not None:
             step_client_scheduler(self.engine, self.optimizer, self._client_scheduler, **(lr_kwargs or {}))

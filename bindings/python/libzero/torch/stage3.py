@@ -79,7 +79,11 @@ class Stage3Engine(TorchEngine):
     def _gradient_in(self, i: int) -> None:
         u = self._unit[i]
         self._grads_in[u] += 1
-        if u in self._block_module and self._grads_in[u] == self._trained_in[u] and not self._modifying:
+        # Its last gradient in, a block of trained params only is done with. A block with frozen params is not:
+        # backward may still read them (a frozen norm's weight, for the gradient of its input under LoRA) after the
+        # last trained gradient; it goes when backward reaches another block.
+        if (u in self._block_module and self._grads_in[u] == self._trained_in[u] and not self._frozen_in[u]
+                and not self._modifying):
             self._release(u)
 
     def _copy_unit(self, u: int, names: list[str], out: dict[str, torch.Tensor], frozen: bool = False) -> None:
@@ -181,6 +185,7 @@ class Stage3Engine(TorchEngine):
         self._full = [torch.empty(tuple(self._shape[i]), dtype=self._tensor_dtype[i]) for i in range(len(self._params))]
         self._empty = [torch.empty(0, dtype=self._tensor_dtype[i]) for i in range(len(self._params))]
         self._trained_in = {u: sum(self._trained[i] for i in self._members[u]) for u in self._units}
+        self._frozen_in = {u: len(self._members[u]) - self._trained_in[u] for u in self._units}
         for i, p in enumerate(self._params):
             self._full[i].untyped_storage().resize_(0)
             p.data = self._empty[i]
@@ -211,12 +216,28 @@ class Stage3Engine(TorchEngine):
             for m in modules:
                 self._handles.append(m.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u), prepend=True))
         for u, block in self._block_module.items():
-            self._handles.append(block.register_forward_pre_hook(lambda _m, _a, u=u: self._gather(u), prepend=True))
+            self._handles.append(block.register_forward_pre_hook(lambda _m, _a, u=u: self._enter_block(u),
+                                                                 prepend=True))
             self._handles.append(block.register_forward_hook(self._after_block_forward(u), always_call=True))
         self._handles.append(self.module._register_state_dict_hook(self._check_state_dict))
         # First in, last out: around every gather the model's own hooks (a root owning params) do.
         self._handles.append(self.module.register_forward_pre_hook(self._before_forward, prepend=True))
         self._handles.append(self.module.register_forward_hook(self._after_forward, always_call=True))
+
+    def _enter_block(self, u: int) -> None:
+        """Before a block's forward. Inside backward that forward is an activation checkpoint's recompute: backward
+        has reached this block, so the other blocks are done with (as when it unpacks a tensor of this block)."""
+        self._gather(u)
+        if self._backward_running():
+            self._release_other_blocks(u)
+
+    def _release_other_blocks(self, u: int) -> None:
+        """Backward has reached block ``u``: the other blocks it gathered back are done with (a later need gathers
+        again), so at most one block is held at a time."""
+        if self._modifying:
+            return
+        for v in [v for v in self._gathered if v in self._block_module and v != u]:
+            self._release(v)
 
     def _gather(self, u: int) -> None:
         if u in self._gathered:
@@ -286,10 +307,7 @@ class Stage3Engine(TorchEngine):
             return x
         self._gather(self._unit[x.param])
         if self._unit[x.param] in self._block_module:
-            # Backward has reached this block: the other blocks it gathered back are done with (a later need
-            # gathers again), so at most one block is held at a time.
-            for u in [u for u in self._gathered if u in self._block_module and u != self._unit[x.param]]:
-                self._release(u)
+            self._release_other_blocks(self._unit[x.param])
         out = torch.empty(0, dtype=x.dtype)
         return out.set_(self._full[x.param].untyped_storage(), x.offset, x.size, x.stride)
 
