@@ -34,7 +34,7 @@ Backend::Backend(MPI_Comm data, MPI_Comm ctl) : data_(data), ctl_(ctl) {
   // Single copy (node_window.hpp) unless ZERO_MPI_SINGLE_COPY=0; the window agrees on it.
   const char* single = std::getenv("ZERO_MPI_SINGLE_COPY");
   const bool single_copy = !(single != nullptr && std::strcmp(single, "0") == 0);
-  if (want == 1) window_ = zero_mpi::NodeWindow::create(data_, shm_half_bytes(), single_copy);
+  if (want == 1) window_ = make_node_window(data_, shm_half_bytes(), single_copy);
   if (want == 2) {
     hierarchy_ = zero_mpi::Hierarchy::create(data_, topology.node, shm_half_bytes());
     node_ = topology.node;  // the hierarchy's window lives on it

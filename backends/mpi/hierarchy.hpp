@@ -62,7 +62,7 @@ class Hierarchy {
     MPI_Allreduce(MPI_IN_PLACE, &agreed, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, data);
     // A reduce-scatter's chunk holds a piece of every block: each must hold at least a cache line.
     if (agreed < 64 * static_cast<unsigned long long>(size)) return nullptr;
-    std::unique_ptr<NodeWindow> window = NodeWindow::create(node, static_cast<size_t>(agreed), false);
+    std::unique_ptr<NodeWindow> window = make_node_window(node, static_cast<size_t>(agreed), false);
     int ok = window != nullptr ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, data);
     if (!ok) {

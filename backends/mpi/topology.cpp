@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/progress_policy.hpp"
 #include "failure.hpp"
 #include "zero/zero.h"
 
@@ -17,21 +18,10 @@ namespace zero_mpi {
 // The shared-memory path (node_window.hpp) when every rank is on one node, unless ZERO_MPI_SHM=0 on any rank;
 // ZERO_MPI_SHM_HALF_BYTES sets the chunk buffer per rank (two of them; 512 KiB by default: a chunk stays in cache
 // between its copy and its sum).
-// The window's collectives move in a progress thread of the backend while the caller computes, when this rank has
-// a spare core: two CPUs in its affinity mask when mpirun or the scheduler bound it to some, else two hardware
-// threads per rank on the node. Otherwise only inside waits, where they would compete with the caller's own
-// compute for the same cores. ZERO_MPI_PROGRESS_THREAD=1 or 0 decides instead.
+// The window's collectives move in a progress thread of the backend by comm/progress_policy.hpp's rule;
+// ZERO_MPI_PROGRESS_THREAD=1 or 0 decides instead.
 bool want_progress_thread(int ranks_on_node) {
-  const char* env = std::getenv("ZERO_MPI_PROGRESS_THREAD");
-  if (env != nullptr && *env != '\0') return std::strcmp(env, "0") != 0;
-  const unsigned machine = std::thread::hardware_concurrency();
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
-    const unsigned mine = static_cast<unsigned>(CPU_COUNT(&mask));
-    if (mine < machine) return mine >= 2;  // bound to some CPUs: those are this rank's
-  }
-  return machine >= 2u * static_cast<unsigned>(std::max(1, ranks_on_node));
+  return zero::want_progress_thread(ranks_on_node, "ZERO_MPI_PROGRESS_THREAD");
 }
 
 size_t shm_half_bytes() {
