@@ -1,7 +1,10 @@
-// Communicators: creation (MPI module, single process, custom callbacks), rank and size, finalize, destroy.
+// Communicators: creation (MPI module, shared memory, single process, custom callbacks), rank and size, finalize,
+// destroy.
+#define ZERO_EXPERIMENTAL_API
 #include "comm/custom_communicator.hpp"
 #include "comm/engine_comm.hpp"
 #include "comm/mpi_loader.hpp"
+#include "comm/shm_communicator.hpp"
 #include "comm/single_communicator.hpp"
 #include "guard.hpp"
 
@@ -33,6 +36,18 @@ ZERO_API zero_status_t zero_comm_create_mpi(zero_comm_t** out_comm, int64_t mpi_
 
 ZERO_API zero_status_t zero_comm_create_single(zero_comm_t** out_comm) {
   return create("zero_comm_create_single", out_comm, [](CommHandle& h) { h.impl = zero::make_single_communicator(); });
+}
+
+ZERO_API zero_status_t zero_comm_create_shm(zero_comm_t** out_comm, const char* name, int32_t rank, int32_t size,
+                                            double join_timeout_s) {
+  const char* call = "zero_comm_create_shm";
+  return create(call, out_comm, [&](CommHandle& h) {
+    require_arg(name != nullptr, call, "name is NULL");
+    require_arg(size >= 1 && rank >= 0 && rank < size, call,
+                ("rank " + std::to_string(rank) + " of " + std::to_string(size) + " ranks").c_str());
+    require_arg(join_timeout_s > 0 && join_timeout_s < 1e9, call, "join_timeout_s must be positive");
+    h.impl = zero::make_shm_communicator(name, rank, size, join_timeout_s);
+  });
 }
 
 ZERO_API zero_status_t zero_comm_create_custom(zero_comm_t** out_comm, const zero_comm_ops_t* ops, void* user_data) {

@@ -1,7 +1,10 @@
 /*
  * No rank waits forever, no rank silently diverges. One scenario per run:
  *
- *   mpirun -np N test_failures --scenario NAME [--stage S]
+ *   mpirun -np N test_failures --scenario NAME [--stage S] [--shm-name NAME]
+ *
+ * --shm-name runs over the shared-memory communicator (zero_comm_create_shm, named NAME; mpirun only starts the
+ * processes and MPI is never initialised), which must give the same errors.
  *
  *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/util/test_hooks.hpp): finalize.alloc,
  *                    gather, gather.alloc, prefetch, bucket, backward_end, step, partial_step (zero_step_with after
@@ -87,6 +90,7 @@ static long g_bucket_elems = 300; /* reduce_bucket_size: one unit per bucket */
 static int g_overlap = 0;         /* overlap_comm */
 static int g_gas = 1;             /* gradient_accumulation_steps */
 static const char* g_scenario = "";
+static int g_shm = 0; /* --shm-name: over zero_comm_create_shm, no MPI at all */
 static char g_dir[512];
 
 static double now(void) {
@@ -556,7 +560,11 @@ static void stall(zero_comm_t* comm) {
     const double t = now();
     const zero_status_t s = zero_backward_end(engine);
     char fragment[96];
-    snprintf(fragment, sizeof fragment, "s from rank %d: not inside a libzero collective", g_last);
+    /* The MPI module asks and hears nothing back; the shared-memory one reads the rank's line. */
+    if (g_shm)
+      snprintf(fragment, sizeof fragment, "rank %d: not inside a libzero collective", g_last);
+    else
+      snprintf(fragment, sizeof fragment, "s from rank %d: not inside a libzero collective", g_last);
     expect_status(engine, s, ZERO_ERR_TIMEOUT, fragment, t, 7.0, "zero_backward_end while a rank is stuck");
     EXPECT(strstr(zero_last_error(), "did not complete within 2.00 s") != NULL, "names the timeout: %s",
            zero_last_error());
@@ -687,17 +695,23 @@ static void emergency_save(zero_comm_t* comm) {
 int main(int argc, char** argv) {
   int stage = 3;
   const char* dir = "failures-ckpt";
+  const char* shm_name = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--scenario") == 0) g_scenario = argv[i + 1];
     if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
+    if (strcmp(argv[i], "--shm-name") == 0) shm_name = argv[i + 1];
   }
   /* exit-while-fetching needs the all-gathers still in flight when the last rank leaves: the MPI module's progress
    * thread would complete them in the background first (which is what it is for). */
   if (strcmp(g_scenario, "exit-while-fetching") == 0 || strcmp(g_scenario, "abort-with-prefetch-open") == 0)
-    setenv("ZERO_MPI_PROGRESS_THREAD", "0", 1);
+    setenv(shm_name != NULL ? "ZERO_SHM_PROGRESS_THREAD" : "ZERO_MPI_PROGRESS_THREAD", "0", 1);
   zero_comm_t* comm = NULL;
-  CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  if (shm_name != NULL)
+    CHECK(create_shm_comm_from_launcher(&comm, shm_name));
+  else
+    CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  g_shm = shm_name != NULL;
   CHECK(zero_comm_rank(&g_rank, comm));
   CHECK(zero_comm_size(&g_world, comm));
   g_last = g_world - 1;

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef ZERO_EXPERIMENTAL_API
+#define ZERO_EXPERIMENTAL_API /* zero_comm_create_shm */
+#endif
 #include "zero/zero.h"
 
 #define CHECK(call)                                                                                    \
@@ -95,6 +98,23 @@ static inline void register_test_model(zero_engine_t* engine, zero_dtype_t dtype
 }
 
 /* "--dtype fp32|bf16|fp16" and the matching config block. */
+/* The shared-memory communicator (zero_comm_create_shm, no MPI inside libzero) for a process started by a
+ * launcher: its rank and the job's size from the launcher's environment (Open MPI's mpirun, or torchrun's RANK and
+ * WORLD_SIZE), and `name`, which the test gives every rank alike (CTest: one per test). */
+static inline zero_status_t create_shm_comm_from_launcher(zero_comm_t** out, const char* name) {
+  const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+  const char* size = getenv("OMPI_COMM_WORLD_SIZE");
+  if (rank == NULL || size == NULL) {
+    rank = getenv("RANK");
+    size = getenv("WORLD_SIZE");
+  }
+  if (rank == NULL || size == NULL) {
+    fprintf(stderr, "no launcher environment (OMPI_COMM_WORLD_RANK/SIZE or RANK/WORLD_SIZE)\n");
+    exit(2);
+  }
+  return zero_comm_create_shm(out, name, atoi(rank), atoi(size), 60.0);
+}
+
 static inline zero_dtype_t parse_dtype_arg(const char* s) {
   if (strcmp(s, "bf16") == 0) return ZERO_DTYPE_BF16;
   if (strcmp(s, "fp16") == 0) return ZERO_DTYPE_FP16;

@@ -3,7 +3,7 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
- *                            [--comm mpi|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
+ *                            [--comm mpi|shm|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
  *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
  *                            [--loss-averaged 0|1]
@@ -41,6 +41,9 @@
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
  *
+ * --comm shm runs over zero_comm_create_shm (the shared-memory communicator a torchrun job uses; mpirun only starts
+ * the processes and hands out the segment's name).
+ *
  * --persist sets stage3_param_persistence_threshold: units smaller than that stay resident at stage 3 (two of the
  * model's three units with 200), mixing gathered and resident units in one run.
  *
@@ -60,6 +63,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define ZERO_EXPERIMENTAL_API
 #include "custom_backend.h"
@@ -256,9 +261,14 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
 
   zero_comm_t* comm = NULL;
-  if (strcmp(comm_kind, "mpi") == 0)
+  if (strcmp(comm_kind, "mpi") == 0) {
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
-  else
+  } else if (strcmp(comm_kind, "shm") == 0) {
+    char name[64];
+    snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD); /* mpirun only launches: libzero uses no MPI */
+    CHECK(zero_comm_create_shm(&comm, name, rank, world, 60.0));
+  } else
     CHECK(create_test_backend_comm(&comm, strcmp(comm_kind, "custom-async") == 0));
   char fetch[512] = "";
   if (prefetch >= 0) snprintf(fetch, sizeof fetch, ", \"stage3_prefetch_bucket_size\": %ld", prefetch);

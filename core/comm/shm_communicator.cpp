@@ -1,0 +1,381 @@
+#include "comm/shm_communicator.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "comm/node_window.hpp"
+#include "comm/progress_policy.hpp"
+#include "comm/shm_segment.hpp"
+#include "util/error.hpp"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+size_t half_bytes_from_env() {
+  const char* env = std::getenv("ZERO_SHM_HALF_BYTES");
+  const unsigned long long v = env != nullptr ? std::strtoull(env, nullptr, 10) : 0;
+  return v >= 4096 && v <= (1ull << 30) ? static_cast<size_t>(v) : size_t{512} << 10;
+}
+
+bool env_is_zero(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, "0") == 0;
+}
+
+class ShmCommunicator;
+
+// The communicators of this process not yet finalized or destroyed: at exit each tells its peers, so that a rank
+// still waiting for this one fails at once instead of after its timeout.
+std::mutex g_live_mutex;
+std::vector<ShmCommunicator*>& live() {
+  static auto* communicators = new std::vector<ShmCommunicator*>();  // never freed: exit handlers read it
+  return *communicators;
+}
+
+class ShmCommunicator final : public Communicator {
+ public:
+  ShmCommunicator(const std::string& name, int rank, int size, double join_timeout_s)
+      : Communicator(rank, size, size, true), segment_(name, rank, size, half_bytes_from_env(), join_timeout_s) {
+    window_ = std::make_unique<NodeWindow>(rank, size, segment_.half_bytes(), segment_.slots(), nullptr);
+    window_->reset_line();
+    window_->publish_probe();
+    segment_.barrier(2, join_timeout_s, "publishing the window");
+    // Single copy only if every rank could read every peer.
+    const bool mine = !env_is_zero("ZERO_SHM_SINGLE_COPY") && size > 1 && window_->probe_peers();
+    agree_single_copy(mine, join_timeout_s);
+    use_progress_thread_ = size > 1 && want_progress_thread(size, "ZERO_SHM_PROGRESS_THREAD");
+    static std::once_flag hook;
+    std::call_once(hook, [] { std::atexit(tell_peers_at_exit); });
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    live().push_back(this);
+  }
+
+  ~ShmCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(g_live_mutex);
+      live().erase(std::remove(live().begin(), live().end(), this), live().end());
+    }
+    stop_progress_thread();
+    if (!finalized()) segment_.stop(ShmRankState::kStopped, completed_.load(), "it destroyed its communicator");
+  }
+
+  bool can_time_out() const override { return true; }
+
+  bool wait(Request request, double timeout_s) override {
+    Op* op = static_cast<Op*>(request);
+    // What the peers read of this rank until the collective completes or fails: also while this rank diagnoses
+    // its own timeout (the wait returns first), so that ranks timing out together name each other's collective.
+    segment_.set_waiting(op->coll.sequence, op->coll.label);
+    struct NotWaitingOnFailure {
+      ShmSegment& segment;
+      bool armed = true;
+      ~NotWaitingOnFailure() {
+        if (armed) segment.set_waiting(0, "");
+      }
+    } not_waiting{segment_};
+    const auto begin = Clock::now();
+    auto checked = begin;
+    for (int spins = 0;; ++spins) {
+      // Every wait moves the queue, whatever it waits for, so ranks that wait in different orders never wait for
+      // each other.
+      progress();
+      if (aborted_here_.load()) {
+        abandon();
+        fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
+      }
+      // Before the completion: a rank that stopped before this collective counts it as failed, so this one must
+      // too, even when the data it had already put in the window let the collective complete here.
+      const bool check_processes = Clock::now() - checked > std::chrono::milliseconds(100);
+      if (check_processes) checked = Clock::now();
+      const std::string stopped = stopped_peer(op->coll.sequence, op->coll.label, check_processes);
+      if (!stopped.empty()) {
+        abandon();
+        fail(ZERO_ERR_REMOTE, stopped);
+      }
+      if (op->done.load(std::memory_order_acquire)) {
+        forget(op);
+        return true;
+      }
+      if (seconds_since(begin) >= timeout_s) {
+        not_waiting.armed = false;
+        return false;
+      }
+      // Ranks may outnumber cores: let the others run, and after a while stop spinning.
+      if (spins < 4096)
+        sched_yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  // Every rank's line is in the segment. A rank that is not inside a collective gets the grace period to arrive
+  // (it may only be late), as the MPI module's question does; then the lines say what each does.
+  std::string diagnose(uint64_t sequence, double grace_s) override {
+    const auto begin = Clock::now();
+    while (seconds_since(begin) < grace_s) {
+      bool all = true;
+      for (int r = 0; r < size() && all; ++r) {
+        if (r == rank()) continue;
+        const ShmSegment::PeerView p = segment_.peer(r);
+        const bool settled = p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized ||
+                             p.waiting >= sequence || segment_.peer_process_gone(r);
+        all = settled;
+      }
+      if (all) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string out = "What the other ranks are doing:";
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      const ShmSegment::PeerView p = segment_.peer(r);
+      char line[768];
+      if (p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized)
+        std::snprintf(line, sizeof line, " rank %d has stopped after collective #%llu (%s);", r,
+                      static_cast<unsigned long long>(p.stopped_after), p.reason.c_str());
+      else if (segment_.peer_process_gone(r))
+        std::snprintf(line, sizeof line, " rank %d (pid %d) has ended without a word, after collective #%llu;", r,
+                      static_cast<int>(p.pid), static_cast<unsigned long long>(p.completed));
+      else if (p.waiting != 0)
+        std::snprintf(line, sizeof line, " rank %d waits in collective #%llu (%s) for %.1f s;", r,
+                      static_cast<unsigned long long>(p.waiting), p.label.c_str(), p.waiting_for_s);
+      else
+        std::snprintf(line, sizeof line,
+                      " rank %d: not inside a libzero collective (busy in the framework's code, blocked elsewhere, "
+                      "or hung), after collective #%llu;",
+                      r, static_cast<unsigned long long>(p.completed));
+      out += line;
+    }
+    if (out.back() == ';') out.back() = '.';
+    return out;
+  }
+
+  void tell_peers_exiting() { segment_.stop(ShmRankState::kStopped, completed_.load(), "this process is exiting"); }
+
+ private:
+  struct Op {
+    Collective coll;
+    NodeWindow::Op window_op;
+    std::atomic<bool> done{false};
+  };
+
+  static void tell_peers_at_exit() {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    for (ShmCommunicator* c : live()) c->tell_peers_exiting();
+  }
+
+  // Single copy is on when every rank's probe worked.
+  void agree_single_copy(bool mine, double timeout_s) {
+    segment_.set_vote(mine ? 1 : 0);
+    segment_.barrier(3, timeout_s, "probing single copy");
+    bool all = true;
+    for (int r = 0; r < size(); ++r) all = all && segment_.peer(r).vote == 1;
+    segment_.barrier(4, timeout_s, "agreeing on single copy");  // nobody reads a probe word after this
+    window_->set_single_copy(all, "ZERO_SHM_SINGLE_COPY=0");
+  }
+
+  Request do_start(const Collective& c) override {
+    const bool float_type = c.type == ElemType::kF32 || c.type == ElemType::kBF16 || c.type == ElemType::kF16;
+    if (c.kind == CollKind::kReduceScatter && !float_type)
+      fail(ZERO_ERR_INVALID_ARGUMENT, c.label + ": a reduce-scatter of a non-float dtype");
+    if (c.kind == CollKind::kAllReduce && c.type != ElemType::kF32 && c.type != ElemType::kF64 &&
+        c.type != ElemType::kI64)
+      fail(ZERO_ERR_UNSUPPORTED, c.label + ": the shared-memory communicator all-reduces fp32, fp64 and int64 only");
+    if (c.kind == CollKind::kBroadcast && (c.root < 0 || c.root >= size()))
+      fail(ZERO_ERR_INVALID_ARGUMENT, c.label + ": broadcast root " + std::to_string(c.root) + " out of range");
+    ops_.push_back(std::make_unique<Op>());
+    Op* op = ops_.back().get();
+    op->coll = c;
+    op->window_op = window_->begin(c.sequence, static_cast<int32_t>(c.kind), static_cast<int32_t>(c.type), c.buf,
+                                   c.count, elem_size(c.type), static_cast<int32_t>(c.op), c.root);
+    if (use_progress_thread_) start_progress_thread();
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      queue_.push_back(op);
+    }
+    if (use_progress_thread_) queue_cv_.notify_one();
+    return op;
+  }
+
+  void do_abort(const std::string& reason) override {
+    aborted_here_.store(true);
+    segment_.stop(ShmRankState::kStopped, completed_.load(), reason);
+    queue_cv_.notify_one();
+  }
+
+  // The agreement before it has made every rank call this: nothing is in flight, nobody waits for this rank.
+  void do_finalize() override {
+    stop_progress_thread();
+    segment_.stop(ShmRankState::kFinalized, completed_.load(), "it finalized its communicator");
+  }
+
+  // A peer that will not take part in collective `sequence`: it stopped (or finalized) before it, or its process
+  // ended before completing it. Empty if none.
+  std::string stopped_peer(uint64_t sequence, const std::string& label, bool check_processes) const {
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank()) continue;
+      const ShmSegment::PeerView p = segment_.peer(r);
+      std::string why;
+      uint64_t after = 0;
+      if ((p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized) && p.stopped_after < sequence) {
+        why = p.reason;
+        after = p.stopped_after;
+      } else if (check_processes && p.completed < sequence && segment_.peer_process_gone(r)) {
+        why = "its process (pid " + std::to_string(p.pid) + ") ended without a word (killed by a signal?)";
+        after = p.completed;
+      } else {
+        continue;
+      }
+      return "rank " + std::to_string(r) + " has stopped: " + why + ". It took part in the collectives up to #" +
+             std::to_string(after) + ", so collective #" + std::to_string(sequence) + " (" + label +
+             ") cannot complete";
+    }
+    return "";
+  }
+
+  // Moves the queue as far as the peers allow (the progress thread may hold it: then the caller does not wait
+  // for it). A failure found here or by the progress thread fails the wait.
+  void progress() {
+    if (aborted_here_.load()) return;
+    std::unique_lock<std::mutex> lock(queue_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    if (failure_.empty()) step_locked();
+    if (failure_.empty()) return;
+    const std::string what = failure_;
+    const zero_status_t status = failure_status_;
+    queue_.clear();
+    lock.unlock();
+    // A mismatch every rank finds in its own window; a failed read only this one: the others learn it here.
+    if (status != ZERO_ERR_MISMATCH) segment_.stop(ShmRankState::kStopped, completed_.load(), what);
+    abandon();
+    fail(status, what);
+  }
+
+  // With queue_mutex_ held. Whether anything moved.
+  bool step_locked() {
+    bool moved = false;
+    while (!queue_.empty()) {
+      Op* front = queue_.front();
+      const NodeWindow::Op before = front->window_op;
+      const NodeWindow::Progress p = window_->step(front->window_op);
+      moved |= front->window_op.offset != before.offset || front->window_op.copied != before.copied ||
+               front->window_op.phase != before.phase || front->window_op.peer != before.peer;
+      if (p == NodeWindow::Progress::kMismatch || p == NodeWindow::Progress::kFailed) {
+        failure_status_ = p == NodeWindow::Progress::kMismatch ? ZERO_ERR_MISMATCH : ZERO_ERR_COMM;
+        failure_ =
+            "collective #" + std::to_string(front->coll.sequence) + " (" + front->coll.label + "): " +
+            (p == NodeWindow::Progress::kMismatch ? "the ranks are not in the same collective: " + window_->mismatch()
+                                                  : window_->failure());
+        return moved;
+      }
+      if (p == NodeWindow::Progress::kWaiting) return moved;
+      queue_.pop_front();
+      // In start order: the highest completed is also every one before it.
+      completed_.store(front->coll.sequence);
+      segment_.set_completed(front->coll.sequence);
+      front->done.store(true, std::memory_order_release);
+      moved = true;
+    }
+    return moved;
+  }
+
+  // After a failure nothing more completes here (the engine stops using the communicator); the buffers stay the
+  // engine's, the descriptors are kept until the communicator goes.
+  void abandon() {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.clear();
+  }
+  void forget(Op* op) {
+    for (auto it = ops_.begin(); it != ops_.end(); ++it)
+      if (it->get() == op) {
+        ops_.erase(it);
+        return;
+      }
+  }
+
+  void start_progress_thread() {
+    if (progress_thread_.joinable()) return;
+    try {
+      progress_thread_ = std::thread([this] { progress_loop(); });
+    } catch (const std::system_error&) {
+      use_progress_thread_ = false;  // a container's thread limit: the waits move the queue
+    }
+  }
+
+  // Moves the queue while the caller computes; when peers are behind it backs off from spinning to short sleeps,
+  // so that an idle job costs no core.
+  void progress_loop() {
+    int idle = 0;
+    std::unique_lock<std::mutex> lock(queue_mutex_);
+    while (!stop_progress_) {
+      if (queue_.empty() || !failure_.empty() || aborted_here_.load()) {
+        idle = 0;
+        queue_cv_.wait(lock);
+        continue;
+      }
+      if (step_locked()) {
+        idle = 0;
+        continue;
+      }
+      ++idle;
+      if (idle < 64) {
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      } else {  // a new collective wakes it at once
+        queue_cv_.wait_for(lock, std::chrono::microseconds(idle < 1024 ? 20 : 500));
+      }
+    }
+  }
+
+  void stop_progress_thread() {
+    if (!progress_thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      stop_progress_ = true;
+    }
+    queue_cv_.notify_one();
+    progress_thread_.join();
+  }
+
+  ShmSegment segment_;
+  std::unique_ptr<NodeWindow> window_;
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Op*> queue_;  // started, not moved through yet, in start order (the same on every rank)
+  std::string failure_;    // a descriptor mismatch or a failed read: every later wait fails with it
+  zero_status_t failure_status_ = ZERO_ERR_MISMATCH;
+  // Every collective started and not yet reported done by a wait (prefetches nobody waits for, failed ones),
+  // freed with the communicator. Only the caller's thread adds and removes.
+  std::list<std::unique_ptr<Op>> ops_;
+  std::atomic<uint64_t> completed_{0};
+  std::atomic<bool> aborted_here_{false};
+  bool use_progress_thread_ = false;
+  bool stop_progress_ = false;
+  std::thread progress_thread_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_shm_communicator(const std::string& name, int rank, int size,
+                                                    double join_timeout_s) {
+  return std::make_shared<ShmCommunicator>(name, rank, size, join_timeout_s);
+}
+
+}  // namespace zero

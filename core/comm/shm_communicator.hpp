@@ -1,0 +1,26 @@
+// A communicator for ranks that share one machine, over shared memory alone: no MPI, no launcher beyond one that
+// gives every process its rank, the job's size and a name it shares with the others (torchrun's environment, a job
+// scheduler's). The collectives are the node window's (node_window.hpp), the same bits as the MPI module's.
+//
+// The failure-safety rule holds: every rank's line in the segment (shm_segment.hpp) says whether it is live, which
+// collective it waits in and, once it stops (an abort, a destroy, exit), why and after which collective. A wait
+// fails at once with ZERO_ERR_REMOTE naming a rank that stopped before the collective, or whose process ended
+// (killed by a signal); after libzero's timeout, the diagnosis says what every other rank is doing.
+//
+// Environment: ZERO_SHM_HALF_BYTES (the window's chunk buffers per rank, 512 KiB by default; rank 0's is used),
+// ZERO_SHM_SINGLE_COPY=0 (copy through the window rather than read the peers' buffers), ZERO_SHM_PROGRESS_THREAD=1
+// or 0 (progress_policy.hpp).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace zero {
+
+// Collective over the `size` processes that pass the same `name`: returns once every rank has joined, or throws
+// zero::Error after `join_timeout_s`.
+std::shared_ptr<Communicator> make_shm_communicator(const std::string& name, int rank, int size, double join_timeout_s);
+
+}  // namespace zero

@@ -1,0 +1,287 @@
+#include "comm/shm_segment.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "comm/node_window.hpp"
+#include "util/error.hpp"
+
+namespace zero {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x314d48534f52455aull;  // "ZEROSHM1"
+constexpr size_t kPage = 4096;
+constexpr size_t kLabelBytes = 128, kReasonBytes = 512;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+uint64_t monotonic_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);  // one clock for every process of the machine
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
+
+template <typename T>
+T load(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+template <typename T>
+void store(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+std::string os_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+struct ShmSegment::Header {
+  uint64_t magic;  // written last by rank 0 (release): the rest is set
+  uint64_t size;
+  uint64_t half_bytes;
+  uint64_t bytes;
+};
+
+// Written by its rank only. The label is guarded by a sequence word (odd while it is rewritten); the reason is
+// written once, before the state turns to stopped.
+struct ShmSegment::RankLine {
+  uint64_t pid;
+  uint64_t phase;  // the setup barrier it reached
+  uint64_t state;  // ShmRankState
+  uint64_t stopping;
+  uint64_t completed;
+  uint64_t stopped_after;
+  uint64_t waiting;
+  uint64_t waiting_since_ns;
+  uint64_t label_version;
+  uint64_t vote;
+  char label[kLabelBytes];
+  char reason[kReasonBytes];
+};
+
+ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_bytes, double join_timeout_s)
+    : name_(name.empty() || name[0] != '/' ? "/" + name : name), rank_(rank), size_(size) {
+  if (size < 1 || rank < 0 || rank >= size)
+    fail(ZERO_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " of " + std::to_string(size) + " ranks");
+  if (name_.size() < 2 || name_.size() > 200 || name_.find('/', 1) != std::string::npos)
+    fail(ZERO_ERR_INVALID_ARGUMENT, "the segment name '" + name + "' must be 1 to 199 characters without '/'");
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(join_timeout_s));
+  const size_t lines = round_up(sizeof(Header), 64) + static_cast<size_t>(size) * round_up(sizeof(RankLine), 64);
+  int fd = -1;
+  if (rank == 0) {
+    half_ = std::max<size_t>(half_bytes / 64 * 64, 64 * static_cast<size_t>(size));
+    slot_stride_ = round_up(NodeWindow::slot_bytes(half_), kPage);
+    slots_offset_ = round_up(lines, kPage);
+    bytes_ = slots_offset_ + static_cast<size_t>(size) * slot_stride_;
+    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0)
+      fail(ZERO_ERR_COMM,
+           os_error("shm_open(" + name_ + ") for the job's segment") +
+               (errno == EEXIST ? " (the name is in use: another job, or a stale segment in /dev/shm)" : ""));
+    if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+      const std::string why = os_error("ftruncate of " + name_ + " to " + std::to_string(bytes_) + " bytes");
+      close(fd);
+      shm_unlink(name_.c_str());
+      fail(ZERO_ERR_OUT_OF_MEMORY, why + " (is /dev/shm large enough?)");
+    }
+  } else {
+    // Rank 0 may not have created it yet.
+    for (;;) {
+      fd = shm_open(name_.c_str(), O_RDWR, 0600);
+      struct stat st {};
+      if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0) {
+        bytes_ = static_cast<size_t>(st.st_size);
+        break;
+      }
+      if (fd >= 0) close(fd);
+      if (fd < 0 && errno != ENOENT) fail(ZERO_ERR_COMM, os_error("shm_open(" + name_ + ")"));
+      if (std::chrono::steady_clock::now() >= deadline)
+        fail(ZERO_ERR_TIMEOUT, "rank 0 did not create the segment " + name_ + " within " +
+                                   std::to_string(join_timeout_s) + " s (is rank 0 running, with the same name?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    if (rank == 0) shm_unlink(name_.c_str());
+    fail(ZERO_ERR_OUT_OF_MEMORY, os_error("mmap of the segment " + name_));
+  }
+  bool layout_agreed = rank == 0;  // this rank's line lies inside the segment
+  try {
+    Header* h = header();
+    if (rank == 0) {
+      h->size = static_cast<uint64_t>(size);
+      h->half_bytes = half_;
+      h->bytes = bytes_;
+      store(&h->magic, kMagic);
+    } else {
+      while (load(&h->magic) != kMagic) {
+        if (std::chrono::steady_clock::now() >= deadline)
+          fail(ZERO_ERR_TIMEOUT,
+               "the segment " + name_ + " was not made ready within " + std::to_string(join_timeout_s) + " s");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (h->size != static_cast<uint64_t>(size) || h->bytes != bytes_)
+        fail(ZERO_ERR_MISMATCH, "the segment " + name_ + " belongs to a job of " + std::to_string(h->size) +
+                                    " ranks, not " + std::to_string(size) + " (another job under the same name?)");
+      layout_agreed = true;
+      half_ = static_cast<size_t>(h->half_bytes);
+      slot_stride_ = round_up(NodeWindow::slot_bytes(half_), kPage);
+      slots_offset_ = round_up(lines, kPage);
+    }
+    RankLine* mine = line(rank_);
+    store(&mine->pid, static_cast<uint64_t>(getpid()));
+    store(&mine->state, static_cast<uint64_t>(ShmRankState::kLive));
+    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    barrier(1, std::max(0.0, left), "joining the segment");
+  } catch (...) {
+    // No destructor runs for a constructor that throws: the peers learn it, the mapping and the name go.
+    if (layout_agreed) stop(ShmRankState::kStopped, 0, "it gave up joining the segment");
+    munmap(base_, bytes_);
+    base_ = nullptr;
+    if (rank == 0) shm_unlink(name_.c_str());
+    throw;
+  }
+  // Every rank has it mapped: nothing needs the name any more.
+  if (rank == 0) shm_unlink(name_.c_str());
+}
+
+ShmSegment::~ShmSegment() {
+  if (base_ != nullptr) munmap(base_, bytes_);
+}
+
+ShmSegment::Header* ShmSegment::header() const { return static_cast<Header*>(base_); }
+
+ShmSegment::RankLine* ShmSegment::line(int r) const {
+  char* lines = static_cast<char*>(base_) + round_up(sizeof(Header), 64);
+  return reinterpret_cast<RankLine*>(lines + static_cast<size_t>(r) * round_up(sizeof(RankLine), 64));
+}
+
+std::vector<char*> ShmSegment::slots() const {
+  std::vector<char*> out(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r)
+    out[static_cast<size_t>(r)] = static_cast<char*>(base_) + slots_offset_ + static_cast<size_t>(r) * slot_stride_;
+  return out;
+}
+
+void ShmSegment::stop(ShmRankState how, uint64_t after, const std::string& reason) {
+  RankLine* mine = line(rank_);
+  uint64_t expected = 0;
+  if (!__atomic_compare_exchange_n(&mine->stopping, &expected, uint64_t{1}, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return;
+  const size_t n = std::min(reason.size(), kReasonBytes - 1);
+  std::memcpy(mine->reason, reason.data(), n);
+  mine->reason[n] = '\0';
+  store(&mine->stopped_after, after);
+  store(&mine->state, static_cast<uint64_t>(how));
+}
+
+void ShmSegment::set_completed(uint64_t sequence) {
+  RankLine* mine = line(rank_);
+  if (sequence > load(&mine->completed)) store(&mine->completed, sequence);
+}
+
+void ShmSegment::set_waiting(uint64_t sequence, const std::string& label) {
+  RankLine* mine = line(rank_);
+  const uint64_t v = load(&mine->label_version);
+  store(&mine->label_version, v + 1);
+  if (sequence != 0) {
+    const size_t n = std::min(label.size(), kLabelBytes - 1);
+    std::memcpy(mine->label, label.data(), n);
+    mine->label[n] = '\0';
+    store(&mine->waiting_since_ns, monotonic_ns());
+  }
+  store(&mine->waiting, sequence);
+  store(&mine->label_version, v + 2);
+}
+
+void ShmSegment::set_vote(uint64_t vote) { store(&line(rank_)->vote, vote); }
+
+ShmSegment::PeerView ShmSegment::peer(int r) const {
+  const RankLine* l = line(r);
+  PeerView v;
+  v.state = static_cast<ShmRankState>(load(&l->state));
+  v.pid = static_cast<pid_t>(load(&l->pid));
+  v.completed = load(&l->completed);
+  v.stopped_after = load(&l->stopped_after);
+  v.vote = load(&l->vote);
+  if (v.state == ShmRankState::kStopped || v.state == ShmRankState::kFinalized)
+    v.reason.assign(l->reason, strnlen(l->reason, kReasonBytes));
+  for (int tries = 0; tries < 100; ++tries) {
+    const uint64_t before = load(&l->label_version);
+    if (before % 2 != 0) {
+      sched_yield();
+      continue;
+    }
+    v.waiting = load(&l->waiting);
+    char copy[kLabelBytes];
+    std::memcpy(copy, l->label, kLabelBytes);
+    const uint64_t since = load(&l->waiting_since_ns);
+    if (load(&l->label_version) != before) continue;
+    copy[kLabelBytes - 1] = '\0';
+    v.label = copy;
+    const uint64_t now = monotonic_ns();
+    v.waiting_for_s = v.waiting != 0 && now > since ? static_cast<double>(now - since) * 1e-9 : 0.0;
+    break;
+  }
+  return v;
+}
+
+bool ShmSegment::peer_process_gone(int r) const {
+  const pid_t pid = static_cast<pid_t>(load(&line(r)->pid));
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // A rank that died stays a zombie until its launcher reaps it.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+}
+
+void ShmSegment::barrier(uint64_t phase, double timeout_s, const char* what) {
+  store(&line(rank_)->phase, phase);
+  const auto begin = std::chrono::steady_clock::now();
+  auto last_check = begin;
+  for (int spins = 0;; ++spins) {
+    int behind = -1;
+    for (int r = 0; r < size_ && behind < 0; ++r)
+      if (load(&line(r)->phase) < phase) behind = r;
+    if (behind < 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    const PeerView p = peer(behind);
+    if (p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized)
+      fail(ZERO_ERR_REMOTE, std::string(what) + ": rank " + std::to_string(behind) + " stopped: " + p.reason);
+    if (now - last_check > std::chrono::milliseconds(50)) {
+      last_check = now;
+      if (peer_process_gone(behind))
+        fail(ZERO_ERR_REMOTE,
+             std::string(what) + ": rank " + std::to_string(behind) + " (pid " + std::to_string(p.pid) + ") ended");
+    }
+    if (std::chrono::duration<double>(now - begin).count() >= timeout_s)
+      fail(ZERO_ERR_TIMEOUT, std::string(what) + ": rank " + std::to_string(behind) + " did not arrive within " +
+                                 std::to_string(timeout_s) + " s (segment " + name_ + ")");
+    if (spins < 1000)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace zero
