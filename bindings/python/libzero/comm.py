@@ -41,8 +41,10 @@ class Transport(Protocol):
 class Comm:
     """A communicator. Engines keep theirs alive, so closing it (or dropping it) early is safe."""
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: Any, transport: str = "custom") -> None:
         self._native = native
+        #: What carries the collectives: "mpi", "shm", "single" or "custom" (a framework's own transport).
+        self.transport = transport
 
     @staticmethod
     def mpi(comm: Any = None) -> "Comm":
@@ -59,12 +61,21 @@ class Comm:
             handle = comm
         else:
             raise TypeError(f"Comm.mpi expects an mpi4py communicator, a Fortran handle or None, not {type(comm)!r}")
-        return Comm(_native.Comm.mpi(handle))
+        return Comm(_native.Comm.mpi(handle), "mpi")
+
+    @staticmethod
+    def shm(name: str, rank: int, size: int, join_timeout_s: float = 300.0) -> "Comm":
+        """Over shared memory, for ``size`` processes on one machine started by any launcher: each passes its
+        ``rank`` and the same ``name`` (unique to the job; a POSIX shared-memory object of that name exists while
+        the ranks join). No MPI. The collectives and failure safety are the MPI module's shared-memory ones (the
+        same bits). Collective: returns once every rank has joined, or raises after ``join_timeout_s``.
+        libzero.torch picks it by itself under torchrun when every rank is on one machine."""
+        return Comm(_native.Comm.shm(name, rank, size, join_timeout_s), "shm")
 
     @staticmethod
     def single() -> "Comm":
         """One process, no MPI: every collective is a local copy."""
-        return Comm(_native.Comm.single())
+        return Comm(_native.Comm.single(), "single")
 
     @staticmethod
     def custom(transport: Transport) -> "Comm":

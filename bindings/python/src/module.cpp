@@ -229,6 +229,11 @@ class Comm {
     check(zero_comm_create_mpi(&comm, fortran_handle));
     return std::make_unique<Comm>(comm);
   }
+  static std::unique_ptr<Comm> shm(const std::string& name, int32_t rank, int32_t size, double join_timeout_s) {
+    zero_comm_t* comm = nullptr;
+    check(zero_comm_create_shm(&comm, name.c_str(), rank, size, join_timeout_s));
+    return std::make_unique<Comm>(comm);
+  }
   static std::unique_ptr<Comm> single() {
     zero_comm_t* comm = nullptr;
     check(zero_comm_create_single(&comm));
@@ -660,6 +665,8 @@ PYBIND11_MODULE(_native, m) {
 
   py::class_<Comm>(m, "Comm")
       .def_static("mpi", &Comm::mpi, py::arg("fortran_handle"), ReleaseGil())
+      .def_static("shm", &Comm::shm, py::arg("name"), py::arg("rank"), py::arg("size"), py::arg("join_timeout_s"),
+                  ReleaseGil())
       .def_static("single", &Comm::single)
       .def_static("custom", &Comm::custom, py::arg("transport"), py::arg("bf16"))
       .def_property_readonly("rank", &Comm::rank)

@@ -53,7 +53,7 @@ def comm() -> libzero.Comm:
     if LAUNCH == "mpi":
         return libzero.Comm.mpi()
     if LAUNCH == "torchrun":
-        return lzt.ProcessGroupComm()
+        return lzt.default_comm()  # shared memory, or the process group with ZERO_TORCH_TRANSPORT=process_group
     return libzero.Comm.single()
 
 
@@ -612,3 +612,26 @@ def test_deepspeed_s_documented_configs_train_with_a_client_optimizer(name):
         losses.append(loss.item())
     assert not result.skipped and losses[-1] < losses[0] - 0.3, losses
     eng.close()
+
+
+@pytest.mark.skipif(LAUNCH != "torchrun", reason="torchrun's default transport")
+def test_torchrun_on_one_machine_runs_over_shared_memory_unless_told_otherwise():
+    told = os.environ.get("ZERO_TORCH_TRANSPORT", "auto")
+    assert comm().transport == ("custom" if told == "process_group" else "shm")
+
+
+@pytest.mark.skipif(LAUNCH == "single" or os.environ.get("ZERO_TORCH_TRANSPORT") == "process_group",
+                    reason="several ranks, over a transport with libzero's failure safety")
+def test_a_rank_that_aborts_is_named_by_the_others_within_seconds():
+    import time
+
+    eng = lzt.initialize(make_model(), config(2, "fp32", WORLD), comm())
+    eng.backward(eng(*batch(0, RANK)))
+    if RANK == WORLD - 1:
+        eng.engine.abort()
+    else:
+        began = time.monotonic()
+        with pytest.raises(libzero.errors.RemoteError, match=f"rank {WORLD - 1}"):
+            eng.step()
+        assert time.monotonic() - began < 10
+    eng.engine.close()

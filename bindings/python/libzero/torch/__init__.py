@@ -37,7 +37,7 @@ from ..engine import ConfigLike, Engine
 from .config import engine_config, optimizer_block
 from .engine import GatheredParameters, TorchEngine
 from .loading import StateDictLike
-from .process_group import ProcessGroupComm, _default_comm
+from .process_group import ProcessGroupComm, default_comm
 from .stage3 import Stage3Engine
 from .units import default_units
 
@@ -52,6 +52,7 @@ __all__ = [
     "Stage3Engine",
     "GatheredParameters",
     "ProcessGroupComm",
+    "default_comm",
     "optimizer_block",
     "default_units",
 ]
@@ -83,7 +84,7 @@ def initialize(
 
     Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below (``libzero.deepspeed.initialize``
     returns DeepSpeed's 4-tuple instead)."""
-    comm = comm if comm is not None else _default_comm()
+    comm = comm if comm is not None else default_comm()
     cfg, groups = engine_config(config, optimizer)
     engine = Engine(cfg, comm)
     # The stage as the engine read it (libzero's parser, its defaults and spellings), not as the config text says.

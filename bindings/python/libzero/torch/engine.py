@@ -101,6 +101,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
         self._fp16 = info["param_dtype"] == "fp16"
         self._step_calls = 0  # step() calls, for is_gradient_accumulation_boundary (DeepSpeed's micro_steps)
         self._global_steps = 0
+        self._skipped_steps = 0
         self._in_backward = False  # inside engine.backward
         self._plain = False  # inside a loss.backward() the user called (the micro-step ends when it does)
         self._scaled = False  # engine.scale(loss) was called for the backward to come (fp16)
@@ -322,7 +323,9 @@ class TorchEngine(LearningRates, torch.nn.Module):
             result = self.engine.step(partial_window=ended < int(window["accumulation_steps"]), loss_averaged=averaged)
         self._scale_wrt_gas.clear()
         self._grad_norm = result.grad_norm
-        if not result.skipped:
+        if result.skipped:
+            self._skipped_steps += 1
+        else:
             self._global_steps = result.step
             self._stepped_with(rates, lr_kwargs)
         return result
@@ -350,6 +353,11 @@ class TorchEngine(LearningRates, torch.nn.Module):
     @property
     def global_steps(self) -> int:
         return self._global_steps
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for non-finite gradients (fp16 overflow) since this engine started, as DeepSpeed's."""
+        return self._skipped_steps
 
     @property
     def loss_scale(self) -> float:
@@ -509,8 +517,12 @@ class TorchEngine(LearningRates, torch.nn.Module):
             self.engine.release(u)
         try:
             yield
-        finally:
-            self._bind_full()
+        except BaseException:
+            # The call failed: its error is the one to see, not a later gather's on an engine it left unusable.
+            with contextlib.suppress(Exception):
+                self._bind_full()
+            raise
+        self._bind_full()
 
     # ---- gradients -------------------------------------------------------------------------------------------------
     def _grad_hook(self, i: int) -> Callable[[torch.Tensor], None]:

@@ -12,16 +12,25 @@ from ..comm import Comm
 from ..reduce import rank_order_reduce, rank_order_sum
 
 
-def _default_comm() -> Comm:
-    """torch.distributed's default group when it is initialised (a gloo group beside it when the default one is not
-    gloo: NCCL cannot move host buffers), else Comm.world(); refuses a torchrun job that has not initialised
-    torch.distributed, which would otherwise train N unrelated models."""
+def default_comm() -> Comm:
+    """Under torch.distributed (torchrun): libzero's shared-memory communicator when every rank is on this machine
+    (the speed of an mpirun job, no MPI), else a transport over torch.distributed's default group (a gloo group
+    beside it when the default one is not gloo: NCCL cannot move host buffers). ZERO_TORCH_TRANSPORT=process_group
+    keeps the latter on one machine too. Without torch.distributed, Comm.world(); refuses a torchrun job that has
+    not initialised torch.distributed, which would otherwise train N unrelated models."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() == "gloo":
-            return ProcessGroupComm()
-        return ProcessGroupComm(dist.new_group(backend="gloo"))
+        group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        transport = os.environ.get("ZERO_TORCH_TRANSPORT", "auto")
+        if transport not in ("auto", "shm", "process_group"):
+            raise ValueError(f"ZERO_TORCH_TRANSPORT={transport!r}: expected auto, shm or process_group")
+        if transport != "process_group" and dist.get_world_size() > 1:
+            if _one_machine(dist, group):
+                return _shm_comm(dist, group)
+            if transport == "shm":
+                raise RuntimeError("ZERO_TORCH_TRANSPORT=shm, but the ranks are on several machines")
+        return ProcessGroupComm(group)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
         os.environ.get(v) for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
     ):
@@ -30,6 +39,35 @@ def _default_comm() -> Comm:
             "torch.distributed.init_process_group('gloo') first, or pass comm="
         )
     return Comm.world()
+
+
+def _machine_id() -> str:
+    """This machine, as shared memory sees it: the host name and the kernel's boot id (containers on one host
+    with separate /dev/shm differ in neither, but then the segment's join times out with a clear error)."""
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _one_machine(dist: Any, group: Any) -> bool:
+    machines: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(machines, _machine_id(), group=group)
+    return len(set(machines)) == 1
+
+
+def _shm_comm(dist: Any, group: Any) -> Comm:
+    """The shared-memory communicator under a name rank 0 draws and sends to the others over the process group."""
+    import uuid
+
+    name = [f"libzero-{uuid.uuid4().hex}" if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(name, src=0, group=group)
+    timeout = float(os.environ.get("ZERO_TORCH_JOIN_TIMEOUT_S", "300"))
+    return Comm.shm(name[0], dist.get_rank(group), dist.get_world_size(group), timeout)
 
 
 class _ProcessGroupTransport:
