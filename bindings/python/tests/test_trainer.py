@@ -2,11 +2,13 @@
 Under torchrun (gloo) the DeepSpeed 0.19.8 Trainer (DS_ACCELERATOR=cpu) runs the same model, data and config and the
 losses, gradient norms and learning rates agree; in every launch: an epoch whose last window is partial, resuming
 from a checkpoint equals training straight through (bit for bit), save_model loads back with from_pretrained (a
-PEFT adapter with PeftModel.from_pretrained), evaluate and predict at stage 3, the "auto" mismatch errors, and
-DeepSpeed left alone."""
+PEFT adapter with PeftModel.from_pretrained), evaluate and predict at stage 3, gradient checkpointing, fp16's skipped
+steps, load_best_model_at_end, Seq2SeqTrainer generation at stage 3, the "auto" mismatch errors, and DeepSpeed left
+alone; in one process, resuming what 2 ranks saved."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
@@ -197,3 +199,148 @@ def test_values_that_contradict_the_arguments_fail_as_in_transformers():
     with pytest.raises(ValueError, match=r"TrainingArguments\(deepspeed=...\)"):
         lzt_tf.Trainer(model=model(), args=transformers.TrainingArguments(output_dir=os.path.join(SCRATCH, "x"),
                                                                           use_cpu=True, report_to=[]))
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_gradient_checkpointing_trains_to_the_same_bits(stage):
+    """The Trainer's gradient_checkpointing (transformers' non-reentrant checkpoint, recomputing each layer in
+    backward; at stage 3 the recompute gathers the layer's unit again): the same forward arithmetic, so the same
+    weights as without it, bit for bit."""
+    runs = []
+    for checkpointing in (False, True):
+        fresh(f"checkpointing-{stage}-{checkpointing}")
+        trainer = lzt_tf.Trainer(model=model(), args=arguments(lzt_tf, f"checkpointing-{stage}-{checkpointing}", stage,
+                                                               gradient_checkpointing=checkpointing,
+                                                               gradient_checkpointing_kwargs={"use_reentrant": False}),
+                                 train_dataset=Data())
+        trainer.train()
+        runs.append(weights(trainer))
+        trainer.libzero_engine.close()
+    assert runs[0] == runs[1]
+
+
+def test_fp16_steps_skipped_for_overflow_do_not_advance_the_schedule():
+    """fp16 with a loss scale that overflows at first (2^20; and again in the epochs' one-sample last windows, whose
+    per-token gradients are larger): the engine skips those steps and halves the scale, as DeepSpeed does; the
+    Trainer's warmup schedule advances only on the steps taken, so every logged learning rate is the one the last step
+    taken ran with (DeepSpeed's convention, which the comparison with its Trainer checks): the schedule's value after
+    one step fewer than were taken."""
+    fresh("fp16")
+    config = ds_config(2)
+    config["fp16"] = {"enabled": "auto", "initial_scale_power": 20, "hysteresis": 1}
+    del config["bf16"]
+
+    class Skips(transformers.TrainerCallback):
+        def __init__(self) -> None:
+            self.after_step: list[int] = []
+
+        def on_step_end(self, args, state, control, **kw):
+            self.after_step.append(trainer.libzero_engine.skipped_steps)
+
+    skips = Skips()
+    args = arguments(lzt_tf, "fp16", 2, deepspeed=config, fp16=True, max_steps=12, warmup_steps=4,
+                     lr_scheduler_type="linear")
+    trainer = lzt_tf.Trainer(model=model(), args=args, train_dataset=Data(), callbacks=[skips])
+    trainer.train()
+    engine = trainer.libzero_engine
+    assert 1 <= engine.skipped_steps < 12 and engine.loss_scale < 2.0**20
+    logged = history(trainer)
+    assert len(logged) == len(skips.after_step) == 12
+    for step, ((_, norm, lr), skipped) in enumerate(zip(logged, skips.after_step), start=1):
+        before = max(step - skipped - 1, 0)
+        # 4 warmup steps to 1e-2, then linear decay to 0 at step 12 (torch's LambdaLR over the steps taken).
+        assert lr == pytest.approx(1e-2 * min(before / 4, (12 - before) / 8), rel=1e-12, abs=0), step
+        was_skipped = skipped > (skips.after_step[step - 2] if step > 1 else 0)
+        assert was_skipped == (not math.isfinite(norm)), step
+    engine.close()
+
+
+def test_load_best_model_at_end_restores_the_best_checkpoint():
+    """Evaluated and saved every 2 steps, the best checkpoint by the highest eval loss (so not the last one): at the
+    end the engine holds that checkpoint's weights, so evaluating again gives exactly its metric."""
+    fresh("best")
+    evaluated = 3 * WORLD
+    args = arguments(lzt_tf, "best", 3, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
+                     load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=True,
+                     per_device_eval_batch_size=3)
+    trainer = lzt_tf.Trainer(model=model(), args=args, train_dataset=Data(), eval_dataset=Data(evaluated))
+    trainer.train()
+    best = trainer.state.best_model_checkpoint
+    assert best is not None and not best.endswith(f"checkpoint-{trainer.state.global_step}")
+    assert trainer.evaluate()["eval_loss"] == trainer.state.best_metric
+    trainer.libzero_engine.close()
+
+
+class Pairs(torch.utils.data.Dataset):
+    """Source and target sequences for a small T5."""
+
+    def __len__(self) -> int:
+        return 4 * WORLD
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x = torch.randint(2, 64, (8,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": x, "labels": x.flip(0)}
+
+
+def test_seq2seq_generation_at_stage_3_with_different_lengths_per_rank():
+    """Seq2SeqTrainer.predict with predict_with_generate at stage 3, each rank asked for another number of new
+    tokens (so the ranks run different numbers of forward passes, which no collective may depend on): every rank's
+    generations are what the trained model's own generate gives for its samples."""
+    fresh("seq2seq")
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=64, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    t5 = transformers.T5ForConditionalGeneration(config)
+    args = lzt_tf.Seq2SeqTrainingArguments(
+        output_dir=os.path.join(SCRATCH, "seq2seq"), deepspeed=ds_config(3), per_device_train_batch_size=2,
+        per_device_eval_batch_size=4, max_steps=2, learning_rate=1e-2, predict_with_generate=True, save_strategy="no",
+        report_to=[], use_cpu=True, seed=0)
+    trainer = lzt_tf.Seq2SeqTrainer(model=t5, args=args, train_dataset=Pairs())
+    trainer.train()
+    new_tokens = 3 + 2 * RANK
+    out = trainer.predict(Pairs(), max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    trained = trainer.libzero_engine.full_parameters()
+    trainer.libzero_engine.close()
+    reference = transformers.T5ForConditionalGeneration(config)
+    reference.load_state_dict(trained, strict=False)
+    reference.tie_weights()
+    for name, p in reference.named_parameters():  # every param loaded (the tied ones through the weights they share)
+        assert torch.equal(p, trained[name]), name
+    reference.eval()  # as predict() runs it: no dropout
+    mine = torch.stack([Pairs()[i]["input_ids"] for i in range(4 * RANK, 4 * RANK + 4)])
+    with torch.no_grad():
+        expected = reference.generate(input_ids=mine, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    # predict() pads each rank's generations to the longest over ranks before gathering them.
+    gathered = torch.as_tensor(out.predictions)
+    ours = gathered[4 * RANK : 4 * RANK + 4, : expected.shape[1]]
+    assert torch.equal(ours, expected)
+
+
+@pytest.mark.skipif(LAUNCH != "single", reason="resumes in one process what torchrun's 2 ranks saved")
+def test_resume_from_a_checkpoint_saved_at_another_rank_count():
+    """A Trainer checkpoint written by 2 ranks under torchrun (stage 3: each rank's shards) resumes in one process:
+    the engine reshards it, so training starts from exactly the saved weights and goes on to max_steps."""
+    import subprocess
+    import sys
+
+    directory = os.path.join(SCRATCH, "ranks")
+    shutil.rmtree(directory, ignore_errors=True)
+    writer = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trainer_checkpoint_writer.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", writer,
+                    directory], check=True, env=env, timeout=240)
+    saved = torch.load(os.path.join(directory, "weights.pt"))
+
+    class AtStart(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            self.weights = trainer.libzero_engine.full_parameters()
+
+    at_start = AtStart()
+    args = arguments(lzt_tf, "ranks-resumed", 3, max_steps=6)
+    trainer = lzt_tf.Trainer(model=model(), args=args, train_dataset=Data(26), callbacks=[at_start])
+    trainer.train(resume_from_checkpoint=os.path.join(directory, "checkpoint-4"))
+    assert at_start.weights.keys() == saved.keys()
+    assert all(torch.equal(at_start.weights[n], saved[n]) for n in saved)
+    assert trainer.state.global_step == 6
+    assert weights(trainer) != {n: t.contiguous().view(torch.uint8).numpy().tobytes() for n, t in saved.items()}
+    trainer.libzero_engine.close()
