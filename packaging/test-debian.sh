@@ -31,6 +31,7 @@ base=${ZERO_DEBIAN_BASE:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/debian-$suite-m
 work=$(mktemp -d /var/tmp/libzero-deb.XXXXXX)
 mounts=()
 cleanup() {
+  [[ -n ${lintian_pid:-} ]] && kill "$lintian_pid" 2>/dev/null
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
   rm -rf --one-file-system "$work"
 }
@@ -121,8 +122,11 @@ mkdir -p "$work/out"
 cp "$build/src"/*.deb "$build/src"/*.changes "$build/src"/*.buildinfo "$work/out/"
 ls "$work/out"/*.deb
 
-echo "== lintian ($SECONDS s)"
-lintian --fail-on error --info "$work/out"/*.changes
+# lintian reads the packages while the second chroot installs and consumes them (one core each): its report and
+# status are collected at the end.
+echo "== lintian, in the background ($SECONDS s)"
+lintian --fail-on error --info "$work/out"/*.changes >"$work/lintian.log" 2>&1 &
+lintian_pid=$!
 
 echo "== install with apt in a second clean chroot, build and run the consumer ($SECONDS s)"
 inst=$work/install-root
@@ -145,5 +149,11 @@ in_root "$inst" "bash /consumer/build_and_run.sh /usr /tmp/consumer && \
   zero-config check /configs/zero2_fp32.json --world-size 4 >/dev/null && zero-ckpt --help >/dev/null && \
   java -cp /usr/share/java/libzero.jar:/consumer/java QuickStart && \
   mpirun --allow-run-as-root --oversubscribe -np 2 java -cp /usr/share/java/libzero.jar:/consumer/java QuickStart"
+if ! wait "$lintian_pid"; then
+  cat "$work/lintian.log"
+  echo "lintian found errors" >&2
+  exit 1
+fi
+cat "$work/lintian.log"
 echo "debian packages ok: built in a clean $suite chroot with their Build-Depends (tests run), lintian clean of" \
   "errors, installed with apt in another, consumed with find_package, pkg-config and over MPI, and from Java"
