@@ -57,6 +57,11 @@ if ! "$pyenv/bin/python3" -c "import safetensors, numpy, pybind11, ml_dtypes, sc
   "$pyenv/bin/pip" install --quiet --disable-pip-version-check safetensors pybind11 ml_dtypes scikit-build-core
 fi
 
+# transformers and accelerate a year older than the newest (released 2025-11-25 and 2025-11-21), for the Trainer.
+hfprev=${ZERO_HF_PREVIOUS_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/hf-previous}
+hfprev_transformers=4.57.3
+hfprev_accelerate=1.12.0
+
 # The CUDA parts (core/cuda) compile in the release build wherever the toolkit is installed (/usr/local/cuda on the
 # development and CI machines); without a GPU their tests report themselves skipped.
 cuda=(-DZERO_CUDA=OFF)
@@ -75,9 +80,23 @@ test_jobs=$((2 * jobs))
 
 echo "== release build (GCC) and full test suite"
 bash scripts/configure-preset.sh release -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
-  -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_JAVA=ON -DZERO_GO=ON "${cuda[@]}"
+  -DZERO_TORCH_PYTHON="$torchenv/bin/python3" -DZERO_HF_PREVIOUS_PYTHON="$hfprev/bin/python3" -DZERO_JAVA=ON \
+  -DZERO_GO=ON "${cuda[@]}"
 cmake --build --preset release -j "$jobs"
 wait_for_torch
+# The Trainer's tests also run with the transformers and accelerate of a year before (their private methods move),
+# in a venv that sees the torch venv's packages through a .pth file and holds only those two (and their
+# dependencies) itself.
+if ! "$hfprev/bin/python3" -c "import transformers, accelerate, torch, deepspeed, peft; \
+    assert transformers.__version__ == '$hfprev_transformers'" 2>/dev/null; then
+  rm -rf "$hfprev"
+  /usr/bin/python3 -m venv --system-site-packages "$hfprev"
+  "$torchenv/bin/python3" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+    >"$("$hfprev/bin/python3" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/libzero-torchenv.pth"
+  # pip warns that the torch venv's newer packages want a newer huggingface-hub: this venv's own copy shadows it.
+  "$hfprev/bin/pip" install --quiet --disable-pip-version-check "transformers==$hfprev_transformers" \
+    "accelerate==$hfprev_accelerate" >"$torch_log" 2>&1 || { cat "$torch_log"; exit 1; }
+fi
 ctest --preset release -j "$test_jobs"
 
 echo "== ASan + UBSan build, single-process tests"

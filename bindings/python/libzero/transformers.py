@@ -164,14 +164,22 @@ class _LibzeroTrainer:
             return self.libzero_engine
         if not training:  # evaluation before training: the model as it is
             return model
-        self.libzero_engine = self._start_engine()
-        self.optimizer = _EngineOptimizer(self.libzero_engine)
-        return self.libzero_engine
+        engine = self.libzero_engine = self._start_engine()
+        self.optimizer = _EngineOptimizer(engine)
+        schedule = getattr(self, "lr_scheduler", None)
+        if schedule is not None and not isinstance(schedule, _EngineSchedule):
+            # transformers 4.x creates its schedule before it wraps the model, over the client optimizer the engine
+            # now reads: the engine steps it from here on (after the steps it takes only), not the Trainer.
+            if engine.lr_scheduler is None and isinstance(engine.optimizer, torch.optim.Optimizer):
+                engine.attach_lr_scheduler(schedule)
+            self.lr_scheduler = _EngineSchedule(engine)
+        return engine
 
     def _start_engine(self) -> TorchEngine:
         args = self.args  # type: ignore[attr-defined]
-        config = resolve_auto(args.libzero_config, _WithPrecision(args), self.model,  # type: ignore[attr-defined]
-                              self.state.max_steps)  # type: ignore[attr-defined]
+        # transformers 4.x wraps the model before it sets state.max_steps, but after it created the schedule.
+        steps = self.state.max_steps or getattr(self, "_libzero_training_steps", 0)  # type: ignore[attr-defined]
+        config = resolve_auto(args.libzero_config, _WithPrecision(args), self.model, steps)  # type: ignore[attr-defined]
         client = None
         if "optimizer" not in config:  # the Trainer's own optimizer (created already), as DeepSpeed takes it
             client = self.optimizer  # type: ignore[has-type]
@@ -182,6 +190,7 @@ class _LibzeroTrainer:
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
         engine = self.libzero_engine
         if engine is None:
+            self._libzero_training_steps = num_training_steps
             return super().create_scheduler(num_training_steps, optimizer)  # type: ignore[misc]
         if engine.lr_scheduler is None:
             # The Trainer's schedule (args.lr_scheduler_type, warmup) over the client optimizer's groups.

@@ -101,6 +101,10 @@ def test_the_same_script_trains_as_deepspeed_s_trainer(stage, lora, blocks):
     weights, agree within 1e-5 relative over the 8 steps (measured at N = 2 and 3: losses 1.3e-7, norms 2.8e-6), the
     learning rates exactly, every step, the partial last window of each epoch included."""
     pytest.importorskip("deepspeed")
+    if lora and int(transformers.__version__.split(".")[0]) < 5:
+        # DeepSpeed's side fails, not libzero's: its scheduler steps over more learning rates than its optimizer of
+        # the LoRA model has param groups (a ValueError from torch's LRScheduler.step).
+        pytest.skip("DeepSpeed 0.19.8's Trainer with a PEFT model fails under transformers 4.x")
     runs = {}
     for name, mod in (("deepspeed", transformers), ("libzero", lzt_tf)):
         args = arguments(mod, f"vs-{name}", stage, deepspeed=ds_config(stage, blocks), warmup_steps=2)
@@ -155,13 +159,14 @@ def test_save_model_loads_back_with_from_pretrained_and_evaluate_agrees(stage):
     loaded = transformers.LlamaForCausalLM.from_pretrained(directory)
     for name, p in loaded.named_parameters():
         assert torch.equal(p, trained[name]), name
-    # The loaded model's own evaluation is the Trainer's (the mean of the ranks' batch losses; rank r evaluates
-    # samples 3r..3r+2), and its logits the predictions.
+    # The Trainer's evaluation loop over the loaded model as it is (a Trainer that has not trained runs the model
+    # without the engine) gives the same loss (the loop's normalisation of the loss differs between transformers
+    # versions: 4.57 divides by the labels before the shift), and the model's logits are the predictions.
+    plain = arguments(lzt_tf, f"save-{stage}-plain", stage, per_device_eval_batch_size=3)
+    theirs = lzt_tf.Trainer(model=loaded, args=plain).evaluate(Data(evaluated))
+    assert theirs["eval_loss"] == pytest.approx(metrics["eval_loss"], rel=1e-6)
     with torch.no_grad():
         ids = torch.stack([Data(evaluated)[i]["input_ids"] for i in range(evaluated)])
-        losses = [loaded(input_ids=ids[3 * r : 3 * r + 3], labels=ids[3 * r : 3 * r + 3]).loss.item()
-                  for r in range(WORLD)]
-        assert sum(losses) / WORLD == pytest.approx(metrics["eval_loss"], rel=1e-6)
         assert torch.allclose(torch.as_tensor(predictions.predictions), loaded(input_ids=ids).logits, atol=1e-5)
 
 
@@ -223,8 +228,8 @@ def test_fp16_steps_skipped_for_overflow_do_not_advance_the_schedule():
     """fp16 with a loss scale that overflows at first (2^20; and again in the epochs' one-sample last windows, whose
     per-token gradients are larger): the engine skips those steps and halves the scale, as DeepSpeed does; the
     Trainer's warmup schedule advances only on the steps taken, so every logged learning rate is the one the last step
-    taken ran with (DeepSpeed's convention, which the comparison with its Trainer checks): the schedule's value after
-    one step fewer than were taken."""
+    taken ran with (the Trainer's convention, which the comparison with DeepSpeed's checks): the schedule's value
+    after one step fewer than were taken."""
     fresh("fp16")
     config = ds_config(2)
     config["fp16"] = {"enabled": "auto", "initial_scale_power": 20, "hysteresis": 1}
