@@ -3,7 +3,8 @@ ds_config.json, 2 ranks on CPU, in one run (bench/README.md, "Python side by sid
 
     python bench/python/side_by_side.py [--repeats 2] [--steps 12] [--only libzero,deepspeed]
 
-Each run is its own job (libzero under mpirun over its MPI backend, the others under torchrun over gloo); runs
+Each run is its own job (libzero under mpirun over its MPI backend and under torchrun over its shared-memory
+communicator, the others under torchrun over gloo; --only libzero_gloo adds libzero over gloo); runs
 alternate framework order between repeats (paired), and every figure is the median over repeats of a per-run
 median. Tokens/s counts every rank's tokens per step over the slowest rank's median step time; peak RSS is the
 largest rank's; the optimizer step is the time of engine.step() (or clip + optimizer.step + zero_grad)."""
@@ -22,10 +23,12 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = [
     ("libzero", 1), ("libzero", 2), ("libzero", 3),
+    ("libzero_torchrun", 1), ("libzero_torchrun", 2), ("libzero_torchrun", 3),
     ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3),
     ("zero_redundancy", 1), ("fsdp2", 3),
 ]
-NAMES = {"libzero": "libzero", "deepspeed": "DeepSpeed 0.19", "zero_redundancy": "torch ZeroRedundancyOptimizer + DDP",
+NAMES = {"libzero": "libzero", "libzero_torchrun": "libzero under torchrun",
+         "libzero_gloo": "libzero under torchrun over gloo", "deepspeed": "DeepSpeed 0.19", "zero_redundancy": "torch ZeroRedundancyOptimizer + DDP",
          "fsdp2": "torch FSDP2 (fully_shard)"}
 
 
@@ -65,7 +68,8 @@ def main() -> None:
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--only", default="")
     args = ap.parse_args()
-    runs = [r for r in RUNS if not args.only or r[0] in args.only.split(",")]
+    extra = [(f, s) for f in ("libzero_gloo",) for s in (1, 2, 3)]  # with --only
+    runs = [r for r in RUNS + extra if (r in RUNS and not args.only) or r[0] in args.only.split(",")]
     results: dict[tuple[str, int], list[dict]] = {r: [] for r in runs}
     for rep in range(args.repeats):
         order = runs if rep % 2 == 0 else list(reversed(runs))
@@ -97,6 +101,12 @@ def main() -> None:
         if framework == "libzero" or not rs or not base.get(stage):
             continue
         b = base[stage]
+        if framework.startswith("libzero"):
+            print(f"{NAMES[framework]} stage {stage} vs libzero under mpirun: tokens/s "
+                  f"x{med('tokens_per_s', rs) / med('tokens_per_s', b):.2f}, peak RSS "
+                  f"x{med('peak_rss_mib', rs) / med('peak_rss_mib', b):.2f}, "
+                  f"loss difference {abs(med('loss', b) - med('loss', rs)):.2e}")
+            continue
         print(f"libzero stage {stage} vs {NAMES[framework]}: tokens/s x{med('tokens_per_s', b) / med('tokens_per_s', rs):.2f}, "
               f"peak RSS x{med('peak_rss_mib', b) / med('peak_rss_mib', rs):.2f} "
               f"(above imports x{med('train_mib', b) / med('train_mib', rs):.2f}), "

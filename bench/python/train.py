@@ -1,5 +1,7 @@
 """One rank of one benchmark run: trains bench/python/model.py with one framework and writes its measurements to
-<out>/rank<r>.json. Launched by side_by_side.py (mpirun for libzero, torchrun for the others)."""
+<out>/rank<r>.json. Launched by side_by_side.py: mpirun for "libzero" (its MPI module), torchrun for the others —
+"libzero_torchrun" is libzero under torchrun with its default transport there (shared memory on one machine),
+"libzero_gloo" the same over torch.distributed's gloo group (ZERO_TORCH_TRANSPORT=process_group)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def resident_bytes() -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--framework", required=True, choices=["libzero", "deepspeed", "zero_redundancy", "fsdp2"])
+    ap.add_argument("--framework", required=True, choices=["libzero", "libzero_torchrun", "libzero_gloo", "deepspeed", "zero_redundancy", "fsdp2"])
     ap.add_argument("--stage", type=int, default=1)
     ap.add_argument("--config", required=True)
     ap.add_argument("--steps", type=int, default=12)
@@ -41,9 +43,14 @@ def main() -> None:
     clip = cfg.get("gradient_clipping", 1.0)
 
     # `baseline`: what the process holds before the model exists (python, torch and the framework's imports).
-    if args.framework == "libzero":
+    libzero_run = args.framework.startswith("libzero")
+    if libzero_run:
         import libzero.torch
 
+        if args.framework != "libzero":  # under torchrun
+            torch.distributed.init_process_group("gloo")
+            if args.framework == "libzero_gloo":
+                os.environ["ZERO_TORCH_TRANSPORT"] = "process_group"
         baseline = resident_bytes()
         engine = libzero.torch.initialize(make_model(), cfg)
         rank, world = engine.engine.rank, engine.engine.world_size
@@ -57,7 +64,7 @@ def main() -> None:
         engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
 
-    if args.framework in ("libzero", "deepspeed"):  # the same three calls: libzero.torch follows DeepSpeed's loop
+    if libzero_run or args.framework == "deepspeed":  # the same three calls: libzero.torch follows DeepSpeed's loop
 
         def train_step(x, y):
             loss = engine(x, y)
@@ -126,7 +133,7 @@ def main() -> None:
             },
             f,
         )
-    if args.framework in ("deepspeed", "zero_redundancy", "fsdp2"):
+    if args.framework != "libzero":
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
