@@ -272,7 +272,7 @@ class Hierarchy {
   // On a collective's first chunk, once every local rank has arrived: whether they all wrote this descriptor.
   bool local_peers_agree(Op& op) {
     if (!op.first) return true;
-    if (!window_->peers_agree(op.s, op.sequence, op.kind, op.dtype, op.count, &window_names_)) {
+    if (!window_->peers_agree(op.s, &window_names_)) {
       error_ = window_->mismatch();
       return false;
     }

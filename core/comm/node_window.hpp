@@ -1,6 +1,6 @@
 // Collectives through one shared-memory window, for a communicator whose ranks all share a node: the MPI module's
-// window (MPI_Win_allocate_shared, backends/mpi) and the shared-memory communicator's segment (shm/) run the same
-// protocol over memory they map differently, so both give the same bits.
+// window (MPI_Win_allocate_shared, backends/mpi) and the shared-memory communicator's segment (shm_segment.hpp) run the
+// same protocol over memory they map differently, so both give the same bits.
 //
 // Every rank owns a slot in the window: two halves used alternately (double buffering) and a line with its
 // arrival counter. A collective moves its data in chunks that fit a half. For chunk s (counted over the
@@ -29,7 +29,8 @@
 // The owner of the memory turns single copy off where it is not wanted (ZERO_MPI_SINGLE_COPY=0,
 // ZERO_SHM_SINGLE_COPY=0).
 //
-// All-reduces and broadcasts (control messages: a few bytes) always use the halves: an all-reduce copies every
+// All-reduces and broadcasts always use the halves (the agreements' few bytes; a broadcast of rank 0's initial values
+// at setup copies twice, which only setup pays): an all-reduce copies every
 // rank's chunk into its half and each rank reduces all halves in rank order (min, max, or a sum in rank order,
 // the same on every rank); a broadcast copies the root's chunk out of the root's half.
 #pragma once
@@ -108,7 +109,7 @@ class NodeWindow {
   struct Op {
     uint64_t sequence = 0;  // the communicator's collective number (checked against the peers')
     uint64_t count = 0;
-    int32_t kind = 0;  // ZERO_COLL_REDUCE_SCATTER or ZERO_COLL_ALL_GATHER
+    int32_t kind = 0;  // zero_collective_kind
     int32_t dtype = 0;
     bool first_chunk = true;
     char* buf = nullptr;
@@ -168,13 +169,13 @@ class NodeWindow {
         } else if (op.kind == ZERO_COLL_ALL_REDUCE || rank_ == op.root) {
           std::memcpy(my_half, op.buf + op.offset, chunk);
         }
-        if (op.first_chunk) write_descriptor(s, op.sequence, op.kind, op.dtype, op.count);
+        if (op.first_chunk) write_descriptor(s, op.sequence, op.kind, op.dtype, op.count, detail(op));
         arrive(s);
         op.copied = true;
       }
       if (!all_arrived(s + 1)) return Progress::kWaiting;
       if (op.first_chunk) {
-        if (!peers_agree(s, op.sequence, op.kind, op.dtype, op.count)) return Progress::kMismatch;
+        if (!peers_agree(s)) return Progress::kMismatch;
         op.first_chunk = false;
       }
       if (op.kind == ZERO_COLL_REDUCE_SCATTER) {
@@ -221,26 +222,30 @@ class NodeWindow {
   // Beside the counter, two descriptors of the collective whose first chunk is s (slot s % 2, reused two chunks
   // later, when every peer has read it): its sequence number, kind and dtype, count. Peers check them on the
   // first chunk, so that ranks out of step fail instead of summing each other's unrelated data.
-  void write_descriptor(uint64_t s, uint64_t sequence, int32_t kind, int32_t dtype, uint64_t count) {
+  // `detail`: an all-reduce's op, a broadcast's root (0 otherwise), so that ranks that disagree on it fail too.
+  void write_descriptor(uint64_t s, uint64_t sequence, int32_t kind, int32_t dtype, uint64_t count,
+                        uint32_t detail = 0) {
     uint64_t* d = descriptor(rank_, s);
     d[0] = sequence;
-    d[1] = (static_cast<uint64_t>(static_cast<uint32_t>(kind)) << 32) | static_cast<uint32_t>(dtype);
+    d[1] = (static_cast<uint64_t>(static_cast<uint16_t>(kind)) << 48) |
+           (static_cast<uint64_t>(static_cast<uint16_t>(dtype)) << 32) | detail;
     d[2] = count;
   }
-  // False (and mismatch() says how) when a peer wrote another descriptor. `describe` names a peer for the message
-  // (its rank in the window by default).
-  bool peers_agree(uint64_t s, uint64_t sequence, int32_t kind, int32_t dtype, uint64_t count,
-                   const std::vector<int>* names = nullptr) {
+  // False (and mismatch() says how) when a peer wrote another descriptor than this rank's for the collective whose
+  // first chunk is s. `names` names a peer for the message (its rank in the window by default).
+  bool peers_agree(uint64_t s, const std::vector<int>* names = nullptr) {
     const uint64_t* mine = descriptor(rank_, s);
     for (int r = 0; r < size_; ++r) {
       const uint64_t* d = descriptor(r, s);
       if (d[0] == mine[0] && d[1] == mine[1] && d[2] == mine[2]) continue;
       const int name = names != nullptr ? (*names)[static_cast<size_t>(r)] : r;
-      mismatch_ = "rank " + std::to_string(name) + " is in collective #" + std::to_string(d[0]) + " (kind " +
-                  std::to_string(d[1] >> 32) + ", dtype " + std::to_string(d[1] & 0xffffffffu) + ", " +
-                  std::to_string(d[2]) + " elements per rank) while this rank is in #" + std::to_string(sequence) +
-                  " (kind " + std::to_string(kind) + ", dtype " + std::to_string(dtype) + ", " + std::to_string(count) +
-                  ")";
+      const auto describe = [](const uint64_t* w) {
+        return "kind " + std::to_string(w[1] >> 48) + ", dtype " + std::to_string((w[1] >> 32) & 0xffffu) +
+               ((w[1] & 0xffffffffu) != 0 ? ", op or root " + std::to_string(w[1] & 0xffffffffu) : std::string()) +
+               ", " + std::to_string(w[2]) + " elements per rank";
+      };
+      mismatch_ = "rank " + std::to_string(name) + " is in collective #" + std::to_string(d[0]) + " (" + describe(d) +
+                  ") while this rank is in #" + std::to_string(mine[0]) + " (" + describe(mine) + ")";
       return false;
     }
     return true;
@@ -311,7 +316,7 @@ class NodeWindow {
     if (op.phase == 1) {
       if (!all_arrived(op.s + 1)) return Progress::kWaiting;
       if (op.first_chunk) {
-        if (!peers_agree(op.s, op.sequence, op.kind, op.dtype, op.count)) return Progress::kMismatch;
+        if (!peers_agree(op.s)) return Progress::kMismatch;
         op.first_chunk = false;
       }
       const uint64_t mine = static_cast<uint64_t>(rank_) * op.block_bytes;
@@ -357,6 +362,11 @@ class NodeWindow {
     finish_chunk(op.s + 1);
     op.offset = op.block_bytes;
     return Progress::kDone;
+  }
+  static uint32_t detail(const Op& op) {
+    return op.kind == ZERO_COLL_ALL_REDUCE  ? static_cast<uint32_t>(op.op)
+           : op.kind == ZERO_COLL_BROADCAST ? static_cast<uint32_t>(op.root)
+                                            : 0u;
   }
   // An all-reduce's chunk: every rank's copy is in its half s; the result, the same on every rank, goes into the
   // caller's buffer.

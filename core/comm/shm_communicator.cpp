@@ -1,6 +1,7 @@
 #include "comm/shm_communicator.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -52,14 +53,29 @@ std::vector<ShmCommunicator*>& live() {
 class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(const std::string& name, int rank, int size, double join_timeout_s)
-      : Communicator(rank, size, size, true), segment_(name, rank, size, half_bytes_from_env(), join_timeout_s) {
-    window_ = std::make_unique<NodeWindow>(rank, size, segment_.half_bytes(), segment_.slots(), nullptr);
-    window_->reset_line();
-    window_->publish_probe();
-    segment_.barrier(2, join_timeout_s, "publishing the window");
-    // Single copy only if every rank could read every peer.
-    const bool mine = !env_is_zero("ZERO_SHM_SINGLE_COPY") && size > 1 && window_->probe_peers();
-    agree_single_copy(mine, join_timeout_s);
+      : Communicator(rank, size, size, true),
+        segment_(name, rank, size, half_bytes_from_env(), join_timeout_s),
+        owner_(getpid()) {
+    // One deadline for the whole setup, as the caller's timeout promises.
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(join_timeout_s));
+    const auto left = [&] { return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()); };
+    try {
+      window_ = std::make_unique<NodeWindow>(rank, size, segment_.half_bytes(), segment_.slots(), nullptr);
+      window_->reset_line();
+      window_->publish_probe();
+      segment_.barrier(2, left(), "publishing the window");
+      // Ranks in another pid namespace (containers sharing /dev/shm) cannot be asked whether they still live: then
+      // a rank that dies without a word is found by the timeout only.
+      segment_.set_process_checks(segment_.peers_visible());
+      // Single copy only if every rank could read every peer.
+      const bool mine = !env_is_zero("ZERO_SHM_SINGLE_COPY") && size > 1 && window_->probe_peers();
+      agree_single_copy(mine, left());
+    } catch (const std::exception& e) {
+      // The peers that joined must not wait for this rank until their timeout.
+      segment_.stop(ShmRankState::kStopped, 0, std::string("it failed while setting up the communicator: ") + e.what());
+      throw;
+    }
     use_progress_thread_ = size > 1 && want_progress_thread(size, "ZERO_SHM_PROGRESS_THREAD");
     static std::once_flag hook;
     std::call_once(hook, [] { std::atexit(tell_peers_at_exit); });
@@ -73,7 +89,9 @@ class ShmCommunicator final : public Communicator {
       live().erase(std::remove(live().begin(), live().end(), this), live().end());
     }
     stop_progress_thread();
-    if (!finalized()) segment_.stop(ShmRankState::kStopped, completed_.load(), "it destroyed its communicator");
+    // A child forked from the rank (it shares the mapping) speaks for no rank.
+    if (!finalized() && getpid() == owner_)
+      segment_.stop(ShmRankState::kStopped, completed_.load(), "it destroyed its communicator");
   }
 
   bool can_time_out() const override { return true; }
@@ -97,8 +115,9 @@ class ShmCommunicator final : public Communicator {
       // each other.
       progress();
       if (aborted_here_.load()) {
-        abandon();
-        fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank: " + abort_reason());
+        const std::string why = "the communicator was aborted on this rank: " + abort_reason();
+        abandon(why);
+        fail(ZERO_ERR_ABORTED, why);
       }
       // Before the completion: a rank that stopped before this collective counts it as failed, so this one must
       // too, even when the data it had already put in the window let the collective complete here.
@@ -106,7 +125,7 @@ class ShmCommunicator final : public Communicator {
       if (check_processes) checked = Clock::now();
       const std::string stopped = stopped_peer(op->coll.sequence, op->coll.label, check_processes);
       if (!stopped.empty()) {
-        abandon();
+        abandon(stopped);
         fail(ZERO_ERR_REMOTE, stopped);
       }
       if (op->done.load(std::memory_order_acquire)) {
@@ -166,7 +185,9 @@ class ShmCommunicator final : public Communicator {
     return out;
   }
 
-  void tell_peers_exiting() { segment_.stop(ShmRankState::kStopped, completed_.load(), "this process is exiting"); }
+  void tell_peers_exiting() {
+    if (getpid() == owner_) segment_.stop(ShmRankState::kStopped, completed_.load(), "this process is exiting");
+  }
 
  private:
   struct Op {
@@ -237,8 +258,9 @@ class ShmCommunicator final : public Communicator {
         why = p.reason;
         after = p.stopped_after;
       } else if (check_processes && p.completed < sequence && segment_.peer_process_gone(r)) {
+        after = segment_.peer(r).completed;  // again: it may have completed the collective just before it went
+        if (after >= sequence) continue;
         why = "its process (pid " + std::to_string(p.pid) + ") ended without a word (killed by a signal?)";
-        after = p.completed;
       } else {
         continue;
       }
@@ -259,11 +281,15 @@ class ShmCommunicator final : public Communicator {
     if (failure_.empty()) return;
     const std::string what = failure_;
     const zero_status_t status = failure_status_;
+    const uint64_t sequence = failure_sequence_;
+    const std::string label = failure_label_;
     queue_.clear();
     lock.unlock();
-    // A mismatch every rank finds in its own window; a failed read only this one: the others learn it here.
-    if (status != ZERO_ERR_MISMATCH) segment_.stop(ShmRankState::kStopped, completed_.load(), what);
-    abandon();
+    // A single-copy read fails when the peer read from has died: then that peer is the cause, named as such.
+    if (status == ZERO_ERR_COMM) {
+      const std::string stopped = stopped_peer(sequence, label, true);
+      if (!stopped.empty()) fail(ZERO_ERR_REMOTE, stopped);
+    }
     fail(status, what);
   }
 
@@ -282,6 +308,12 @@ class ShmCommunicator final : public Communicator {
             "collective #" + std::to_string(front->coll.sequence) + " (" + front->coll.label + "): " +
             (p == NodeWindow::Progress::kMismatch ? "the ranks are not in the same collective: " + window_->mismatch()
                                                   : window_->failure());
+        failure_sequence_ = front->coll.sequence;
+        failure_label_ = front->coll.label;
+        // A mismatch every rank finds in its own window; a failed read only this one: the others learn it now,
+        // from whichever thread found it (stop() takes no lock), unless a peer that stopped is the cause.
+        if (p == NodeWindow::Progress::kFailed && stopped_peer(failure_sequence_, failure_label_, true).empty())
+          segment_.stop(ShmRankState::kStopped, completed_.load(), failure_);
         return moved;
       }
       if (p == NodeWindow::Progress::kWaiting) return moved;
@@ -297,9 +329,13 @@ class ShmCommunicator final : public Communicator {
 
   // After a failure nothing more completes here (the engine stops using the communicator); the buffers stay the
   // engine's, the descriptors are kept until the communicator goes.
-  void abandon() {
+  void abandon(const std::string& why) {
     std::lock_guard<std::mutex> lock(queue_mutex_);
     queue_.clear();
+    if (failure_.empty()) {  // a later wait, for an earlier collective, fails at once too
+      failure_ = why;
+      failure_status_ = ZERO_ERR_REMOTE;
+    }
   }
   void forget(Op* op) {
     for (auto it = ops_.begin(); it != ops_.end(); ++it)
@@ -361,11 +397,14 @@ class ShmCommunicator final : public Communicator {
   std::deque<Op*> queue_;  // started, not moved through yet, in start order (the same on every rank)
   std::string failure_;    // a descriptor mismatch or a failed read: every later wait fails with it
   zero_status_t failure_status_ = ZERO_ERR_MISMATCH;
+  uint64_t failure_sequence_ = 0;  // the collective failure_ is about, and its label
+  std::string failure_label_;
   // Every collective started and not yet reported done by a wait (prefetches nobody waits for, failed ones),
   // freed with the communicator. Only the caller's thread adds and removes.
   std::list<std::unique_ptr<Op>> ops_;
   std::atomic<uint64_t> completed_{0};
   std::atomic<bool> aborted_here_{false};
+  pid_t owner_;  // the rank's process (a forked child inherits the communicator but is no rank)
   bool use_progress_thread_ = false;
   bool stop_progress_ = false;
   std::thread progress_thread_;

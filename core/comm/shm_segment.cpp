@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -45,6 +46,24 @@ void store(T* p, T v) {
 
 std::string os_error(const std::string& what) { return what + ": " + std::strerror(errno); }
 
+// Field 3 (state) and field 22 (start time, in clock ticks since boot) of /proc/<pid>/stat; false if unreadable.
+bool process_stat(pid_t pid, char* state, uint64_t* start_time) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) return false;
+  const size_t paren = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= text.size()) return false;
+  *state = text[paren + 2];
+  size_t at = paren + 2;
+  for (int field = 3; field < 22; ++field) {
+    at = text.find(' ', at);
+    if (at == std::string::npos) return false;
+    ++at;
+  }
+  *start_time = std::strtoull(text.c_str() + at, nullptr, 10);
+  return true;
+}
+
 }  // namespace
 
 struct ShmSegment::Header {
@@ -58,8 +77,9 @@ struct ShmSegment::Header {
 // written once, before the state turns to stopped.
 struct ShmSegment::RankLine {
   uint64_t pid;
-  uint64_t phase;  // the setup barrier it reached
-  uint64_t state;  // ShmRankState
+  uint64_t start_time;  // the process's start (/proc/<pid>/stat), so that a reused pid is not taken for it
+  uint64_t phase;       // the setup barrier it reached
+  uint64_t state;       // ShmRankState
   uint64_t stopping;
   uint64_t completed;
   uint64_t stopped_after;
@@ -92,11 +112,16 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
       fail(ZERO_ERR_COMM,
            os_error("shm_open(" + name_ + ") for the job's segment") +
                (errno == EEXIST ? " (the name is in use: another job, or a stale segment in /dev/shm)" : ""));
-    if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-      const std::string why = os_error("ftruncate of " + name_ + " to " + std::to_string(bytes_) + " bytes");
+    // Allocated now, not at the first touch: a full /dev/shm (a container's 64 MiB) is an error here, not a SIGBUS
+    // in the middle of a collective.
+    const int err =
+        ftruncate(fd, static_cast<off_t>(bytes_)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
+    if (err != 0) {
       close(fd);
       shm_unlink(name_.c_str());
-      fail(ZERO_ERR_OUT_OF_MEMORY, why + " (is /dev/shm large enough?)");
+      fail(ZERO_ERR_OUT_OF_MEMORY, "allocating " + std::to_string(bytes_) + " bytes for the segment " + name_ + ": " +
+                                       std::strerror(err) + " (is /dev/shm large enough? ZERO_SHM_HALF_BYTES sets " +
+                                       "the window's share per rank)");
     }
   } else {
     // Rank 0 may not have created it yet.
@@ -146,6 +171,9 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
       slots_offset_ = round_up(lines, kPage);
     }
     RankLine* mine = line(rank_);
+    char state = 0;
+    uint64_t started = 0;
+    if (process_stat(getpid(), &state, &started)) store(&mine->start_time, started);
     store(&mine->pid, static_cast<uint64_t>(getpid()));
     store(&mine->state, static_cast<uint64_t>(ShmRankState::kLive));
     const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
@@ -199,8 +227,10 @@ void ShmSegment::set_completed(uint64_t sequence) {
 
 void ShmSegment::set_waiting(uint64_t sequence, const std::string& label) {
   RankLine* mine = line(rank_);
+  if (load(&mine->waiting) == sequence) return;  // the same collective, waited for again (the watchdog's slices)
   const uint64_t v = load(&mine->label_version);
   store(&mine->label_version, v + 1);
+  __atomic_thread_fence(__ATOMIC_RELEASE);  // the odd version before the label's plain stores
   if (sequence != 0) {
     const size_t n = std::min(label.size(), kLabelBytes - 1);
     std::memcpy(mine->label, label.data(), n);
@@ -233,6 +263,7 @@ ShmSegment::PeerView ShmSegment::peer(int r) const {
     char copy[kLabelBytes];
     std::memcpy(copy, l->label, kLabelBytes);
     const uint64_t since = load(&l->waiting_since_ns);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);  // the label's plain loads before the version's second read
     if (load(&l->label_version) != before) continue;
     copy[kLabelBytes - 1] = '\0';
     v.label = copy;
@@ -244,15 +275,26 @@ ShmSegment::PeerView ShmSegment::peer(int r) const {
 }
 
 bool ShmSegment::peer_process_gone(int r) const {
+  if (!process_checks_) return false;
   const pid_t pid = static_cast<pid_t>(load(&line(r)->pid));
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  // A rank that died stays a zombie until its launcher reaps it.
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(stat, text)) return false;
-  const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && (text[paren + 2] == 'Z' || text[paren + 2] == 'X');
+  // A rank that died stays a zombie until its launcher reaps it; its pid may also belong to another process by now.
+  char state = 0;
+  uint64_t started = 0;
+  if (!process_stat(pid, &state, &started)) return false;
+  const uint64_t published = load(&line(r)->start_time);
+  return state == 'Z' || state == 'X' || (published != 0 && started != published);
+}
+
+bool ShmSegment::peers_visible() const {
+  for (int r = 0; r < size_; ++r) {
+    const pid_t pid = static_cast<pid_t>(load(&line(r)->pid));
+    char state = 0;
+    uint64_t started = 0;
+    if (!process_stat(pid, &state, &started) || started != load(&line(r)->start_time)) return false;
+  }
+  return true;
 }
 
 void ShmSegment::barrier(uint64_t phase, double timeout_s, const char* what) {

@@ -5,7 +5,8 @@
 // another job's ranks), sizes it and marks it ready; the others open it when it appears. Once every rank has
 // joined, rank 0 unlinks the name, so a job that dies leaves nothing behind in /dev/shm. Each rank's line is
 // written by that rank only (its state by any of its threads, through atomics) and read by everyone: the failure
-// protocol of the communicator (shm_backend.hpp) is built on it.
+// protocol of the communicator (shm_communicator.hpp) is built on it. A rank killed before every rank joined leaves
+// the name behind (rank 0 removes it when it gives up; a name is a job's, so no later job trips on it).
 #pragma once
 
 #include <sys/types.h>
@@ -62,9 +63,13 @@ class ShmSegment {
     uint64_t vote = 0;
   };
   PeerView peer(int r) const;
-  // Whether peer r's process has ended (gone or a zombie), checked through /proc: a rank killed by a signal writes
-  // no reason.
+  // Whether peer r's process has ended (gone, a zombie, or its pid another process's), checked through /proc: a
+  // rank killed by a signal writes no reason. Always false once the checks are off.
   bool peer_process_gone(int r) const;
+  // Whether every rank's process is visible here as the one that joined (ranks in other pid namespaces, containers
+  // sharing /dev/shm, are not); the owner turns the process checks off otherwise.
+  bool peers_visible() const;
+  void set_process_checks(bool on) { process_checks_ = on; }
   // Setup barrier number `phase` (1, 2, ...): waits until every rank has reached it; throws after the timeout or
   // when a rank stops or dies meanwhile. `what` names the step in the error.
   void barrier(uint64_t phase, double timeout_s, const char* what);
@@ -81,6 +86,7 @@ class ShmSegment {
   size_t slot_stride_ = 0, slots_offset_ = 0;
   void* base_ = nullptr;
   size_t bytes_ = 0;
+  bool process_checks_ = true;
 };
 
 }  // namespace zero

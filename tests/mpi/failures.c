@@ -62,6 +62,8 @@
  *                    error reaches the others (ZERO_ERR_REMOTE), it does not leave them waiting.
  *   early-step       the last rank calls zero_step before zero_backward_end: the others, in zero_backward_end,
  *                    get ZERO_ERR_REMOTE naming zero_step and its message.
+ *   killed           (--shm-name, started by tests/mpi/shm_launch.sh) the last rank is killed by SIGKILL before its
+ *                    zero_step: the others get ZERO_ERR_REMOTE naming it within seconds.
  *   exit-during-finalize  stage 3, bf16: another thread of rank 1 calls exit(1) at a random moment while rank 1's
  *                    main thread is in zero_engine_finalize. Rank 1 ends with status 1, never by a signal (the exit
  *                    hook waits for the call to leave MPI before it tells the others and finalizes MPI); the others'
@@ -76,6 +78,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,6 +386,29 @@ static int exit_early(zero_comm_t* comm, int silently) {
          "after a rank left: %s", zero_last_error());
   zero_engine_destroy(engine);
   return 0;
+}
+
+/* killed (shared-memory communicator, started by tests/mpi/shm_launch.sh: no launcher kills the others): the last
+ * rank is killed by SIGKILL where it would call zero_step, writing nothing anywhere; the others, waiting in
+ * zero_step, get ZERO_ERR_REMOTE naming it within seconds (the kernel says its process has ended). */
+static void killed(zero_comm_t* comm) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 2, 60.0, ids, 1);
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  micro_step(engine, ids);
+  if (g_rank == g_last) {
+    printf("rank %d: killed before zero_step\n", g_rank);
+    fflush(stdout);
+    raise(SIGKILL);
+  }
+  const double t = now();
+  const zero_status_t s = zero_step(NULL, engine);
+  char fragment[64];
+  snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
+  expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 5.0, "zero_step while a rank was killed");
+  EXPECT(strstr(zero_last_error(), "ended without a word") != NULL, "says it died: %s", zero_last_error());
+  zero_engine_destroy(engine);
 }
 
 static void* exit_after_delay(void* delay_us) {
@@ -728,6 +754,8 @@ int main(int argc, char** argv) {
     comm_finalize_during_finalize(comm);
   else if (strcmp(g_scenario, "exit-during-finalize") == 0)
     exit_during_finalize(comm);
+  else if (strcmp(g_scenario, "killed") == 0)
+    killed(comm);
   else if (strcmp(g_scenario, "exit-while-fetching") == 0)
     left = exit_while_fetching(comm, stage);
   else if (strcmp(g_scenario, "abort-with-prefetch-open") == 0)

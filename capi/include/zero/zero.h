@@ -640,9 +640,9 @@ ZERO_API zero_status_t zero_comm_stats(zero_comm_stats_t* out_stats, const zero_
  * launcher that is not MPI's (torchrun, a scheduler), which gives every process its `rank`, the job's `size` and a
  * `name` every rank of the job passes alike and no other job uses (up to 199 characters without '/'; a POSIX
  * shared-memory object of that name exists while the ranks join). Collectives are the MPI module's shared-memory
- * ones (the same bits), with the same failure safety: a rank that stops or dies is named on every other rank, a
- * collective that does not complete times out with a diagnosis. Collective: returns once every rank has joined,
- * or ZERO_ERR_TIMEOUT after `join_timeout_s` seconds naming who did not. Environment: ZERO_SHM_HALF_BYTES,
+ * ones (the same bits), with the same failure safety: a rank that stops or dies is named in every other rank's
+ * next wait, a collective that does not complete times out with a diagnosis. Collective: returns once every rank has
+ * joined, or ZERO_ERR_TIMEOUT after `join_timeout_s` seconds naming who did not. Environment: ZERO_SHM_HALF_BYTES,
  * ZERO_SHM_SINGLE_COPY, ZERO_SHM_PROGRESS_THREAD (docs/architecture.md, "Communicators"). */
 ZERO_API zero_status_t zero_comm_create_shm(zero_comm_t** out_comm, const char* name, int32_t rank, int32_t size,
                                             double join_timeout_s);

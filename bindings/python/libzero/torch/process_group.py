@@ -25,11 +25,17 @@ def default_comm() -> Comm:
         transport = os.environ.get("ZERO_TORCH_TRANSPORT", "auto")
         if transport not in ("auto", "shm", "process_group"):
             raise ValueError(f"ZERO_TORCH_TRANSPORT={transport!r}: expected auto, shm or process_group")
-        if transport != "process_group" and dist.get_world_size() > 1:
-            if _one_machine(dist, group):
-                return _shm_comm(dist, group)
-            if transport == "shm":
-                raise RuntimeError("ZERO_TORCH_TRANSPORT=shm, but the ranks are on several machines")
+        if dist.get_world_size(group) > 1:
+            # Every rank decides from what every rank says, so they all take the same transport (or all raise).
+            said: list[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(said, (_machine_id(), transport), group=group)
+            if len({t for _, t in said}) > 1:
+                raise RuntimeError(f"ZERO_TORCH_TRANSPORT differs between ranks: {[t for _, t in said]}")
+            if transport != "process_group":
+                if len({m for m, _ in said}) == 1:
+                    return _shm_comm(dist, group)
+                if transport == "shm":
+                    raise RuntimeError("ZERO_TORCH_TRANSPORT=shm, but the ranks are on several machines")
         return ProcessGroupComm(group)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
         os.environ.get(v) for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
@@ -42,8 +48,8 @@ def default_comm() -> Comm:
 
 
 def _machine_id() -> str:
-    """This machine, as shared memory sees it: the host name and the kernel's boot id (containers on one host
-    with separate /dev/shm differ in neither, but then the segment's join times out with a clear error)."""
+    """This machine, as shared memory sees it: the host name, the kernel's boot id and the mount namespace (whose
+    /dev/shm the segment lives in). Containers that share a host name but not /dev/shm still differ in the last."""
     import socket
 
     try:
@@ -51,13 +57,11 @@ def _machine_id() -> str:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}/{boot}"
-
-
-def _one_machine(dist: Any, group: Any) -> bool:
-    machines: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(machines, _machine_id(), group=group)
-    return len(set(machines)) == 1
+    try:
+        mounts = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        mounts = ""
+    return f"{socket.gethostname()}/{boot}/{mounts}"
 
 
 def _shm_comm(dist: Any, group: Any) -> Comm:
