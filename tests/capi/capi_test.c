@@ -812,6 +812,39 @@ static void test_comm_finalize(void** state) {
   zero_comm_destroy(comm);
 }
 
+/* The shared-memory communicator's arguments, a name already in use (another job's segment) and a one-rank job,
+ * which trains and finalizes like any other communicator and leaves no segment behind. */
+static void test_shm_communicator(void** state) {
+  (void)state;
+  zero_comm_t* comm = NULL;
+  assert_fails(zero_comm_create_shm(&comm, NULL, 0, 1, 5.0), ZERO_ERR_INVALID_ARGUMENT, "name is NULL");
+  assert_fails(zero_comm_create_shm(&comm, "libzero-capi", 2, 2, 5.0), ZERO_ERR_INVALID_ARGUMENT, "rank 2 of 2");
+  assert_fails(zero_comm_create_shm(&comm, "libzero-capi", 0, 1, 0.0), ZERO_ERR_INVALID_ARGUMENT, "join_timeout_s");
+  assert_fails(zero_comm_create_shm(&comm, "a/b", 0, 1, 5.0), ZERO_ERR_INVALID_ARGUMENT, "without '/'");
+  char name[64];
+  snprintf(name, sizeof name, "libzero-capi-%ld", (long)time(NULL));
+  char path[96];
+  snprintf(path, sizeof path, "/dev/shm/%s", name);
+  FILE* squatter = fopen(path, "w"); /* another job's segment under the same name */
+  assert_non_null(squatter);
+  fclose(squatter);
+  assert_fails(zero_comm_create_shm(&comm, name, 0, 1, 5.0), ZERO_ERR_COMM, "the name is in use");
+  remove(path);
+  assert_int_equal(zero_comm_create_shm(&comm, name, 0, 1, 5.0), ZERO_OK);
+  FILE* left = fopen(path, "r");
+  assert_null(left); /* unlinked once every rank joined */
+  int32_t size = 0;
+  assert_int_equal(zero_comm_size(&size, comm), ZERO_OK);
+  assert_int_equal(size, 1);
+  zero_engine_t* engine = NULL;
+  assert_int_equal(zero_engine_create(&engine, kConfig, comm), ZERO_OK);
+  add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  zero_engine_destroy(engine);
+  assert_int_equal(zero_comm_finalize(comm), ZERO_OK);
+  zero_comm_destroy(comm);
+}
+
 /* A whole run through the ABI: the comm may be destroyed before the engine (the engine keeps it alive). */
 static zero_engine_t* engine_with_matrix(zero_comm_t* comm, int64_t rows, int64_t cols) {
   zero_engine_t* engine = NULL;
@@ -1130,6 +1163,7 @@ int main(void) {
       cmocka_unit_test(test_custom_communicator),
       cmocka_unit_test(test_custom_backend_that_never_completes),
       cmocka_unit_test(test_comm_finalize),
+      cmocka_unit_test(test_shm_communicator),
       cmocka_unit_test(test_training_run),
       cmocka_unit_test(test_load_of_another_model),
       cmocka_unit_test(test_allocator_hook),
