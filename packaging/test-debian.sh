@@ -31,7 +31,7 @@ base=${ZERO_DEBIAN_BASE:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/debian-$suite-m
 work=$(mktemp -d /var/tmp/libzero-deb.XXXXXX)
 mounts=()
 cleanup() {
-  [[ -n ${lintian_pid:-} ]] && kill "$lintian_pid" 2>/dev/null
+  if [[ -n ${lintian_pid:-} ]]; then kill "$lintian_pid" 2>/dev/null || true; fi  # still running after a failure
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
   rm -rf --one-file-system "$work"
 }
