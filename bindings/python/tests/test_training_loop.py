@@ -80,6 +80,29 @@ def test_the_micro_step_of_a_plain_backward_ends_with_it():
 
 
 @pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_retained_graph_s_second_backward_ends_only_its_own_micro_step(stage):
+    """engine.backward(loss, retain_graph=True), then engine.backward(loss) through the same graph: two micro-steps,
+    not three (the first backward's end is not run again by the second), with the bits of two forwards of the batch."""
+    runs = []
+    for retained in (False, True):
+        eng = engine(stage, 2)
+        for s in range(2):
+            if retained:
+                loss = eng(*batch(s, RANK))
+                eng.backward(loss, retain_graph=True)
+                assert eng.engine.window["micro_steps"] == 1
+                eng.backward(loss)
+            else:
+                eng.backward(eng(*batch(s, RANK)))
+                eng.backward(eng(*batch(s, RANK)))
+            assert eng.engine.window["micro_steps"] == 2
+            assert eng.step().step == s + 1
+        runs.append(bits(eng))
+        eng.close()
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_an_epoch_remainder_steps_as_a_window_of_that_many(stage):
     """gradient_accumulation_steps 3, and a window ended after 2 (set_gradient_accumulation_boundary, as accelerate
     does): the bits of an engine configured with 2 that resumed from the same point."""
