@@ -102,6 +102,54 @@ def test_a_retained_graph_s_second_backward_ends_only_its_own_micro_step(stage):
     assert runs[0] == runs[1]
 
 
+class _ProbeTheLoss(torch.autograd.Function):
+    """Identity whose backward differentiates the loss again once (as a gradient-norm probe would)."""
+
+    probe: dict = {}
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        probe = _ProbeTheLoss.probe
+        if probe.pop("armed", False):
+            with torch.enable_grad():
+                torch.autograd.grad(probe["loss"], probe["at"], retain_graph=True)
+        return grad
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_the_micro_step_ends_after_the_backward_s_own_callbacks_and_nested_backwards(stage):
+    """A backward through the loss inside engine.backward's does not end the micro-step, and final callbacks the
+    backward's hooks queue run before its end: the micro-step still open, stage 3's units still gathered."""
+    eng = engine(stage, 2)
+    seen = []
+    queue = torch.autograd.Variable._execution_engine.queue_callback
+
+    def callback():
+        seen.append((eng.engine.window["micro_steps"], eng._in_backward))
+
+    handles = [
+        eng.module.blocks[1].register_forward_hook(lambda _m, _a, out: _ProbeTheLoss.apply(out)),
+        eng.module.head.weight.register_hook(lambda _grad: queue(callback)),
+    ]
+    out = {}
+    handles.append(eng.module.blocks[1].register_forward_hook(lambda _m, _a, o: out.update(at=o)))
+    loss = eng(*batch(0, RANK))
+    _ProbeTheLoss.probe.update(armed=True, loss=loss, at=out["at"])
+    eng.backward(loss, retain_graph=True)
+    assert seen == [(0, True)]
+    assert eng.engine.window["micro_steps"] == 1
+    for h in handles:
+        h.remove()
+    _ProbeTheLoss.probe.clear()
+    eng.backward(eng(*batch(1, RANK)))
+    assert eng.step().step == 1
+    eng.close()
+
+
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_an_epoch_remainder_steps_as_a_window_of_that_many(stage):
     """gradient_accumulation_steps 3, and a window ended after 2 (set_gradient_accumulation_boundary, as accelerate

@@ -35,7 +35,8 @@ import torch
 from ..comm import Comm
 from ..engine import ConfigLike, Engine
 from .config import engine_config, optimizer_block
-from .engine import GatheredParameters, TorchEngine
+from .engine import TorchEngine
+from .gathered import GatheredParameters
 from .loading import StateDictLike
 from .process_group import ProcessGroupComm, default_comm
 from .stage3 import Stage3Engine

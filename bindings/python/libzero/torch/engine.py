@@ -249,21 +249,23 @@ class TorchEngine(LearningRates, torch.nn.Module):
         self._check_finished()
         if self._fp16 and not self._scaled:
             loss = loss * self.engine.loss_scale
-        # The micro-step ends in autograd's last callback, as a plain loss.backward()'s does. Ending it after
+        # The micro-step ends in autograd's final callbacks, as a plain loss.backward()'s does. Ending it after
         # backward returns gives glibc's heap another order of the same allocations, which fragments it at stage 2
         # (up to 300 MiB more in a Trainer run: bench/README.md, "The Hugging Face Trainer").
-        ended = False
+        ended = queued = False
 
         def end() -> None:
             nonlocal ended
             ended = True  # a micro-step end that raises has run: its error is the one to see
-            self._in_backward = False
-            self._ready.clear()
-            self._backward_ended(False)
-            self._end_micro_step(scale_wrt_gas)
+            self._end_backward(scale_wrt_gas)
 
-        queue = torch.autograd.Variable._execution_engine.queue_callback
-        hook = loss.register_hook(lambda _grad: queue(end)) if loss.requires_grad else None
+        def root_gradient(_grad: torch.Tensor) -> None:
+            nonlocal queued
+            if not queued:  # a backward through the loss inside this one (a probe's autograd.grad) is not its end
+                queued = True
+                _queue_last(end)
+
+        hook = loss.register_hook(root_gradient) if loss.requires_grad else None
         self._in_backward = True
         failed = True
         try:
@@ -310,13 +312,14 @@ class TorchEngine(LearningRates, torch.nn.Module):
                 "engine.scale(loss).backward() (as with DeepSpeed) or engine.backward(loss)"
             )
         self._plain = True
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_plain_backward)
+        _queue_last(lambda: self._end_backward(True))
 
-    def _end_plain_backward(self) -> None:
-        self._plain = False
+    def _end_backward(self, scale_wrt_gas: bool) -> None:
+        """A backward that ran through has ended (autograd's final callbacks): so does the micro-step."""
+        self._in_backward = self._plain = False
         self._ready.clear()
         self._backward_ended(False)
-        self._end_micro_step(True)
+        self._end_micro_step(scale_wrt_gas)
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> StepResult | None:
         """The optimizer step at the accumulation boundary (call it after every backward, as with DeepSpeed); None
@@ -567,33 +570,8 @@ class TorchEngine(LearningRates, torch.nn.Module):
         return hook
 
 
-def engine_of(params: list[torch.Tensor]) -> TorchEngine | None:
-    """The live engine that holds any of ``params``, or None when none does; ValueError when they are spread over
-    several engines."""
-    found = []
-    for engine in list(_ENGINES):
-        if engine.engine.closed:
-            continue
-        held = {id(p) for p in engine._params}
-        if any(id(p) in held for p in params):
-            found.append(engine)
-    if len(found) > 1:
-        raise ValueError("the params given belong to several libzero.torch engines: gather each engine's apart")
-    return found[0] if found else None
-
-
-@contextlib.contextmanager
-def GatheredParameters(  # noqa: N802 - DeepSpeed's spelling
-    params: Any, modifier_rank: int | None = None, enabled: bool = True
-) -> Iterator[None]:
-    """``deepspeed.zero.GatheredParameters`` for a model libzero trains: the params' full values inside the block;
-    with ``modifier_rank``, that rank's writes published to every rank at its end. Collective (see
-    :meth:`TorchEngine.gathered_parameters`). ``params``: a param or an iterable of them (a generator such as
-    ``module.parameters()`` too); tensors no engine holds are whole already and left alone, as DeepSpeed does."""
-    listed = [params] if isinstance(params, torch.Tensor) else list(params)  # a generator is read once
-    engine = engine_of(listed) if enabled else None
-    if engine is None:
-        yield
-        return
-    with engine.gathered_parameters(listed, modifier_rank):
-        yield
+def _queue_last(callback: Callable[[], None]) -> None:
+    """Runs ``callback`` when the running backward has ended, after the final callbacks its hooks queued (through a
+    callback that queues it again: autograd runs callbacks queued by callbacks after those already queued)."""
+    queue = torch.autograd.Variable._execution_engine.queue_callback
+    queue(lambda: queue(callback))
