@@ -36,7 +36,7 @@ Backend::Backend(MPI_Comm data, MPI_Comm ctl) : data_(data), ctl_(ctl) {
   const bool single_copy = !(single != nullptr && std::strcmp(single, "0") == 0);
   if (want == 1) window_ = make_node_window(data_, shm_half_bytes(), single_copy);
   if (want == 2) {
-    hierarchy_ = zero_mpi::Hierarchy::create(data_, topology.node, shm_half_bytes());
+    hierarchy_ = make_hierarchy(data_, topology.node, shm_half_bytes());
     node_ = topology.node;  // the hierarchy's window lives on it
   } else {
     MPI_Comm_free(&topology.node);

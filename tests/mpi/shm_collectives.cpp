@@ -5,7 +5,7 @@
 // (ZERO_MPI_SHM_HALF_BYTES=4096), several collectives started before the first is waited for (a group), and
 // all-gathers of control bytes. Also checks the sums against a sum computed here in rank order. With
 // ZERO_TEST_MPI_NODES (the module's test build cuts the machine into "nodes") the first communicator takes the
-// hierarchical path (backends/mpi/hierarchy.hpp), which must give the same bits too.
+// hierarchical path (core/comm/hierarchy.cpp), which must give the same bits too.
 //
 //   mpirun -np N test_shm_collectives
 #include <mpi.h>
