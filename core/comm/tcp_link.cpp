@@ -1,0 +1,477 @@
+#include "comm/tcp_link.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "util/error.hpp"
+
+namespace zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kHelloMagic = 0x6c69627a65726f31ull;  // "libzero1"
+constexpr size_t kMaxToken = 256;
+constexpr size_t kMaxNotice = 4096;
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+double seconds_left(Clock::time_point deadline) {
+  return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
+}
+
+void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
+
+void set_options(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// Splits "host:port" (an IPv6 host in brackets).
+bool split_address(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) return false;
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  return !host->empty();
+}
+
+// Blocking I/O of exactly `bytes` on a nonblocking socket, until the deadline. False on EOF, error or timeout.
+bool write_all(int fd, const void* buf, size_t bytes, Clock::time_point deadline) {
+  const char* p = static_cast<const char*>(buf);
+  while (bytes > 0) {
+    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
+    pollfd pfd{fd, POLLOUT, 0};
+    if (seconds_left(deadline) <= 0 || poll(&pfd, 1, 10) < 0) return false;
+  }
+  return true;
+}
+bool read_all(int fd, void* buf, size_t bytes, Clock::time_point deadline) {
+  char* p = static_cast<char*>(buf);
+  while (bytes > 0) {
+    const ssize_t n = ::recv(fd, p, bytes, 0);
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    if (seconds_left(deadline) <= 0 || poll(&pfd, 1, 10) < 0) return false;
+  }
+  return true;
+}
+
+// A nonblocking connection to `address`, retried until the deadline (the peer's listener exists before the
+// bootstrap hands out its address, but a refused or lost attempt is retried all the same). -1 and *why on failure.
+int dial(const std::string& address, Clock::time_point deadline, std::string* why) {
+  std::string host, port;
+  if (!split_address(address, &host, &port)) {
+    *why = "\"" + address + "\" is not host:port";
+    return -1;
+  }
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+    if (rc != 0) {
+      *why = "cannot resolve " + address + ": " + gai_strerror(rc);
+    } else {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          freeaddrinfo(found);
+          set_nonblocking(fd);
+          set_options(fd);
+          return fd;
+        }
+        *why = "cannot connect to " + address + ": " + errno_text(errno);
+        close(fd);
+      }
+      freeaddrinfo(found);
+    }
+    if (seconds_left(deadline) <= 0) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void put64(unsigned char* p, uint64_t v) { std::memcpy(p, &v, 8); }
+uint64_t get64(const unsigned char* p) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+}  // namespace
+
+TcpListener::TcpListener(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const bool any = host.empty() || host == "0.0.0.0";
+  const int rc = getaddrinfo(any ? nullptr : host.c_str(), "0", &hints, &found);
+  if (rc != 0) fail(ZERO_ERR_COMM, "cannot resolve \"" + host + "\" to listen on: " + gai_strerror(rc));
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr && fd_ < 0; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
+      fd_ = fd;
+    } else {
+      why = errno_text(errno);
+      close(fd);
+    }
+  }
+  freeaddrinfo(found);
+  if (fd_ < 0) fail(ZERO_ERR_COMM, "cannot listen on \"" + host + "\": " + why);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                               : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const bool v6 = host.find(':') != std::string::npos;
+  address_ = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  set_nonblocking(fd_);
+}
+
+TcpListener::~TcpListener() {
+  if (fd_ >= 0) close(fd_);
+}
+
+TcpColumnLink::TcpColumnLink(TcpListener& listener, int node, int nodes, const std::vector<std::string>& addresses,
+                             const std::string& token, double timeout_s)
+    : node_(node), peers_(static_cast<size_t>(nodes)) {
+  if (static_cast<int>(addresses.size()) != nodes)
+    fail(ZERO_ERR_INVALID_ARGUMENT, "the column link needs one address per node");
+  if (token.size() > kMaxToken) fail(ZERO_ERR_INVALID_ARGUMENT, "the column link's token is too long");
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(std::max(0.0, timeout_s)));
+  // hello: magic, the dialling node, the token's length, then the token; the answer: magic, once taken.
+  const auto hello = [&](int from) {
+    std::vector<unsigned char> h(24 + token.size());
+    put64(h.data(), kHelloMagic);
+    put64(h.data() + 8, static_cast<uint64_t>(from));
+    put64(h.data() + 16, token.size());
+    std::memcpy(h.data() + 24, token.data(), token.size());
+    return h;
+  };
+  try {
+    // Dial every lower node; accept every higher one.
+    for (int n = 0; n < node; ++n) {
+      std::string why;
+      const int fd = dial(addresses[static_cast<size_t>(n)], deadline, &why);
+      if (fd < 0)
+        fail(ZERO_ERR_TIMEOUT, "node " + std::to_string(n) + "'s rank of this column (" +
+                                   addresses[static_cast<size_t>(n)] + ") could not be reached: " + why);
+      peers_[static_cast<size_t>(n)].fd = fd;
+      const std::vector<unsigned char> h = hello(node);
+      unsigned char ack[8] = {};
+      if (!write_all(fd, h.data(), h.size(), deadline) || !read_all(fd, ack, sizeof ack, deadline) ||
+          get64(ack) != kHelloMagic)
+        fail(ZERO_ERR_COMM, "node " + std::to_string(n) + "'s rank of this column (" +
+                                addresses[static_cast<size_t>(n)] +
+                                ") did not take this rank's connection: another job listens there, or this node "
+                                "connected twice, or it gave up");
+    }
+    int waiting = nodes - 1 - node;
+    while (waiting > 0) {
+      pollfd pfd{listener.fd(), POLLIN, 0};
+      const double left = seconds_left(deadline);
+      if (left <= 0) {
+        std::string missing;
+        for (int n = node + 1; n < nodes; ++n)
+          if (peers_[static_cast<size_t>(n)].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+        fail(ZERO_ERR_TIMEOUT, "the column link: node(s) " + missing + " did not connect to this rank (" +
+                                   listener.address() + ") within " + std::to_string(timeout_s) + " s");
+      }
+      if (poll(&pfd, 1, static_cast<int>(std::min(left * 1000, 100.0)) + 1) <= 0) continue;
+      const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) continue;
+      set_options(fd);
+      // A connection that is not one of this column's peers (a port scan, another job's rank, a stale attempt)
+      // is closed and forgotten.
+      unsigned char h[24];
+      const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+      const uint64_t from = read_all(fd, h, sizeof h, hello_deadline) ? get64(h + 8) : UINT64_MAX;
+      const uint64_t length = get64(h + 16);
+      std::string theirs(length <= kMaxToken ? length : 0, '\0');
+      const bool ok = get64(h) == kHelloMagic && from > static_cast<uint64_t>(node) &&
+                      from < static_cast<uint64_t>(nodes) && length <= kMaxToken &&
+                      read_all(fd, theirs.data(), theirs.size(), hello_deadline) && theirs == token &&
+                      peers_[static_cast<size_t>(from)].fd < 0;
+      unsigned char ack[8];
+      put64(ack, kHelloMagic);
+      if (!ok || !write_all(fd, ack, sizeof ack, hello_deadline)) {
+        close(fd);
+        continue;
+      }
+      peers_[static_cast<size_t>(from)].fd = fd;
+      --waiting;
+    }
+  } catch (...) {
+    for (Peer& p : peers_)
+      if (p.fd >= 0) close(p.fd);
+    throw;
+  }
+}
+
+TcpColumnLink::~TcpColumnLink() {
+  for (Peer& p : peers_)
+    if (p.fd >= 0) close(p.fd);
+}
+
+void TcpColumnLink::free() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Peer& p : peers_)
+    if (p.fd >= 0) {
+      close(p.fd);
+      p.fd = -1;
+      p.closed = true;
+    }
+}
+
+ColumnLink::Request TcpColumnLink::new_request() {
+  if (free_.empty()) {
+    free_.push_back(static_cast<Request>(requests_.size()));
+    requests_.emplace_back();
+  }
+  const Request r = free_.back();
+  free_.pop_back();
+  requests_[static_cast<size_t>(r)] = State{true, false, 0};
+  return r;
+}
+
+bool TcpColumnLink::send(const void* buf, size_t bytes, int node, Request* request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_) return false;
+  if (node < 0 || node >= static_cast<int>(peers_.size()) || node == node_) {
+    error_ = "no peer on node " + std::to_string(node);
+    return false;
+  }
+  Pending p;
+  p.buf = static_cast<const char*>(buf);
+  p.bytes = bytes;
+  put64(p.header, bytes);
+  put64(p.header + 8, kData);
+  p.request = *request = new_request();
+  peers_[static_cast<size_t>(node)].sends.push_back(std::move(p));
+  pump_sends(node);  // a failure shows in test(), as MPI reports one in the request's completion
+  return true;
+}
+
+bool TcpColumnLink::receive(void* buf, size_t bytes, int node, Request* request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failed_) return false;
+  if (node < 0 || node >= static_cast<int>(peers_.size()) || node == node_) {
+    error_ = "no peer on node " + std::to_string(node);
+    return false;
+  }
+  *request = new_request();
+  peers_[static_cast<size_t>(node)].receives.push_back({static_cast<char*>(buf), bytes, *request});
+  pump_receives(node);
+  return true;
+}
+
+ColumnLink::Test TcpColumnLink::test(Request* request, size_t* received) {
+  *received = 0;
+  if (*request == kNoRequest) return Test::kDone;
+  std::lock_guard<std::mutex> lock(mutex_);
+  State& s = requests_[static_cast<size_t>(*request)];
+  if (!s.done && !failed_)
+    for (int n = 0; n < static_cast<int>(peers_.size()); ++n)
+      if (n != node_ && !(pump_sends(n) && pump_receives(n))) break;
+  if (s.done) {
+    *received = s.received;
+    s.in_use = false;
+    free_.push_back(*request);
+    *request = kNoRequest;
+    return Test::kDone;
+  }
+  if (failed_) return truncated_ ? Test::kTruncated : Test::kFailed;
+  return Test::kPending;
+}
+
+bool TcpColumnLink::progress() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int n = 0; n < static_cast<int>(peers_.size()) && !failed_; ++n)
+    if (n != node_) pump_sends(n) && pump_receives(n);
+  return !failed_;
+}
+
+bool TcpColumnLink::idle() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const State& s : requests_)
+    if (s.in_use && !s.done) return false;
+  return true;
+}
+
+std::string TcpColumnLink::notice(int node) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (node < 0 || node >= static_cast<int>(peers_.size())) return "";
+  return peers_[static_cast<size_t>(node)].notice;
+}
+
+void TcpColumnLink::tell_peers(const std::string& words, double flush_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
+    Peer& peer = peers_[static_cast<size_t>(n)];
+    if (n == node_ || peer.fd < 0 || peer.closed) continue;
+    Pending p;
+    p.notice = words.substr(0, kMaxNotice);
+    p.buf = p.notice.data();
+    p.bytes = p.notice.size();
+    put64(p.header, p.bytes);
+    put64(p.header + 8, kNotice);
+    // After the frame being written (a frame is never cut), before any other.
+    auto at = peer.sends.begin();
+    if (at != peer.sends.end() && at->done > 0) ++at;
+    peer.sends.insert(at, std::move(p));
+  }
+  // Pending data ahead of a notice (a peer that stopped reading) must not hold it back forever.
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(flush_s));
+  for (;;) {
+    bool pending = false;
+    for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
+      Peer& peer = peers_[static_cast<size_t>(n)];
+      if (n == node_ || peer.fd < 0 || peer.closed) continue;
+      if (!failed_) pump_sends(n);
+      for (const Pending& p : peer.sends) pending |= !p.notice.empty();
+    }
+    if (!pending || failed_ || Clock::now() >= deadline) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+bool TcpColumnLink::fail_link(int node, const std::string& what, bool truncated) {
+  if (failed_) return false;
+  failed_ = true;
+  truncated_ = truncated;
+  const Peer& peer = peers_[static_cast<size_t>(node)];
+  error_ = "node " + std::to_string(node) + "'s rank of this column: " + what;
+  if (!peer.notice.empty()) error_ += " (it said before: " + peer.notice + ")";
+  return false;
+}
+
+// Writes the front frames until the kernel's buffer is full. With mutex_ held.
+bool TcpColumnLink::pump_sends(int node) {
+  Peer& peer = peers_[static_cast<size_t>(node)];
+  while (!peer.sends.empty()) {
+    if (peer.closed) return fail_link(node, "the connection is closed");
+    Pending& p = peer.sends.front();
+    iovec parts[2];
+    int count = 0;
+    if (p.done < sizeof p.header) parts[count++] = {p.header + p.done, sizeof p.header - p.done};
+    const size_t payload_done = p.done > sizeof p.header ? p.done - sizeof p.header : 0;
+    if (p.bytes > payload_done) parts[count++] = {const_cast<char*>(p.buf) + payload_done, p.bytes - payload_done};
+    ssize_t n = 0;
+    if (count > 0) {
+      msghdr m{};
+      m.msg_iov = parts;
+      m.msg_iovlen = static_cast<size_t>(count);
+      n = sendmsg(peer.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+        return fail_link(node, "sending failed: " + errno_text(errno) + " (its process ended?)");
+      }
+    }
+    p.done += static_cast<size_t>(n);
+    if (p.done < sizeof p.header + p.bytes) return true;
+    if (p.request != kNoRequest) requests_[static_cast<size_t>(p.request)].done = true;
+    peer.sends.pop_front();
+  }
+  return true;
+}
+
+// Reads frames while they match posted receives (or are notices). With mutex_ held.
+bool TcpColumnLink::pump_receives(int node) {
+  Peer& peer = peers_[static_cast<size_t>(node)];
+  for (;;) {
+    if (peer.closed) return fail_link(node, "the connection is closed");
+    char* into = nullptr;
+    size_t want = 0;
+    if (peer.header_got < sizeof peer.header) {
+      into = reinterpret_cast<char*>(peer.header) + peer.header_got;
+      want = sizeof peer.header - peer.header_got;
+    } else if (peer.kind == kNotice) {
+      peer.notice.resize(peer.length);
+      into = peer.notice.data() + peer.payload_got;
+      want = peer.length - peer.payload_got;
+    } else {
+      if (peer.receives.empty()) return true;  // the frame waits in the kernel's buffer for its receive
+      const Posted& r = peer.receives.front();
+      if (peer.length > r.capacity)
+        return fail_link(node,
+                         "it sent a message of " + std::to_string(peer.length) +
+                             " bytes where this rank expected at "
+                             "most " +
+                             std::to_string(r.capacity),
+                         true);
+      into = r.buf + peer.payload_got;
+      want = peer.length - peer.payload_got;
+    }
+    if (want > 0) {
+      const ssize_t n = ::recv(peer.fd, into, want, MSG_DONTWAIT);
+      if (n == 0) {
+        peer.closed = true;
+        return fail_link(node, "the connection closed (its process ended, or it gave up)");
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+        peer.closed = true;
+        return fail_link(node, "receiving failed: " + errno_text(errno) + " (its process ended?)");
+      }
+      if (peer.header_got < sizeof peer.header) {
+        peer.header_got += static_cast<size_t>(n);
+        if (peer.header_got < sizeof peer.header) continue;
+        peer.length = get64(peer.header);
+        peer.kind = get64(peer.header + 8);
+        peer.payload_got = 0;
+        if (peer.kind != kData && !(peer.kind == kNotice && peer.length <= kMaxNotice))
+          return fail_link(node, "it sent a frame this link does not know (kind " + std::to_string(peer.kind) + ")");
+        continue;
+      }
+      peer.payload_got += static_cast<size_t>(n);
+      if (peer.payload_got < peer.length) continue;
+    } else if (peer.header_got < sizeof peer.header) {
+      continue;
+    }
+    // A whole frame.
+    if (peer.kind == kData) {
+      const Posted r = peer.receives.front();
+      peer.receives.pop_front();
+      State& s = requests_[static_cast<size_t>(r.request)];
+      s.done = true;
+      s.received = peer.length;
+    }
+    peer.header_got = 0;
+    peer.payload_got = 0;
+  }
+}
+
+}  // namespace zero

@@ -1,0 +1,117 @@
+// A column link (column_link.hpp) over TCP: one connection to the column's rank on each other node, for jobs that
+// span machines without MPI (torchrun's). Nonblocking sockets, moved forward by every test(), so that the caller's
+// wait loop keeps its timeout, its abort and its notices.
+//
+// Frames: a 16-byte header (the payload's length and the frame's kind) and the payload. A data frame goes straight
+// from the sender's buffer into the receive it matches, which is the oldest receive posted for that node (one
+// sender's frames arrive in order); a data frame longer than that receive is kTruncated. A notice frame carries a
+// few words a rank says before it stops (an abort's reason, an exit): it is read whenever it comes, and a connection
+// that then closes fails with those words instead of "closed".
+//
+// Setting up: every rank opens a listening socket first (TcpListener) and the job's bootstrap gives every rank the
+// column peers' addresses (torch.distributed's store under torchrun). Node j connects to every node i < j; the
+// first frame on a connection says who connects and for which job (a token the bootstrap drew), answered once taken, so
+// a stray or stale connection is refused rather than taken for a peer.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/column_link.hpp"
+
+namespace zero {
+
+// A listening TCP socket on `host` (an address or a name to bind to; "" or "0.0.0.0": every interface) and a port
+// the kernel chooses. address() is "host:port" as the peers should dial it. Throws zero::Error.
+class TcpListener {
+ public:
+  explicit TcpListener(const std::string& host);
+  ~TcpListener();
+  TcpListener(const TcpListener&) = delete;
+  TcpListener& operator=(const TcpListener&) = delete;
+  const std::string& address() const { return address_; }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+class TcpColumnLink final : public ColumnLink {
+ public:
+  // Collective over the column: node `node` of `nodes`, `addresses[n]` the listener of node n's rank (this rank's
+  // own is `listener`'s). `token` names the job and the column (the same on every rank of the column). Throws
+  // zero::Error (ZERO_ERR_TIMEOUT naming the nodes that did not connect) after `timeout_s`.
+  TcpColumnLink(TcpListener& listener, int node, int nodes, const std::vector<std::string>& addresses,
+                const std::string& token, double timeout_s);
+  ~TcpColumnLink() override;
+
+  bool send(const void* buf, size_t bytes, int node, Request* request) override;
+  bool receive(void* buf, size_t bytes, int node, Request* request) override;
+  Test test(Request* request, size_t* received) override;
+  bool idle() const override;
+  const std::string& error() const override { return error_; }
+  void free() override;
+
+  // Sends `words` to every connected peer ahead of any data not yet begun, and pushes them out for at most
+  // `flush_s` (a rank about to stop says why; any thread may call it). Best effort: a peer that cannot be reached
+  // learns it from the closed connection.
+  void tell_peers(const std::string& words, double flush_s);
+
+  // The words node n said before it stopped, or "" (read as they arrive; call progress() to read them).
+  std::string notice(int node) const;
+  // Moves every connection as far as the kernel allows. False once the link failed (error() says why).
+  bool progress();
+
+ private:
+  struct Pending {
+    const char* buf = nullptr;
+    size_t bytes = 0;
+    size_t done = 0;           // bytes of header + payload written
+    unsigned char header[16];  // length, kind
+    Request request = kNoRequest;
+    std::string notice;  // a notice frame's payload, owned here
+  };
+  struct Posted {
+    char* buf = nullptr;
+    size_t capacity = 0;
+    Request request = kNoRequest;
+  };
+  struct Peer {
+    int fd = -1;
+    std::deque<Pending> sends;
+    std::deque<Posted> receives;
+    unsigned char header[16];
+    size_t header_got = 0;   // of the frame being read
+    uint64_t length = 0;     // its payload
+    uint64_t kind = 0;       // kData or kNotice
+    size_t payload_got = 0;  // of its payload
+    std::string notice;
+    bool closed = false;
+  };
+  struct State {
+    bool in_use = false;
+    bool done = false;
+    size_t received = 0;
+  };
+  static constexpr uint64_t kData = 0, kNotice = 1;
+
+  Request new_request();
+  bool pump_sends(int node);
+  bool pump_receives(int node);
+  bool fail_link(int node, const std::string& what, bool truncated = false);
+
+  mutable std::mutex mutex_;
+  int node_ = 0;
+  std::vector<Peer> peers_;  // by node; this node's entry unused
+  std::vector<State> requests_;
+  std::vector<Request> free_;
+  std::string error_;
+  bool failed_ = false, truncated_ = false;
+};
+
+}  // namespace zero

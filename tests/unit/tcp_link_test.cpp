@@ -1,0 +1,191 @@
+// The TCP column link (core/comm/tcp_link.hpp) over loopback, its nodes in one process: setting up refuses strangers
+// and names the nodes that never connect; messages arrive whole, in order, into the receive they match, however
+// the kernel cuts them; a message longer than its receive, a closed connection and a notice before it are errors
+// that say so.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/tcp_link.hpp"
+#include "util/error.hpp"
+
+namespace zero {
+namespace {
+
+using Outcome = ColumnLink::Test;
+
+// `nodes` links of one column, set up side by side (each constructor waits for its peers).
+std::vector<std::unique_ptr<TcpColumnLink>> make_column(int nodes, double timeout_s = 10) {
+  std::vector<std::unique_ptr<TcpListener>> listeners;
+  std::vector<std::string> addresses;
+  for (int n = 0; n < nodes; ++n) {
+    listeners.push_back(std::make_unique<TcpListener>("127.0.0.1"));
+    addresses.push_back(listeners.back()->address());
+  }
+  std::vector<std::unique_ptr<TcpColumnLink>> links(static_cast<size_t>(nodes));
+  std::vector<std::thread> threads;
+  for (int n = 0; n < nodes; ++n)
+    threads.emplace_back([&, n] {
+      links[static_cast<size_t>(n)] = std::make_unique<TcpColumnLink>(*listeners[static_cast<size_t>(n)], n, nodes,
+                                                                      addresses, "job-7/col-0", timeout_s);
+    });
+  for (std::thread& t : threads) t.join();
+  return links;
+}
+
+// Tests `request` on `link`, moving every link of the column, until it is no longer pending.
+Outcome finish(std::vector<std::unique_ptr<TcpColumnLink>>& column, TcpColumnLink& link, ColumnLink::Request* request,
+               size_t* received) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    const Outcome t = link.test(request, received);
+    if (t != Outcome::kPending) return t;
+    for (auto& other : column) other->progress();
+    if (std::chrono::steady_clock::now() > deadline) return Outcome::kPending;
+  }
+}
+
+TEST(TcpLink, MessagesArriveWholeAndInOrderWhateverTheirSize) {
+  auto column = make_column(3);
+  // Node 2 sends three messages to node 0, the second larger than any socket buffer; node 0 posts its receives.
+  std::vector<uint32_t> big(24u << 20 >> 2);
+  std::iota(big.begin(), big.end(), 1u);
+  const std::string first = "first", third = "third";
+  std::vector<ColumnLink::Request> sends(3), receives(3);
+  ASSERT_TRUE(column[2]->send(first.data(), first.size(), 0, &sends[0]));
+  ASSERT_TRUE(column[2]->send(big.data(), big.size() * 4, 0, &sends[1]));
+  ASSERT_TRUE(column[2]->send(third.data(), third.size(), 0, &sends[2]));
+  std::vector<char> a(64), c(64);
+  std::vector<uint32_t> b(big.size() + 16, 0);
+  ASSERT_TRUE(column[0]->receive(a.data(), a.size(), 2, &receives[0]));
+  ASSERT_TRUE(column[0]->receive(b.data(), b.size() * 4, 2, &receives[1]));
+  ASSERT_TRUE(column[0]->receive(c.data(), c.size(), 2, &receives[2]));
+  size_t got = 0;
+  ASSERT_EQ(finish(column, *column[0], &receives[0], &got), Outcome::kDone);
+  EXPECT_EQ(std::string(a.data(), got), first);
+  EXPECT_EQ(receives[0], ColumnLink::kNoRequest);
+  ASSERT_EQ(finish(column, *column[0], &receives[1], &got), Outcome::kDone);
+  EXPECT_EQ(got, big.size() * 4);
+  EXPECT_TRUE(std::equal(big.begin(), big.end(), b.begin()));
+  ASSERT_EQ(finish(column, *column[0], &receives[2], &got), Outcome::kDone);
+  EXPECT_EQ(std::string(c.data(), got), third);
+  for (auto& s : sends) EXPECT_EQ(finish(column, *column[2], &s, &got), Outcome::kDone);
+  // A done request tests done again, with nothing received (as MPI_Test of MPI_REQUEST_NULL).
+  EXPECT_EQ(column[0]->test(&receives[0], &got), Outcome::kDone);
+  EXPECT_EQ(got, 0u);
+  for (auto& link : column) EXPECT_TRUE(link->idle());
+  // Both directions at once, between every pair, an empty message among them.
+  std::vector<std::vector<char>> in(9, std::vector<char>(8));
+  std::vector<ColumnLink::Request> requests;
+  for (int from = 0; from < 3; ++from)
+    for (int to = 0; to < 3; ++to) {
+      if (from == to) continue;
+      ColumnLink::Request s = ColumnLink::kNoRequest, r = ColumnLink::kNoRequest;
+      static const char words[3][4] = {"n0", "n1", ""};
+      ASSERT_TRUE(column[static_cast<size_t>(from)]->send(words[from], std::strlen(words[from]), to, &s));
+      ASSERT_TRUE(column[static_cast<size_t>(to)]->receive(in[static_cast<size_t>(from * 3 + to)].data(), 8, from, &r));
+      ASSERT_EQ(finish(column, *column[static_cast<size_t>(to)], &r, &got), Outcome::kDone);
+      EXPECT_EQ(std::string(in[static_cast<size_t>(from * 3 + to)].data(), got), words[from]);
+      ASSERT_EQ(finish(column, *column[static_cast<size_t>(from)], &s, &got), Outcome::kDone);
+    }
+}
+
+TEST(TcpLink, AMessageLongerThanItsReceiveIsTruncatedNotSpilled) {
+  auto column = make_column(2);
+  const std::string words = "twelve bytes";
+  ColumnLink::Request s = ColumnLink::kNoRequest, r = ColumnLink::kNoRequest;
+  ASSERT_TRUE(column[1]->send(words.data(), words.size(), 0, &s));
+  std::vector<char> small(8, 'x'), after(8, 'y');
+  ASSERT_TRUE(column[0]->receive(small.data(), small.size(), 1, &r));
+  size_t got = 0;
+  EXPECT_EQ(finish(column, *column[0], &r, &got), Outcome::kTruncated);
+  EXPECT_NE(column[0]->error().find("12 bytes where this rank expected at most 8"), std::string::npos)
+      << column[0]->error();
+  EXPECT_EQ(std::string(small.data(), small.size()), std::string(8, 'x'));
+}
+
+TEST(TcpLink, AClosedConnectionFailsTheWaitAndRepeatsWhatThePeerSaid) {
+  auto column = make_column(3);
+  ColumnLink::Request r = ColumnLink::kNoRequest;
+  std::vector<char> buf(16);
+  ASSERT_TRUE(column[0]->receive(buf.data(), buf.size(), 1, &r));
+  size_t got = 0;
+  EXPECT_EQ(column[0]->test(&r, &got), Outcome::kPending);
+  column[1]->tell_peers("rank 1 aborted: out of memory", 1.0);
+  column[1].reset();  // its process ends
+  EXPECT_EQ(finish(column, *column[0], &r, &got), Outcome::kFailed);
+  EXPECT_NE(column[0]->error().find("node 1's rank of this column: the connection closed"), std::string::npos)
+      << column[0]->error();
+  EXPECT_NE(column[0]->error().find("rank 1 aborted: out of memory"), std::string::npos) << column[0]->error();
+  EXPECT_EQ(column[0]->notice(1), "rank 1 aborted: out of memory");
+  // Node 2 sees the notice and the close too, though it waited for nothing.
+  column[2]->progress();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (column[2]->progress() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(column[2]->notice(1), "rank 1 aborted: out of memory");
+  // Nothing starts on a failed link.
+  ColumnLink::Request s = ColumnLink::kNoRequest;
+  EXPECT_FALSE(column[0]->send(buf.data(), 4, 2, &s));
+}
+
+TEST(TcpLink, SettingUpRefusesStrangersAndNamesTheNodesThatNeverCame) {
+  // A stranger connects to node 0's listener before the real peer, and says nothing useful.
+  auto l0 = std::make_unique<TcpListener>("127.0.0.1");
+  auto l1 = std::make_unique<TcpListener>("127.0.0.1");
+  const std::vector<std::string> addresses = {l0->address(), l1->address()};
+  const int port = std::stoi(l0->address().substr(l0->address().rfind(':') + 1));
+  const int stranger = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(stranger, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+  const char junk[24] = "GET / HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(::send(stranger, junk, sizeof junk, 0), static_cast<ssize_t>(sizeof junk));
+  // A peer of another job (another token) is refused too.
+  std::thread other([&] { EXPECT_THROW(TcpColumnLink(*l1, 1, 2, addresses, "another-job", 0.5), Error); });
+  std::unique_ptr<TcpColumnLink> n0, n1;
+  std::thread t1([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    n1 = std::make_unique<TcpColumnLink>(*l1, 1, 2, addresses, "job", 10);
+  });
+  n0 = std::make_unique<TcpColumnLink>(*l0, 0, 2, addresses, "job", 10);
+  t1.join();
+  other.join();
+  close(stranger);
+  ColumnLink::Request s = ColumnLink::kNoRequest, r = ColumnLink::kNoRequest;
+  char out[4] = {};
+  ASSERT_TRUE(n1->send("ok!", 3, 0, &s));
+  ASSERT_TRUE(n0->receive(out, 4, 1, &r));
+  size_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Outcome t = Outcome::kPending;
+  while ((t = n0->test(&r, &got)) == Outcome::kPending && std::chrono::steady_clock::now() < deadline) n1->progress();
+  ASSERT_EQ(t, Outcome::kDone);
+  EXPECT_EQ(std::string(out, got), "ok!");
+
+  // Node 2 of 3 never comes: node 0 names it after the timeout.
+  TcpListener lone("127.0.0.1");
+  try {
+    TcpColumnLink(lone, 0, 3, {lone.address(), "127.0.0.1:1", "127.0.0.1:1"}, "job", 0.3);
+    FAIL() << "the link was set up without its peers";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), ZERO_ERR_TIMEOUT);
+    EXPECT_NE(std::string(e.what()).find("node(s) 1, 2 did not connect"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zero
