@@ -58,7 +58,7 @@ class MpiColumnLink final : public zero::ColumnLink {
     return true;
   }
 
-  const std::string& error() const override { return error_; }
+  std::string error() const override { return error_; }
 
   void free() override {
     if (column_ != MPI_COMM_NULL) MPI_Comm_free(&column_);

@@ -34,7 +34,11 @@ class ColumnLink {
   // Whether no request is in flight: the buffers of requests given up may be written until then.
   virtual bool idle() const = 0;
 
-  virtual const std::string& error() const = 0;
+  virtual std::string error() const = 0;
+
+  // Moves what is in flight without waiting for anything (a link whose transfers move only when tested, as TCP's
+  // do). False once the link failed.
+  virtual bool progress() { return true; }
 
   // Collective over the column (zero_comm_finalize): gives the link's resources back.
   virtual void free() = 0;

@@ -192,14 +192,14 @@ Hierarchy::Progress Hierarchy::step_reduce_scatter(Op& op) {
     // harmless; a receive is tested until it arrives, once: see Op::partial_ready.)
     if (k < last) {
       bool sent = false;
-      if (!test(partial_out_req_[t % kSlots], sent, "sending partial sums")) return Progress::kFailed;
+      if (!test(partial_out_req_[t % kSlots], sent, "sending partial sums")) return test_failure();
       if (!sent || op.finals_done + kSlots <= t) return Progress::kWaiting;
     } else {
       for (int n = 0; n < nodes_; ++n) {
         bool sent = false;
         if (!test(final_out_req_[(t % kSlots) * static_cast<size_t>(nodes_) + static_cast<size_t>(n)], sent,
                   "sending a reduced block"))
-          return Progress::kFailed;
+          return test_failure();
         if (!sent) return Progress::kWaiting;
       }
     }
@@ -260,7 +260,7 @@ Hierarchy::Progress Hierarchy::step_reduce_scatter(Op& op) {
   for (std::vector<Request>* v : {&partial_out_req_, &final_out_req_})
     for (Request& r : *v) {
       bool sent = false;
-      if (!test(r, sent, "sending a message")) return Progress::kFailed;
+      if (!test(r, sent, "sending a message")) return test_failure();
       if (!sent) return Progress::kWaiting;
     }
   return Progress::kDone;

@@ -90,7 +90,11 @@ class Hierarchy {
 
   // Advances `op` as far as the peers allow (a bounded amount of work per call). kMismatch / kFailed: error()
   // says why; the communicator is unusable afterwards.
-  Progress step(Op& op) { return op.kind == ZERO_COLL_REDUCE_SCATTER ? step_reduce_scatter(op) : step_all_gather(op); }
+  // The link moves first: a sender waiting on its window must not hold back what its peers wait for.
+  Progress step(Op& op) {
+    link_->progress();
+    return op.kind == ZERO_COLL_REDUCE_SCATTER ? step_reduce_scatter(op) : step_all_gather(op);
+  }
 
   const std::string& error() const { return error_; }
 

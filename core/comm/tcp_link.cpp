@@ -35,9 +35,14 @@ double seconds_left(Clock::time_point deadline) {
 
 void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
 
+// No delay for the small frames; and a close that is not free()'s (a rank that stopped, exited or was killed)
+// resets the connection at once, dropping what it had not sent: otherwise its end would wait behind that data,
+// which a peer that has not asked for it yet never reads, until the peer's timeout.
 void set_options(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  const linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
 }
 
 // Splits "host:port" (an IPv6 host in brackets).
@@ -100,15 +105,23 @@ int dial(const std::string& address, Clock::time_point deadline, std::string* wh
       *why = "cannot resolve " + address + ": " + gai_strerror(rc);
     } else {
       for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        // Nonblocking, so that a host that drops the attempt silently costs the time left, not the kernel's
+        // minutes of retries.
+        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
         if (fd < 0) continue;
-        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+        int err = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+        if (err == EINPROGRESS) {
+          pollfd pfd{fd, POLLOUT, 0};
+          const int ready = poll(&pfd, 1, static_cast<int>(std::min(seconds_left(deadline), 5.0) * 1000) + 1);
+          socklen_t len = sizeof err;
+          err = ready <= 0 ? ETIMEDOUT : getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : errno;
+        }
+        if (err == 0) {
           freeaddrinfo(found);
-          set_nonblocking(fd);
           set_options(fd);
           return fd;
         }
-        *why = "cannot connect to " + address + ": " + errno_text(errno);
+        *why = "cannot connect to " + address + ": " + errno_text(err);
         close(fd);
       }
       freeaddrinfo(found);
@@ -133,8 +146,8 @@ TcpListener::TcpListener(const std::string& host) {
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  const bool any = host.empty() || host == "0.0.0.0";
-  const int rc = getaddrinfo(any ? nullptr : host.c_str(), "0", &hints, &found);
+  const bool any = host.empty() || host == "0.0.0.0" || host == "::";
+  const int rc = getaddrinfo(any ? (host == "::" ? "::" : nullptr) : host.c_str(), "0", &hints, &found);
   if (rc != 0) fail(ZERO_ERR_COMM, "cannot resolve \"" + host + "\" to listen on: " + gai_strerror(rc));
   std::string why = "no address";
   for (addrinfo* a = found; a != nullptr && fd_ < 0; a = a->ai_next) {
@@ -154,8 +167,19 @@ TcpListener::TcpListener(const std::string& host) {
   getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len);
   const int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                                : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  const bool v6 = host.find(':') != std::string::npos;
-  address_ = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  // Bound to every interface: the peers dial this machine's name (a cluster's nodes resolve each other's); the
+  // bootstrap passes an address instead where they do not.
+  std::string advertised = host;
+  if (any) {
+    char name[256] = {};
+    if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') {
+      close(fd_);
+      fail(ZERO_ERR_COMM, "listening on every interface, but this machine has no name to give the peers");
+    }
+    advertised = name;
+  }
+  const bool v6 = advertised.find(':') != std::string::npos;
+  address_ = (v6 ? "[" + advertised + "]" : advertised) + ":" + std::to_string(port);
   set_nonblocking(fd_);
 }
 
@@ -211,12 +235,16 @@ TcpColumnLink::TcpColumnLink(TcpListener& listener, int node, int nodes, const s
       }
       if (poll(&pfd, 1, static_cast<int>(std::min(left * 1000, 100.0)) + 1) <= 0) continue;
       const int fd = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;
+      if (fd < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)  // out of descriptors: not a busy loop
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
       set_options(fd);
       // A connection that is not one of this column's peers (a port scan, another job's rank, a stale attempt)
       // is closed and forgotten.
-      unsigned char h[24];
-      const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+      unsigned char h[24] = {};
+      const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(2));
       const uint64_t from = read_all(fd, h, sizeof h, hello_deadline) ? get64(h + 8) : UINT64_MAX;
       const uint64_t length = get64(h + 16);
       std::string theirs(length <= kMaxToken ? length : 0, '\0');
@@ -247,8 +275,17 @@ TcpColumnLink::~TcpColumnLink() {
 
 void TcpColumnLink::free() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A goodbye first, so that a peer still finishing its own part of the last collective with another node does not
+  // take this close for a failure.
+  unsigned char bye[16];
+  put64(bye, 0);
+  put64(bye + 8, kGoodbye);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(100);
   for (Peer& p : peers_)
     if (p.fd >= 0) {
+      if (!p.closed) write_all(p.fd, bye, sizeof bye, deadline);
+      const linger graceful{0, 0};
+      setsockopt(p.fd, SOL_SOCKET, SO_LINGER, &graceful, sizeof graceful);
       close(p.fd);
       p.fd = -1;
       p.closed = true;
@@ -337,19 +374,20 @@ std::string TcpColumnLink::notice(int node) const {
 }
 
 void TcpColumnLink::tell_peers(const std::string& words, double flush_s) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::mutex> lock(mutex_);
   for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
     Peer& peer = peers_[static_cast<size_t>(n)];
     if (n == node_ || peer.fd < 0 || peer.closed) continue;
     Pending p;
+    p.is_notice = true;
     p.notice = words.substr(0, kMaxNotice);
-    p.buf = p.notice.data();
     p.bytes = p.notice.size();
     put64(p.header, p.bytes);
     put64(p.header + 8, kNotice);
-    // After the frame being written (a frame is never cut), before any other.
+    // After the frame being written (a frame is never cut) and the notices already queued, before any data.
     auto at = peer.sends.begin();
     if (at != peer.sends.end() && at->done > 0) ++at;
+    while (at != peer.sends.end() && at->is_notice) ++at;
     peer.sends.insert(at, std::move(p));
   }
   // Pending data ahead of a notice (a peer that stopped reading) must not hold it back forever.
@@ -360,11 +398,13 @@ void TcpColumnLink::tell_peers(const std::string& words, double flush_s) {
     for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
       Peer& peer = peers_[static_cast<size_t>(n)];
       if (n == node_ || peer.fd < 0 || peer.closed) continue;
-      if (!failed_) pump_sends(n);
-      for (const Pending& p : peer.sends) pending |= !p.notice.empty();
+      pump_sends(n);  // also after the link failed: that is when the peers most need to hear why
+      for (const Pending& p : peer.sends) pending |= p.is_notice && !peer.closed;
     }
-    if (!pending || failed_ || Clock::now() >= deadline) return;
+    if (!pending || Clock::now() >= deadline) return;
+    lock.unlock();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.lock();
   }
 }
 
@@ -382,13 +422,16 @@ bool TcpColumnLink::fail_link(int node, const std::string& what, bool truncated)
 bool TcpColumnLink::pump_sends(int node) {
   Peer& peer = peers_[static_cast<size_t>(node)];
   while (!peer.sends.empty()) {
-    if (peer.closed) return fail_link(node, "the connection is closed");
+    if (peer.closed)
+      return fail_link(node, peer.said_goodbye ? "it finalized its communicator while this rank was sending to it"
+                                               : "the connection is closed");
     Pending& p = peer.sends.front();
     iovec parts[2];
     int count = 0;
     if (p.done < sizeof p.header) parts[count++] = {p.header + p.done, sizeof p.header - p.done};
     const size_t payload_done = p.done > sizeof p.header ? p.done - sizeof p.header : 0;
-    if (p.bytes > payload_done) parts[count++] = {const_cast<char*>(p.buf) + payload_done, p.bytes - payload_done};
+    const char* payload = p.is_notice ? p.notice.data() : p.buf;
+    if (p.bytes > payload_done) parts[count++] = {const_cast<char*>(payload) + payload_done, p.bytes - payload_done};
     ssize_t n = 0;
     if (count > 0) {
       msghdr m{};
@@ -397,6 +440,8 @@ bool TcpColumnLink::pump_sends(int node) {
       n = sendmsg(peer.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+        if (errno == ECONNRESET || errno == EPIPE)
+          return fail_link(node, "the connection closed (its process ended, or it gave up)");
         return fail_link(node, "sending failed: " + errno_text(errno) + " (its process ended?)");
       }
     }
@@ -412,9 +457,15 @@ bool TcpColumnLink::pump_sends(int node) {
 bool TcpColumnLink::pump_receives(int node) {
   Peer& peer = peers_[static_cast<size_t>(node)];
   for (;;) {
-    if (peer.closed) return fail_link(node, "the connection is closed");
+    if (peer.closed) {
+      if (peer.said_goodbye && peer.receives.empty()) return true;
+      return fail_link(node, peer.said_goodbye ? "it finalized its communicator while this rank expected a message "
+                                                 "from it"
+                                               : "the connection is closed");
+    }
     char* into = nullptr;
     size_t want = 0;
+    bool into_receive = false;
     if (peer.header_got < sizeof peer.header) {
       into = reinterpret_cast<char*>(peer.header) + peer.header_got;
       want = sizeof peer.header - peer.header_got;
@@ -423,7 +474,22 @@ bool TcpColumnLink::pump_receives(int node) {
       into = peer.notice.data() + peer.payload_got;
       want = peer.length - peer.payload_got;
     } else {
-      if (peer.receives.empty()) return true;  // the frame waits in the kernel's buffer for its receive
+      if (peer.receives.empty() && !peer.draining) {
+        // The frame waits in the kernel's buffer for its receive, unless the peer has hung up: then nothing it
+        // sent can complete a collective any more, and what follows (its notice, the close) is what matters.
+        pollfd pfd{peer.fd, POLLRDHUP, 0};
+        if (poll(&pfd, 1, 0) <= 0 || (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return true;
+        peer.draining = true;
+      }
+      if (peer.draining) {
+        peer.scratch.resize(std::max<size_t>(1, std::min<uint64_t>(peer.length - peer.payload_got, 1 << 16)));
+        into = peer.scratch.data();
+        want = std::min<uint64_t>(peer.length - peer.payload_got, peer.scratch.size());
+      } else {
+        into_receive = true;
+      }
+    }
+    if (into_receive) {
       const Posted& r = peer.receives.front();
       if (peer.length > r.capacity)
         return fail_link(node,
@@ -439,11 +505,16 @@ bool TcpColumnLink::pump_receives(int node) {
       const ssize_t n = ::recv(peer.fd, into, want, MSG_DONTWAIT);
       if (n == 0) {
         peer.closed = true;
-        return fail_link(node, "the connection closed (its process ended, or it gave up)");
+        // After its goodbye (it finalized) only what was still expected from it fails.
+        if (peer.said_goodbye && peer.receives.empty() && peer.header_got == 0 && !peer.dropped) return true;
+        return fail_link(node, peer.said_goodbye ? "it finalized its communicator while this rank expected a message "
+                                                   "from it"
+                                                 : "the connection closed (its process ended, or it gave up)");
       }
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
         peer.closed = true;
+        if (errno == ECONNRESET) return fail_link(node, "the connection closed (its process ended, or it gave up)");
         return fail_link(node, "receiving failed: " + errno_text(errno) + " (its process ended?)");
       }
       if (peer.header_got < sizeof peer.header) {
@@ -452,6 +523,11 @@ bool TcpColumnLink::pump_receives(int node) {
         peer.length = get64(peer.header);
         peer.kind = get64(peer.header + 8);
         peer.payload_got = 0;
+        if (peer.kind == kGoodbye && peer.length == 0) {
+          peer.said_goodbye = true;
+          peer.header_got = 0;
+          continue;
+        }
         if (peer.kind != kData && !(peer.kind == kNotice && peer.length <= kMaxNotice))
           return fail_link(node, "it sent a frame this link does not know (kind " + std::to_string(peer.kind) + ")");
         continue;
@@ -462,7 +538,8 @@ bool TcpColumnLink::pump_receives(int node) {
       continue;
     }
     // A whole frame.
-    if (peer.kind == kData) {
+    if (peer.kind == kData && peer.draining) peer.dropped = true;
+    if (peer.kind == kData && !peer.draining) {
       const Posted r = peer.receives.front();
       peer.receives.pop_front();
       State& s = requests_[static_cast<size_t>(r.request)];

@@ -25,8 +25,9 @@
 
 namespace zero {
 
-// A listening TCP socket on `host` (an address or a name to bind to; "" or "0.0.0.0": every interface) and a port
-// the kernel chooses. address() is "host:port" as the peers should dial it. Throws zero::Error.
+// A listening TCP socket on `host` (an address or a name to bind to; "" or "0.0.0.0": every interface, advertised
+// under the machine's name) and a port the kernel chooses. address() is "host:port" as the peers should dial it.
+// Throws zero::Error.
 class TcpListener {
  public:
   explicit TcpListener(const std::string& host);
@@ -54,7 +55,10 @@ class TcpColumnLink final : public ColumnLink {
   bool receive(void* buf, size_t bytes, int node, Request* request) override;
   Test test(Request* request, size_t* received) override;
   bool idle() const override;
-  const std::string& error() const override { return error_; }
+  std::string error() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_;
+  }
   void free() override;
 
   // Sends `words` to every connected peer ahead of any data not yet begun, and pushes them out for at most
@@ -65,7 +69,7 @@ class TcpColumnLink final : public ColumnLink {
   // The words node n said before it stopped, or "" (read as they arrive; call progress() to read them).
   std::string notice(int node) const;
   // Moves every connection as far as the kernel allows. False once the link failed (error() says why).
-  bool progress();
+  bool progress() override;
 
  private:
   struct Pending {
@@ -74,7 +78,8 @@ class TcpColumnLink final : public ColumnLink {
     size_t done = 0;           // bytes of header + payload written
     unsigned char header[16];  // length, kind
     Request request = kNoRequest;
-    std::string notice;  // a notice frame's payload, owned here
+    bool is_notice = false;
+    std::string notice;  // a notice frame's payload, owned here (buf is unused: the string moves)
   };
   struct Posted {
     char* buf = nullptr;
@@ -92,13 +97,17 @@ class TcpColumnLink final : public ColumnLink {
     size_t payload_got = 0;  // of its payload
     std::string notice;
     bool closed = false;
+    bool said_goodbye = false;  // it finalized: its close is no failure unless a receive still waits on it
+    bool draining = false;      // it hung up: frames nobody receives are read and dropped to reach its notice
+    bool dropped = false;       // a data frame was dropped so: its goodbye does not excuse the close
+    std::vector<char> scratch;
   };
   struct State {
     bool in_use = false;
     bool done = false;
     size_t received = 0;
   };
-  static constexpr uint64_t kData = 0, kNotice = 1;
+  static constexpr uint64_t kData = 0, kNotice = 1, kGoodbye = 2;
 
   Request new_request();
   bool pump_sends(int node);

@@ -140,6 +140,59 @@ TEST(TcpLink, AClosedConnectionFailsTheWaitAndRepeatsWhatThePeerSaid) {
   EXPECT_FALSE(column[0]->send(buf.data(), 4, 2, &s));
 }
 
+// Moves every link until `done` or 10 s.
+template <class Done>
+void run_until(std::vector<std::unique_ptr<TcpColumnLink>>& column, Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    for (auto& link : column)
+      if (link) link->progress();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+TEST(TcpLink, APeerThatEndsIsHeardAtOnceEvenBehindAMessageNobodyReceivedYet) {
+  auto column = make_column(3);
+  // Node 1 sends node 0 more than the sockets hold, which node 0 has not asked for yet, and ends: its words cannot
+  // get out behind that message, but its end must not wait for node 0 to read it (the connection is reset).
+  std::vector<char> unasked(16 << 20, 'u');
+  ColumnLink::Request s = ColumnLink::kNoRequest;
+  ASSERT_TRUE(column[1]->send(unasked.data(), unasked.size(), 0, &s));
+  column[1]->tell_peers("oom", 0.2);
+  column[1].reset();
+  const auto begin = std::chrono::steady_clock::now();
+  run_until(column, [&] { return !column[0]->progress(); });
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(5));
+  EXPECT_NE(column[0]->error().find("node 1's rank of this column: the connection closed"), std::string::npos)
+      << column[0]->error();
+  // Node 0 failed; what it says now still reaches node 2, a short notice whole.
+  column[0]->tell_peers("oom", 1.0);
+  run_until(column, [&] { return !column[2]->notice(0).empty(); });
+  EXPECT_EQ(column[2]->notice(0), "oom");
+}
+
+TEST(TcpLink, APeerThatFinalizedFailsOnlyWhatStillWaitsOnIt) {
+  auto column = make_column(3);
+  column[0]->free();  // node 0 finalized and leaves
+  column[0].reset();
+  // Nodes 1 and 2 finish their own exchange.
+  const std::string words = "last";
+  std::vector<char> in(8);
+  ColumnLink::Request s = ColumnLink::kNoRequest, r = ColumnLink::kNoRequest;
+  ASSERT_TRUE(column[2]->send(words.data(), words.size(), 1, &s));
+  ASSERT_TRUE(column[1]->receive(in.data(), in.size(), 2, &r));
+  size_t got = 0;
+  ASSERT_EQ(finish(column, *column[1], &r, &got), Outcome::kDone) << column[1]->error();
+  EXPECT_EQ(std::string(in.data(), got), words);
+  ASSERT_EQ(finish(column, *column[2], &s, &got), Outcome::kDone) << column[2]->error();
+  // But a message expected from node 0 never comes: that fails, saying why.
+  ASSERT_TRUE(column[1]->receive(in.data(), in.size(), 0, &r));
+  EXPECT_EQ(finish(column, *column[1], &r, &got), Outcome::kFailed);
+  EXPECT_NE(column[1]->error().find("it finalized its communicator while this rank expected a message"),
+            std::string::npos)
+      << column[1]->error();
+}
+
 TEST(TcpLink, SettingUpRefusesStrangersAndNamesTheNodesThatNeverCame) {
   // A stranger connects to node 0's listener before the real peer, and says nothing useful.
   auto l0 = std::make_unique<TcpListener>("127.0.0.1");
@@ -175,6 +228,33 @@ TEST(TcpLink, SettingUpRefusesStrangersAndNamesTheNodesThatNeverCame) {
   while ((t = n0->test(&r, &got)) == Outcome::kPending && std::chrono::steady_clock::now() < deadline) n1->progress();
   ASSERT_EQ(t, Outcome::kDone);
   EXPECT_EQ(std::string(out, got), "ok!");
+
+  // Listening on every interface: the address given to the peers is the machine's name, and it takes loopback too.
+  TcpListener any("");
+  char name[256] = {};
+  ASSERT_EQ(gethostname(name, sizeof name - 1), 0);
+  const std::string any_port = any.address().substr(any.address().rfind(':') + 1);
+  EXPECT_EQ(any.address(), std::string(name) + ":" + any_port);
+  std::unique_ptr<TcpColumnLink> a0;
+  std::thread dialler([&] {
+    TcpListener unused("127.0.0.1");
+    TcpColumnLink a1(unused, 1, 2, {"127.0.0.1:" + any_port, unused.address()}, "job", 10);
+  });
+  EXPECT_NO_THROW(
+      a0 = std::make_unique<TcpColumnLink>(any, 0, 2, std::vector<std::string>{any.address(), ""}, "job", 10));
+  dialler.join();
+
+  // A peer's address nobody answers at: node 1 gives up after its timeout, naming it.
+  TcpListener l("127.0.0.1");
+  try {
+    TcpColumnLink(l, 1, 2, {"127.0.0.1:1", l.address()}, "job", 0.3);
+    FAIL() << "the link was set up without its peer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), ZERO_ERR_TIMEOUT);
+    EXPECT_NE(std::string(e.what()).find("node 0's rank of this column (127.0.0.1:1) could not be reached"),
+              std::string::npos)
+        << e.what();
+  }
 
   // Node 2 of 3 never comes: node 0 names it after the timeout.
   TcpListener lone("127.0.0.1");
