@@ -14,6 +14,10 @@ using zero::capi::handle;
 using zero::capi::opaque;
 using zero::capi::require_arg;
 
+struct zero_listener {
+  std::unique_ptr<zero::TcpListener> impl;
+};
+
 namespace {
 
 zero_status_t create(const char* call, zero_comm_t** out_comm, const std::function<void(CommHandle&)>& make) {
@@ -47,6 +51,48 @@ ZERO_API zero_status_t zero_comm_create_shm(zero_comm_t** out_comm, const char* 
                 ("rank " + std::to_string(rank) + " of " + std::to_string(size) + " ranks").c_str());
     require_arg(join_timeout_s > 0 && join_timeout_s < 1e9, call, "join_timeout_s must be positive");
     h.impl = zero::make_shm_communicator(name, rank, size, join_timeout_s);
+  });
+}
+
+ZERO_API zero_status_t zero_listener_create(zero_listener_t** out_listener, const char** out_address,
+                                            const char* host) {
+  const char* call = "zero_listener_create";
+  return guard(call, [&] {
+    require_arg(out_listener != nullptr, call, "out_listener is NULL");
+    require_arg(out_address != nullptr, call, "out_address is NULL");
+    require_arg(host != nullptr, call, "host is NULL");
+    auto listener = std::make_unique<zero_listener>();
+    listener->impl = std::make_unique<zero::TcpListener>(host);
+    *out_address = listener->impl->address().c_str();
+    *out_listener = listener.release();
+  });
+}
+
+ZERO_API void zero_listener_destroy(zero_listener_t* listener) { delete listener; }
+
+ZERO_API zero_status_t zero_comm_create_shm_nodes(zero_comm_t** out_comm, zero_listener_t* listener, const char* name,
+                                                  int32_t rank, int32_t size, int32_t ranks_per_node,
+                                                  const char* const* addresses, double join_timeout_s) {
+  const char* call = "zero_comm_create_shm_nodes";
+  return create(call, out_comm, [&](CommHandle& h) {
+    require_arg(name != nullptr, call, "name is NULL");
+    require_arg(listener != nullptr, call, "listener is NULL");
+    require_arg(addresses != nullptr, call, "addresses is NULL");
+    require_arg(size >= 1 && rank >= 0 && rank < size, call,
+                ("rank " + std::to_string(rank) + " of " + std::to_string(size) + " ranks").c_str());
+    require_arg(
+        ranks_per_node >= 1 && size % ranks_per_node == 0, call,
+        ("ranks_per_node " + std::to_string(ranks_per_node) + " does not divide " + std::to_string(size) + " ranks")
+            .c_str());
+    require_arg(join_timeout_s > 0 && join_timeout_s < 1e9, call, "join_timeout_s must be positive");
+    zero::ShmNodes nodes;
+    nodes.ranks_per_node = ranks_per_node;
+    nodes.listener = listener->impl.get();
+    for (int32_t r = 0; r < size; ++r) {
+      require_arg(addresses[r] != nullptr, call, ("addresses[" + std::to_string(r) + "] is NULL").c_str());
+      nodes.addresses.emplace_back(addresses[r]);
+    }
+    h.impl = zero::make_shm_communicator(name, rank, size, join_timeout_s, &nodes);
   });
 }
 

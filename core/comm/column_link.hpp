@@ -28,7 +28,7 @@ class ColumnLink {
 
   // kDone: *request becomes kNoRequest and, for a receive, *received is the size of the message that arrived.
   // Testing kNoRequest is kDone with nothing received, as MPI_Test of MPI_REQUEST_NULL. kFailed and kTruncated:
-  // error() says why; the link is unusable afterwards.
+  // error() says why; nothing more moves to or from that node (the caller gives the collective up).
   virtual Test test(Request* request, size_t* received) = 0;
 
   // Whether no request is in flight: the buffers of requests given up may be written until then.

@@ -11,7 +11,7 @@
 
 namespace zero {
 
-Hierarchy::Hierarchy(std::unique_ptr<NodeWindow> window, std::unique_ptr<ColumnLink> link, int node, int nodes)
+Hierarchy::Hierarchy(std::shared_ptr<NodeWindow> window, std::unique_ptr<ColumnLink> link, int node, int nodes)
     : window_(std::move(window)), link_(std::move(link)), nodes_(nodes), node_(node) {
   local_ = window_->rank();
   locals_ = window_->size();

@@ -43,7 +43,7 @@ class Hierarchy {
  public:
   // Over this node's `window` (its ranks are the node's L consecutive ranks, local rank = window rank) and this
   // rank's column `link`; `node` of `nodes`. The window's halves must hold a cache line per rank of the job.
-  Hierarchy(std::unique_ptr<NodeWindow> window, std::unique_ptr<ColumnLink> link, int node, int nodes);
+  Hierarchy(std::shared_ptr<NodeWindow> window, std::unique_ptr<ColumnLink> link, int node, int nodes);
   // Requests still in flight (a collective given up) may still write into the staging: then it is kept for the
   // life of the process, reachable from a registry (so that LeakSanitizer does not call it lost), never freed.
   ~Hierarchy();
@@ -132,7 +132,7 @@ class Hierarchy {
   Progress step_reduce_scatter(Op& op);
   Progress step_all_gather(Op& op);
 
-  std::unique_ptr<NodeWindow> window_;
+  std::shared_ptr<NodeWindow> window_;  // shared with a communicator that runs other collectives through it
   std::unique_ptr<ColumnLink> link_;
   int local_ = 0, locals_ = 1, nodes_ = 1, node_ = 0;
   std::vector<int> window_names_;  // the job's ranks of this node's window ranks

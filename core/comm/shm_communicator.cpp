@@ -15,8 +15,10 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "comm/cross_node.hpp"
 #include "comm/node_window.hpp"
 #include "comm/progress_policy.hpp"
 #include "comm/shm_segment.hpp"
@@ -50,18 +52,27 @@ std::vector<ShmCommunicator*>& live() {
   return *communicators;
 }
 
+// Ranks per node of a job over several nodes (every node holds the same number of consecutive ranks), or the whole
+// job on one.
+int locals_of(int size, const ShmNodes* nodes) { return nodes != nullptr ? nodes->ranks_per_node : size; }
+std::string segment_name(const std::string& name, int rank, const ShmNodes* nodes) {
+  return nodes != nullptr ? name + "-node" + std::to_string(rank / nodes->ranks_per_node) : name;
+}
+
 class ShmCommunicator final : public Communicator {
  public:
-  ShmCommunicator(const std::string& name, int rank, int size, double join_timeout_s)
-      : Communicator(rank, size, size, true),
-        segment_(name, rank, size, half_bytes_from_env(), join_timeout_s),
+  ShmCommunicator(const std::string& name, int rank, int size, double join_timeout_s, const ShmNodes* nodes)
+      : Communicator(rank, size, locals_of(size, nodes), true),
+        segment_(segment_name(name, rank, nodes), rank % locals_of(size, nodes), locals_of(size, nodes),
+                 half_bytes_from_env(), join_timeout_s),
         owner_(getpid()) {
+    const int locals = locals_of(size, nodes), local = rank % locals;
     // One deadline for the whole setup, as the caller's timeout promises.
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(join_timeout_s));
     const auto left = [&] { return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()); };
     try {
-      window_ = std::make_unique<NodeWindow>(rank, size, segment_.half_bytes(), segment_.slots(), nullptr);
+      window_ = std::make_shared<NodeWindow>(local, locals, segment_.half_bytes(), segment_.slots(), nullptr);
       window_->reset_line();
       window_->publish_probe();
       segment_.barrier(2, left(), "publishing the window");
@@ -69,14 +80,15 @@ class ShmCommunicator final : public Communicator {
       // a rank that dies without a word is found by the timeout only.
       segment_.set_process_checks(segment_.peers_visible());
       // Single copy only if every rank could read every peer.
-      const bool mine = !env_is_zero("ZERO_SHM_SINGLE_COPY") && size > 1 && window_->probe_peers();
+      const bool mine = !env_is_zero("ZERO_SHM_SINGLE_COPY") && locals > 1 && window_->probe_peers();
       agree_single_copy(mine, left());
+      if (locals < size) connect_nodes(name, rank / locals, size / locals, *nodes, left());
     } catch (const std::exception& e) {
       // The peers that joined must not wait for this rank until their timeout.
       segment_.stop(ShmRankState::kStopped, 0, std::string("it failed while setting up the communicator: ") + e.what());
       throw;
     }
-    use_progress_thread_ = size > 1 && want_progress_thread(size, "ZERO_SHM_PROGRESS_THREAD");
+    use_progress_thread_ = size > 1 && want_progress_thread(locals, "ZERO_SHM_PROGRESS_THREAD");
     static std::once_flag hook;
     std::call_once(hook, [] { std::atexit(tell_peers_at_exit); });
     std::lock_guard<std::mutex> lock(g_live_mutex);
@@ -90,11 +102,16 @@ class ShmCommunicator final : public Communicator {
     }
     stop_progress_thread();
     // A child forked from the rank (it shares the mapping) speaks for no rank.
-    if (!finalized() && getpid() == owner_)
+    if (!finalized() && getpid() == owner_) {
       segment_.stop(ShmRankState::kStopped, completed_.load(), "it destroyed its communicator");
+      if (cross_) cross_->tell_peers(completed_.load(), "it destroyed its communicator");
+    }
   }
 
   bool can_time_out() const override { return true; }
+
+  // The job's rank of this node's segment rank r (the segment holds one node's ranks).
+  int job_rank(int r) const { return rank() - segment_.rank() + r; }
 
   bool wait(Request request, double timeout_s) override {
     Op* op = static_cast<Op*>(request);
@@ -123,9 +140,12 @@ class ShmCommunicator final : public Communicator {
       // too, even when the data it had already put in the window let the collective complete here.
       const bool check_processes = Clock::now() - checked > std::chrono::milliseconds(100);
       if (check_processes) checked = Clock::now();
-      const std::string stopped = stopped_peer(op->coll.sequence, op->coll.label, check_processes);
+      std::string stopped = stopped_peer(op->coll.sequence, op->coll.label, check_processes);
+      if (stopped.empty() && cross_) stopped = cross_->stopped_peer(op->coll.sequence, op->coll.label, false);
       if (!stopped.empty()) {
         abandon(stopped);
+        // The other nodes see this node's ranks only through their counterparts: they hear it from this one.
+        if (cross_) cross_->tell_peers(completed_.load(), stopped);
         fail(ZERO_ERR_REMOTE, stopped);
       }
       if (op->done.load(std::memory_order_acquire)) {
@@ -150,8 +170,8 @@ class ShmCommunicator final : public Communicator {
     const auto begin = Clock::now();
     while (seconds_since(begin) < grace_s) {
       bool all = true;
-      for (int r = 0; r < size() && all; ++r) {
-        if (r == rank()) continue;
+      for (int r = 0; r < segment_.size() && all; ++r) {
+        if (r == segment_.rank()) continue;
         const ShmSegment::PeerView p = segment_.peer(r);
         const bool settled = p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized ||
                              p.waiting >= sequence || segment_.peer_process_gone(r);
@@ -161,24 +181,24 @@ class ShmCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     std::string out = "What the other ranks are doing:";
-    for (int r = 0; r < size(); ++r) {
-      if (r == rank()) continue;
+    for (int r = 0; r < segment_.size(); ++r) {
+      if (r == segment_.rank()) continue;
       const ShmSegment::PeerView p = segment_.peer(r);
       char line[768];
       if (p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized)
-        std::snprintf(line, sizeof line, " rank %d has stopped after collective #%llu (%s);", r,
+        std::snprintf(line, sizeof line, " rank %d has stopped after collective #%llu (%s);", job_rank(r),
                       static_cast<unsigned long long>(p.stopped_after), p.reason.c_str());
       else if (segment_.peer_process_gone(r))
-        std::snprintf(line, sizeof line, " rank %d (pid %d) has ended without a word, after collective #%llu;", r,
-                      static_cast<int>(p.pid), static_cast<unsigned long long>(p.completed));
+        std::snprintf(line, sizeof line, " rank %d (pid %d) has ended without a word, after collective #%llu;",
+                      job_rank(r), static_cast<int>(p.pid), static_cast<unsigned long long>(p.completed));
       else if (p.waiting != 0)
-        std::snprintf(line, sizeof line, " rank %d waits in collective #%llu (%s) for %.1f s;", r,
+        std::snprintf(line, sizeof line, " rank %d waits in collective #%llu (%s) for %.1f s;", job_rank(r),
                       static_cast<unsigned long long>(p.waiting), p.label.c_str(), p.waiting_for_s);
       else
         std::snprintf(line, sizeof line,
                       " rank %d: not inside a libzero collective (busy in the framework's code, blocked elsewhere, "
                       "or hung), after collective #%llu;",
-                      r, static_cast<unsigned long long>(p.completed));
+                      job_rank(r), static_cast<unsigned long long>(p.completed));
       out += line;
     }
     if (out.back() == ';') out.back() = '.';
@@ -186,13 +206,16 @@ class ShmCommunicator final : public Communicator {
   }
 
   void tell_peers_exiting() {
-    if (getpid() == owner_) segment_.stop(ShmRankState::kStopped, completed_.load(), "this process is exiting");
+    if (getpid() != owner_) return;
+    segment_.stop(ShmRankState::kStopped, completed_.load(), "this process is exiting");
+    if (cross_) cross_->tell_peers(completed_.load(), "this process is exiting");
   }
 
  private:
   struct Op {
     Collective coll;
     NodeWindow::Op window_op;
+    CrossNode::Op cross_op;  // with cross_: every collective goes through it
     std::atomic<bool> done{false};
   };
 
@@ -206,7 +229,7 @@ class ShmCommunicator final : public Communicator {
     segment_.set_vote(mine ? 1 : 0);
     segment_.barrier(3, timeout_s, "probing single copy");
     bool all = true;
-    for (int r = 0; r < size(); ++r) all = all && segment_.peer(r).vote == 1;
+    for (int r = 0; r < segment_.size(); ++r) all = all && segment_.peer(r).vote == 1;
     segment_.barrier(4, timeout_s, "agreeing on single copy");  // nobody reads a probe word after this
     window_->set_single_copy(all, "ZERO_SHM_SINGLE_COPY=0");
   }
@@ -223,8 +246,12 @@ class ShmCommunicator final : public Communicator {
     ops_.push_back(std::make_unique<Op>());
     Op* op = ops_.back().get();
     op->coll = c;
-    op->window_op = window_->begin(c.sequence, static_cast<int32_t>(c.kind), static_cast<int32_t>(c.type), c.buf,
+    if (cross_)
+      op->cross_op = cross_->begin(c.sequence, static_cast<int32_t>(c.kind), static_cast<int32_t>(c.type), c.buf,
                                    c.count, elem_size(c.type), static_cast<int32_t>(c.op), c.root);
+    else
+      op->window_op = window_->begin(c.sequence, static_cast<int32_t>(c.kind), static_cast<int32_t>(c.type), c.buf,
+                                     c.count, elem_size(c.type), static_cast<int32_t>(c.op), c.root);
     if (use_progress_thread_) start_progress_thread();
     {
       std::lock_guard<std::mutex> lock(queue_mutex_);
@@ -237,6 +264,7 @@ class ShmCommunicator final : public Communicator {
   void do_abort(const std::string& reason) override {
     aborted_here_.store(true);
     segment_.stop(ShmRankState::kStopped, completed_.load(), reason);
+    if (cross_) cross_->tell_peers(completed_.load(), reason);
     queue_cv_.notify_one();
   }
 
@@ -244,13 +272,14 @@ class ShmCommunicator final : public Communicator {
   void do_finalize() override {
     stop_progress_thread();
     segment_.stop(ShmRankState::kFinalized, completed_.load(), "it finalized its communicator");
+    if (cross_) cross_->free();
   }
 
   // A peer that will not take part in collective `sequence`: it stopped (or finalized) before it, or its process
   // ended before completing it. Empty if none.
   std::string stopped_peer(uint64_t sequence, const std::string& label, bool check_processes) const {
-    for (int r = 0; r < size(); ++r) {
-      if (r == rank()) continue;
+    for (int r = 0; r < segment_.size(); ++r) {
+      if (r == segment_.rank()) continue;
       const ShmSegment::PeerView p = segment_.peer(r);
       std::string why;
       uint64_t after = 0;
@@ -264,9 +293,9 @@ class ShmCommunicator final : public Communicator {
       } else {
         continue;
       }
-      return "rank " + std::to_string(r) + " has stopped: " + why + ". It took part in the collectives up to #" +
-             std::to_string(after) + ", so collective #" + std::to_string(sequence) + " (" + label +
-             ") cannot complete";
+      return "rank " + std::to_string(job_rank(r)) + " has stopped: " + why +
+             ". It took part in the collectives up to #" + std::to_string(after) + ", so collective #" +
+             std::to_string(sequence) + " (" + label + ") cannot complete";
     }
     return "";
   }
@@ -298,6 +327,10 @@ class ShmCommunicator final : public Communicator {
     bool moved = false;
     while (!queue_.empty()) {
       Op* front = queue_.front();
+      if (cross_) {
+        if (!step_cross_locked(front, moved)) return moved;
+        continue;
+      }
       const NodeWindow::Op before = front->window_op;
       const NodeWindow::Progress p = window_->step(front->window_op);
       moved |= front->window_op.offset != before.offset || front->window_op.copied != before.copied ||
@@ -317,14 +350,94 @@ class ShmCommunicator final : public Communicator {
         return moved;
       }
       if (p == NodeWindow::Progress::kWaiting) return moved;
-      queue_.pop_front();
-      // In start order: the highest completed is also every one before it.
-      completed_.store(front->coll.sequence);
-      segment_.set_completed(front->coll.sequence);
-      front->done.store(true, std::memory_order_release);
+      complete_front(front);
       moved = true;
     }
     return moved;
+  }
+
+  void complete_front(Op* front) {
+    queue_.pop_front();
+    // In start order: the highest completed is also every one before it.
+    completed_.store(front->coll.sequence);
+    segment_.set_completed(front->coll.sequence);
+    front->done.store(true, std::memory_order_release);
+  }
+
+  // The front collective of a job over several nodes, with queue_mutex_ held: false while it waits or once it
+  // failed. A failure is seen first by the ranks it touches (a column, or one node's window), so this rank tells
+  // both: its line in the segment (its node's ranks) and its column peers (their nodes, through theirs).
+  bool step_cross_locked(Op* front, bool& moved) {
+    const CrossNode::Op& op = front->cross_op;
+    const auto before = std::make_tuple(op.phase, op.gather.chunk, op.gather.phase, op.gather.finals_done,
+                                        op.gather.exchanged, op.local.offset, op.local.copied);
+    const CrossNode::Progress p = cross_->step(front->cross_op);
+    moved |= before != std::make_tuple(op.phase, op.gather.chunk, op.gather.phase, op.gather.finals_done,
+                                       op.gather.exchanged, op.local.offset, op.local.copied);
+    if (p == CrossNode::Progress::kWaiting) return false;
+    if (p == CrossNode::Progress::kDone) {
+      complete_front(front);
+      moved = true;
+      return true;
+    }
+    // Another node's rank that ended is a remote failure; ranks out of step, a mismatch.
+    failure_status_ = p == CrossNode::Progress::kMismatch ? ZERO_ERR_MISMATCH : ZERO_ERR_REMOTE;
+    // A peer's own words, where it said why it stopped, name the cause.
+    const std::string stopped = cross_->stopped_peer(front->coll.sequence, front->coll.label, true);
+    failure_ = !stopped.empty()
+                   ? stopped
+                   : "collective #" + std::to_string(front->coll.sequence) + " (" + front->coll.label + "): " +
+                         (p == CrossNode::Progress::kMismatch ? "the ranks are not in the same collective: " : "") +
+                         cross_->error();
+    failure_sequence_ = front->coll.sequence;
+    failure_label_ = front->coll.label;
+    if (stopped_peer(failure_sequence_, failure_label_, true).empty())
+      segment_.stop(ShmRankState::kStopped, completed_.load(), failure_);
+    cross_->tell_peers(completed_.load(), failure_);
+    return false;
+  }
+
+  // Jobs over several nodes: this rank's column link (its counterparts on the other nodes, over TCP), checked to
+  // cut collectives the same way everywhere.
+  void connect_nodes(const std::string& name, int node, int nodes, const ShmNodes& setup, double timeout_s) {
+    const int locals = setup.ranks_per_node, local = rank() % locals;
+    std::vector<std::string> column;
+    for (int n = 0; n < nodes; ++n) column.push_back(setup.addresses[static_cast<size_t>(n * locals + local)]);
+    auto link = std::make_unique<TcpColumnLink>(*setup.listener, node, nodes, column,
+                                                name + "/column-" + std::to_string(local), timeout_s);
+    // Every rank of the column must have the same chunk buffers and node size, or the nodes would exchange
+    // chunks that do not match.
+    const uint64_t mine[2] = {window_->half_bytes(), static_cast<uint64_t>(locals)};
+    std::vector<uint64_t> theirs(2 * static_cast<size_t>(nodes));
+    std::vector<ColumnLink::Request> requests;
+    for (int n = 0; n < nodes; ++n) {
+      if (n == node) continue;
+      requests.push_back(ColumnLink::kNoRequest);
+      link->send(mine, sizeof mine, n, &requests.back());
+      requests.push_back(ColumnLink::kNoRequest);
+      link->receive(&theirs[2 * static_cast<size_t>(n)], sizeof mine, n, &requests.back());
+    }
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(std::max(0.0, timeout_s)));
+    for (ColumnLink::Request& r : requests) {
+      size_t got = 0;
+      ColumnLink::Test t;
+      while ((t = link->test(&r, &got)) == ColumnLink::Test::kPending && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (t == ColumnLink::Test::kPending)
+        fail(ZERO_ERR_TIMEOUT, "setting up the communicator across nodes: a column peer did not answer in time");
+      if (t != ColumnLink::Test::kDone)
+        fail(ZERO_ERR_REMOTE, "setting up the communicator across nodes: " + link->error());
+    }
+    for (int n = 0; n < nodes; ++n)
+      if (n != node &&
+          (theirs[2 * static_cast<size_t>(n)] != mine[0] || theirs[2 * static_cast<size_t>(n) + 1] != mine[1]))
+        fail(ZERO_ERR_MISMATCH,
+             "node " + std::to_string(n) + " has " + std::to_string(theirs[2 * static_cast<size_t>(n) + 1]) +
+                 " ranks and chunk buffers of " + std::to_string(theirs[2 * static_cast<size_t>(n)]) +
+                 " bytes, this node " + std::to_string(mine[1]) + " and " + std::to_string(mine[0]) +
+                 " (ZERO_SHM_HALF_BYTES must be the same on every node)");
+    cross_ = std::make_unique<CrossNode>(window_, std::move(link), node, nodes);
   }
 
   // After a failure nothing more completes here (the engine stops using the communicator); the buffers stay the
@@ -391,7 +504,8 @@ class ShmCommunicator final : public Communicator {
   }
 
   ShmSegment segment_;
-  std::unique_ptr<NodeWindow> window_;
+  std::shared_ptr<NodeWindow> window_;
+  std::unique_ptr<CrossNode> cross_;  // a job over several nodes
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<Op*> queue_;  // started, not moved through yet, in start order (the same on every rank)
@@ -412,9 +526,18 @@ class ShmCommunicator final : public Communicator {
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_shm_communicator(const std::string& name, int rank, int size,
-                                                    double join_timeout_s) {
-  return std::make_shared<ShmCommunicator>(name, rank, size, join_timeout_s);
+std::shared_ptr<Communicator> make_shm_communicator(const std::string& name, int rank, int size, double join_timeout_s,
+                                                    const ShmNodes* nodes) {
+  if (nodes != nullptr) {
+    const int locals = nodes->ranks_per_node;
+    if (locals < 1 || size % locals != 0)
+      fail(ZERO_ERR_INVALID_ARGUMENT, "ranks_per_node " + std::to_string(locals) + " does not divide the job's " +
+                                          std::to_string(size) + " ranks");
+    if (nodes->listener == nullptr || nodes->addresses.size() != static_cast<size_t>(size))
+      fail(ZERO_ERR_INVALID_ARGUMENT, "a job over several nodes needs this rank's listener and every rank's address");
+    if (locals == size) nodes = nullptr;  // one node after all
+  }
+  return std::make_shared<ShmCommunicator>(name, rank, size, join_timeout_s, nodes);
 }
 
 }  // namespace zero

@@ -14,13 +14,26 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/tcp_link.hpp"
 
 namespace zero {
 
+// A job over several nodes: node k holds ranks k * ranks_per_node .. (k + 1) * ranks_per_node - 1 (torchrun's
+// placement); each node's ranks share a segment (named after the job's name and the node), and the ranks with the
+// same place on every node talk over TCP (comm/cross_node.hpp). `addresses`: every rank's listener's address, in
+// rank order (the bootstrap gathers them); `listener`: this rank's, made before the addresses were handed out.
+struct ShmNodes {
+  int ranks_per_node = 0;
+  TcpListener* listener = nullptr;
+  std::vector<std::string> addresses;
+};
+
 // Collective over the `size` processes that pass the same `name`: returns once every rank has joined, or throws
-// zero::Error after `join_timeout_s`.
-std::shared_ptr<Communicator> make_shm_communicator(const std::string& name, int rank, int size, double join_timeout_s);
+// zero::Error after `join_timeout_s`. `nodes`: null when every rank is on this machine.
+std::shared_ptr<Communicator> make_shm_communicator(const std::string& name, int rank, int size, double join_timeout_s,
+                                                    const ShmNodes* nodes = nullptr);
 
 }  // namespace zero

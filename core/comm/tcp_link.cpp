@@ -35,9 +35,9 @@ double seconds_left(Clock::time_point deadline) {
 
 void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
 
-// No delay for the small frames; and a close that is not free()'s (a rank that stopped, exited or was killed)
-// resets the connection at once, dropping what it had not sent: otherwise its end would wait behind that data,
-// which a peer that has not asked for it yet never reads, until the peer's timeout.
+// No delay for the small frames; and a close by the kernel (a rank killed, or ended without destroying its
+// communicator) resets the connection at once, dropping what it had not sent: otherwise its end would wait behind
+// that data, which a peer that has not asked for it yet never reads, until the peer's timeout.
 void set_options(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -269,8 +269,17 @@ TcpColumnLink::TcpColumnLink(TcpListener& listener, int node, int nodes, const s
 }
 
 TcpColumnLink::~TcpColumnLink() {
-  for (Peer& p : peers_)
-    if (p.fd >= 0) close(p.fd);
+  // What this rank sent whole is delivered (a peer may still be reading the last collective's data, which this
+  // rank completed); a connection with a frame only partly sent is reset instead, so that its peer hears of the end
+  // at once rather than behind bytes it may not be reading.
+  for (Peer& p : peers_) {
+    if (p.fd < 0) continue;
+    if (p.sends.empty()) {
+      const linger graceful{0, 0};
+      setsockopt(p.fd, SOL_SOCKET, SO_LINGER, &graceful, sizeof graceful);
+    }
+    close(p.fd);
+  }
 }
 
 void TcpColumnLink::free() {
@@ -292,22 +301,25 @@ void TcpColumnLink::free() {
     }
 }
 
-ColumnLink::Request TcpColumnLink::new_request() {
+ColumnLink::Request TcpColumnLink::new_request(int node) {
   if (free_.empty()) {
     free_.push_back(static_cast<Request>(requests_.size()));
     requests_.emplace_back();
   }
   const Request r = free_.back();
   free_.pop_back();
-  requests_[static_cast<size_t>(r)] = State{true, false, 0};
+  requests_[static_cast<size_t>(r)] = State{true, false, 0, node};
   return r;
 }
 
 bool TcpColumnLink::send(const void* buf, size_t bytes, int node, Request* request) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (failed_) return false;
   if (node < 0 || node >= static_cast<int>(peers_.size()) || node == node_) {
     error_ = "no peer on node " + std::to_string(node);
+    return false;
+  }
+  if (peers_[static_cast<size_t>(node)].failed) {
+    error_ = peers_[static_cast<size_t>(node)].error;
     return false;
   }
   Pending p;
@@ -315,7 +327,7 @@ bool TcpColumnLink::send(const void* buf, size_t bytes, int node, Request* reque
   p.bytes = bytes;
   put64(p.header, bytes);
   put64(p.header + 8, kData);
-  p.request = *request = new_request();
+  p.request = *request = new_request(node);
   peers_[static_cast<size_t>(node)].sends.push_back(std::move(p));
   pump_sends(node);  // a failure shows in test(), as MPI reports one in the request's completion
   return true;
@@ -323,12 +335,15 @@ bool TcpColumnLink::send(const void* buf, size_t bytes, int node, Request* reque
 
 bool TcpColumnLink::receive(void* buf, size_t bytes, int node, Request* request) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (failed_) return false;
   if (node < 0 || node >= static_cast<int>(peers_.size()) || node == node_) {
     error_ = "no peer on node " + std::to_string(node);
     return false;
   }
-  *request = new_request();
+  if (peers_[static_cast<size_t>(node)].failed) {
+    error_ = peers_[static_cast<size_t>(node)].error;
+    return false;
+  }
+  *request = new_request(node);
   peers_[static_cast<size_t>(node)].receives.push_back({static_cast<char*>(buf), bytes, *request});
   pump_receives(node);
   return true;
@@ -339,9 +354,11 @@ ColumnLink::Test TcpColumnLink::test(Request* request, size_t* received) {
   if (*request == kNoRequest) return Test::kDone;
   std::lock_guard<std::mutex> lock(mutex_);
   State& s = requests_[static_cast<size_t>(*request)];
-  if (!s.done && !failed_)
+  // Every connection moves, whichever this request waits on; one that failed stops only its own requests (a node
+  // that ended after the last collective it took part in must not fail what the others still deliver).
+  if (!s.done)
     for (int n = 0; n < static_cast<int>(peers_.size()); ++n)
-      if (n != node_ && !(pump_sends(n) && pump_receives(n))) break;
+      if (n != node_) pump_sends(n) && pump_receives(n);
   if (s.done) {
     *received = s.received;
     s.in_use = false;
@@ -349,13 +366,15 @@ ColumnLink::Test TcpColumnLink::test(Request* request, size_t* received) {
     *request = kNoRequest;
     return Test::kDone;
   }
-  if (failed_) return truncated_ ? Test::kTruncated : Test::kFailed;
-  return Test::kPending;
+  const Peer& peer = peers_[static_cast<size_t>(s.node)];
+  if (!peer.failed) return Test::kPending;
+  error_ = peer.error;
+  return peer.truncated ? Test::kTruncated : Test::kFailed;
 }
 
 bool TcpColumnLink::progress() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (int n = 0; n < static_cast<int>(peers_.size()) && !failed_; ++n)
+  for (int n = 0; n < static_cast<int>(peers_.size()); ++n)
     if (n != node_) pump_sends(n) && pump_receives(n);
   return !failed_;
 }
@@ -409,18 +428,25 @@ void TcpColumnLink::tell_peers(const std::string& words, double flush_s) {
 }
 
 bool TcpColumnLink::fail_link(int node, const std::string& what, bool truncated) {
-  if (failed_) return false;
+  Peer& peer = peers_[static_cast<size_t>(node)];
+  if (peer.failed) return false;
+  peer.failed = true;
+  peer.truncated = truncated;
+  const std::string name = node < static_cast<int>(names_.size())
+                               ? names_[static_cast<size_t>(node)]
+                               : "node " + std::to_string(node) + "'s rank of this column";
+  // A peer that said why it stops is named with its words, as a rank that stopped on this node is.
+  peer.error =
+      peer.notice.empty() ? name + ": " + what : name + " has stopped: " + peer.notice + " (then: " + what + ")";
+  if (!failed_) error_ = peer.error;  // the first, for progress()'s callers
   failed_ = true;
-  truncated_ = truncated;
-  const Peer& peer = peers_[static_cast<size_t>(node)];
-  error_ = "node " + std::to_string(node) + "'s rank of this column: " + what;
-  if (!peer.notice.empty()) error_ += " (it said before: " + peer.notice + ")";
   return false;
 }
 
 // Writes the front frames until the kernel's buffer is full. With mutex_ held.
 bool TcpColumnLink::pump_sends(int node) {
   Peer& peer = peers_[static_cast<size_t>(node)];
+  if (peer.failed) return false;
   while (!peer.sends.empty()) {
     if (peer.closed)
       return fail_link(node, peer.said_goodbye ? "it finalized its communicator while this rank was sending to it"
@@ -456,6 +482,7 @@ bool TcpColumnLink::pump_sends(int node) {
 // Reads frames while they match posted receives (or are notices). With mutex_ held.
 bool TcpColumnLink::pump_receives(int node) {
   Peer& peer = peers_[static_cast<size_t>(node)];
+  if (peer.failed) return false;
   for (;;) {
     if (peer.closed) {
       if (peer.said_goodbye && peer.receives.empty()) return true;
@@ -470,8 +497,8 @@ bool TcpColumnLink::pump_receives(int node) {
       into = reinterpret_cast<char*>(peer.header) + peer.header_got;
       want = sizeof peer.header - peer.header_got;
     } else if (peer.kind == kNotice) {
-      peer.notice.resize(peer.length);
-      into = peer.notice.data() + peer.payload_got;
+      peer.incoming.resize(peer.length);
+      into = peer.incoming.data() + peer.payload_got;
       want = peer.length - peer.payload_got;
     } else {
       if (peer.receives.empty() && !peer.draining) {
@@ -539,6 +566,8 @@ bool TcpColumnLink::pump_receives(int node) {
     }
     // A whole frame.
     if (peer.kind == kData && peer.draining) peer.dropped = true;
+    // The first notice says why the peer stopped; later ones (its destroy, its exit) follow from it.
+    if (peer.kind == kNotice && peer.notice.empty()) peer.notice = peer.incoming;
     if (peer.kind == kData && !peer.draining) {
       const Posted r = peer.receives.front();
       peer.receives.pop_front();

@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/column_link.hpp"
@@ -66,9 +67,15 @@ class TcpColumnLink final : public ColumnLink {
   // learns it from the closed connection.
   void tell_peers(const std::string& words, double flush_s);
 
+  // How errors name each node's peer ("rank 5"; by default "node n's rank of this column").
+  void name_peers(std::vector<std::string> names) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    names_ = std::move(names);
+  }
+
   // The words node n said before it stopped, or "" (read as they arrive; call progress() to read them).
   std::string notice(int node) const;
-  // Moves every connection as far as the kernel allows. False once the link failed (error() says why).
+  // Moves every connection as far as the kernel allows. False once a connection failed (error() says the first).
   bool progress() override;
 
  private:
@@ -95,21 +102,25 @@ class TcpColumnLink final : public ColumnLink {
     uint64_t length = 0;     // its payload
     uint64_t kind = 0;       // kData or kNotice
     size_t payload_got = 0;  // of its payload
-    std::string notice;
+    std::string notice;      // the first it sent
+    std::string incoming;    // the notice being read
     bool closed = false;
     bool said_goodbye = false;  // it finalized: its close is no failure unless a receive still waits on it
     bool draining = false;      // it hung up: frames nobody receives are read and dropped to reach its notice
-    bool dropped = false;       // a data frame was dropped so: its goodbye does not excuse the close
+    bool failed = false, truncated = false;  // its connection failed: its requests fail with `error`
+    std::string error;
+    bool dropped = false;  // a data frame was dropped so: its goodbye does not excuse the close
     std::vector<char> scratch;
   };
   struct State {
     bool in_use = false;
     bool done = false;
     size_t received = 0;
+    int node = 0;  // the peer it is with
   };
   static constexpr uint64_t kData = 0, kNotice = 1, kGoodbye = 2;
 
-  Request new_request();
+  Request new_request(int node);
   bool pump_sends(int node);
   bool pump_receives(int node);
   bool fail_link(int node, const std::string& what, bool truncated = false);
@@ -117,10 +128,11 @@ class TcpColumnLink final : public ColumnLink {
   mutable std::mutex mutex_;
   int node_ = 0;
   std::vector<Peer> peers_;  // by node; this node's entry unused
+  std::vector<std::string> names_;
   std::vector<State> requests_;
   std::vector<Request> free_;
   std::string error_;
-  bool failed_ = false, truncated_ = false;
+  bool failed_ = false;  // some connection failed (error_ says the first)
 };
 
 }  // namespace zero

@@ -814,6 +814,43 @@ static void test_comm_finalize(void** state) {
 
 /* The shared-memory communicator's arguments, a name already in use (another job's segment) and a one-rank job,
  * which trains and finalizes like any other communicator and leaves no segment behind. */
+static void test_shm_nodes_communicator(void** state) {
+  (void)state;
+  zero_listener_t* listener = NULL;
+  const char* address = NULL;
+  assert_fails(zero_listener_create(NULL, &address, "127.0.0.1"), ZERO_ERR_INVALID_ARGUMENT, "out_listener is NULL");
+  assert_fails(zero_listener_create(&listener, &address, NULL), ZERO_ERR_INVALID_ARGUMENT, "host is NULL");
+  assert_fails(zero_listener_create(&listener, &address, "no-such-host.invalid"), ZERO_ERR_COMM, "cannot resolve");
+  assert_int_equal(zero_listener_create(&listener, &address, "127.0.0.1"), ZERO_OK);
+  assert_non_null(strstr(address, "127.0.0.1:"));
+  zero_comm_t* comm = NULL;
+  const char* addresses[2] = {address, address};
+  assert_fails(zero_comm_create_shm_nodes(&comm, NULL, "libzero-capi-nodes", 0, 2, 1, addresses, 5.0),
+               ZERO_ERR_INVALID_ARGUMENT, "listener is NULL");
+  assert_fails(zero_comm_create_shm_nodes(&comm, listener, "libzero-capi-nodes", 0, 2, 1, NULL, 5.0),
+               ZERO_ERR_INVALID_ARGUMENT, "addresses is NULL");
+  assert_fails(zero_comm_create_shm_nodes(&comm, listener, "libzero-capi-nodes", 0, 3, 2, addresses, 5.0),
+               ZERO_ERR_INVALID_ARGUMENT, "ranks_per_node 2 does not divide 3 ranks");
+  const char* missing[2] = {address, NULL};
+  assert_fails(zero_comm_create_shm_nodes(&comm, listener, "libzero-capi-nodes", 0, 2, 1, missing, 5.0),
+               ZERO_ERR_INVALID_ARGUMENT, "addresses[1] is NULL");
+  /* Node 1 never connects: node 0 names it after the join timeout. */
+  char name[64];
+  snprintf(name, sizeof name, "libzero-capi-nodes-%ld", (long)time(NULL));
+  assert_fails(zero_comm_create_shm_nodes(&comm, listener, name, 0, 2, 1, addresses, 0.3), ZERO_ERR_TIMEOUT,
+               "node(s) 1 did not connect");
+  assert_null(comm);
+  /* One node after all: the one-machine communicator. */
+  assert_int_equal(zero_comm_create_shm_nodes(&comm, listener, name, 0, 1, 1, addresses, 5.0), ZERO_OK);
+  int32_t size = 0;
+  assert_int_equal(zero_comm_size(&size, comm), ZERO_OK);
+  assert_int_equal(size, 1);
+  assert_int_equal(zero_comm_finalize(comm), ZERO_OK);
+  zero_comm_destroy(comm);
+  zero_listener_destroy(listener);
+  zero_listener_destroy(NULL);
+}
+
 static void test_shm_communicator(void** state) {
   (void)state;
   zero_comm_t* comm = NULL;
@@ -1164,6 +1201,7 @@ int main(void) {
       cmocka_unit_test(test_custom_backend_that_never_completes),
       cmocka_unit_test(test_comm_finalize),
       cmocka_unit_test(test_shm_communicator),
+      cmocka_unit_test(test_shm_nodes_communicator),
       cmocka_unit_test(test_training_run),
       cmocka_unit_test(test_load_of_another_model),
       cmocka_unit_test(test_allocator_hook),

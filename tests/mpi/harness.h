@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifndef ZERO_EXPERIMENTAL_API
 #define ZERO_EXPERIMENTAL_API /* zero_comm_create_shm */
@@ -100,7 +101,8 @@ static inline void register_test_model(zero_engine_t* engine, zero_dtype_t dtype
 /* "--dtype fp32|bf16|fp16" and the matching config block. */
 /* The shared-memory communicator (zero_comm_create_shm, no MPI inside libzero) for a process started by a
  * launcher: its rank and the job's size from the launcher's environment (Open MPI's mpirun, or torchrun's RANK and
- * WORLD_SIZE), and `name`, which the test gives every rank alike (CTest: one per test). */
+ * WORLD_SIZE), and `name`, which the test gives every rank alike (CTest: one per test). With
+ * ZERO_TEST_SHM_RANKS_PER_NODE, across "nodes" of that many ranks (zero_comm_create_shm_nodes). */
 static inline zero_status_t create_shm_comm_from_launcher(zero_comm_t** out, const char* name) {
   const char* rank = getenv("OMPI_COMM_WORLD_RANK");
   const char* size = getenv("OMPI_COMM_WORLD_SIZE");
@@ -112,7 +114,49 @@ static inline zero_status_t create_shm_comm_from_launcher(zero_comm_t** out, con
     fprintf(stderr, "no launcher environment (OMPI_COMM_WORLD_RANK/SIZE or RANK/WORLD_SIZE)\n");
     exit(2);
   }
-  return zero_comm_create_shm(out, name, atoi(rank), atoi(size), 60.0);
+  const char* per_node = getenv("ZERO_TEST_SHM_RANKS_PER_NODE");
+  if (per_node == NULL) return zero_comm_create_shm(out, name, atoi(rank), atoi(size), 60.0);
+  /* "Nodes" of that many ranks on this machine, TCP over loopback between them. The listeners' addresses go
+   * through files in /tmp (the test's store: torchrun's would be torch.distributed's): each rank writes its own
+   * (renamed into place whole) and reads everyone's. The test command removes them. */
+  const int r = atoi(rank), n = atoi(size);
+  zero_listener_t* listener = NULL;
+  const char* address = NULL;
+  zero_status_t st = zero_listener_create(&listener, &address, "127.0.0.1");
+  if (st != ZERO_OK) return st;
+  char path[512], tmp[520];
+  snprintf(path, sizeof path, "/tmp/%s.addr.%d", name, r);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE* f = fopen(tmp, "w");
+  if (f == NULL || fprintf(f, "%s", address) < 0 || fclose(f) != 0 || rename(tmp, path) != 0) {
+    fprintf(stderr, "cannot write %s\n", path);
+    exit(2);
+  }
+  char** addresses = calloc((size_t)n, sizeof(char*));
+  for (int peer = 0; peer < n; ++peer) {
+    addresses[peer] = calloc(256, 1);
+    snprintf(path, sizeof path, "/tmp/%s.addr.%d", name, peer);
+    /* Polled (the C files including this header ask for different POSIX levels: no sleep call is common to all);
+     * the ranks start together, so the files appear within milliseconds. */
+    const time_t give_up = time(NULL) + 60;
+    for (;;) {
+      FILE* in = fopen(path, "r");
+      if (in != NULL) {
+        const int ok = fgets(addresses[peer], 255, in) != NULL;
+        fclose(in);
+        if (ok) break;
+      }
+      if (time(NULL) > give_up) {
+        fprintf(stderr, "rank %d: no address from rank %d after 60 s\n", r, peer);
+        exit(2);
+      }
+    }
+  }
+  st = zero_comm_create_shm_nodes(out, listener, name, r, n, atoi(per_node), (const char* const*)addresses, 60.0);
+  zero_listener_destroy(listener);
+  for (int peer = 0; peer < n; ++peer) free(addresses[peer]);
+  free(addresses);
+  return st;
 }
 
 static inline zero_dtype_t parse_dtype_arg(const char* s) {

@@ -3,7 +3,7 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
- *                            [--comm mpi|shm|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
+ *                            [--comm mpi|shm|shm-nodes:L|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
  *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
  *                            [--loss-averaged 0|1]
@@ -41,6 +41,8 @@
  * --comm custom runs over tests/mpi/custom_backend.h, a backend written in this test over plain MPI calls (MPI's own
  * reductions, in the order MPI picks) through zero_comm_create_custom: blocking, or with start/wait.
  *
+ * --comm shm-nodes:L does too across "nodes" of L ranks on this machine (zero_comm_create_shm_nodes: a segment per
+ * node, TCP over loopback between them).
  * --comm shm runs over zero_comm_create_shm (the shared-memory communicator a torchrun job uses; mpirun only starts
  * the processes and hands out the segment's name).
  *
@@ -263,6 +265,25 @@ int main(int argc, char** argv) {
   zero_comm_t* comm = NULL;
   if (strcmp(comm_kind, "mpi") == 0) {
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  } else if (strncmp(comm_kind, "shm-nodes:", 10) == 0) {
+    /* Nodes of L ranks on this machine: each its own segment, TCP over loopback between them. The addresses are
+     * gathered over MPI here, as torchrun's store gathers them: libzero itself uses no MPI. */
+    char name[64];
+    snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    zero_listener_t* listener = NULL;
+    const char* address = NULL;
+    CHECK(zero_listener_create(&listener, &address, "127.0.0.1"));
+    char mine[64] = {0};
+    snprintf(mine, sizeof mine, "%s", address);
+    char* all = calloc((size_t)world, sizeof mine);
+    const char** addresses = calloc((size_t)world, sizeof(char*));
+    MPI_Allgather(mine, sizeof mine, MPI_CHAR, all, sizeof mine, MPI_CHAR, MPI_COMM_WORLD);
+    for (int r = 0; r < world; ++r) addresses[r] = all + (size_t)r * sizeof mine;
+    CHECK(zero_comm_create_shm_nodes(&comm, listener, name, rank, world, atoi(comm_kind + 10), addresses, 60.0));
+    zero_listener_destroy(listener);
+    free(addresses);
+    free(all);
   } else if (strcmp(comm_kind, "shm") == 0) {
     char name[64];
     snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));

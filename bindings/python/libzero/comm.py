@@ -73,6 +73,33 @@ class Comm:
         return Comm(_native.Comm.shm(name, rank, size, join_timeout_s), "shm")
 
     @staticmethod
+    def shm_nodes(
+        listener: Any,
+        name: str,
+        rank: int,
+        size: int,
+        ranks_per_node: int,
+        addresses: list,
+        join_timeout_s: float = 300.0,
+    ) -> "Comm":
+        """``Comm.shm`` for a job over several machines, without MPI: machine k holds the ``ranks_per_node``
+        consecutive ranks from k * ranks_per_node (torchrun's placement); each machine's ranks share memory and the
+        ranks with the same place on every machine talk over TCP, with the bits of the one-machine collectives.
+        ``listener``: this rank's ``Comm.listener(host)``, made first; ``addresses``: every rank's listener's
+        ``address``, in rank order (gathered by the job's bootstrap). libzero.torch picks it by itself under torchrun
+        when the ranks span machines in equal blocks."""
+        return Comm(
+            _native.Comm.shm_nodes(listener, name, rank, size, ranks_per_node, list(addresses), join_timeout_s),
+            "shm",
+        )
+
+    @staticmethod
+    def listener(host: str) -> Any:
+        """A TCP listener for ``Comm.shm_nodes`` on ``host`` (the address the other machines reach this one by;
+        "" listens everywhere and gives the machine's name); ``.address`` is what the other ranks dial."""
+        return _native.Listener(host)
+
+    @staticmethod
     def single() -> "Comm":
         """One process, no MPI: every collective is a local copy."""
         return Comm(_native.Comm.single(), "single")

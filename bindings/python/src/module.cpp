@@ -217,6 +217,25 @@ void python_destroy(void* user_data) {
   delete backend;
 }
 
+// This rank's TCP listener for a communicator across machines: made first, its address gathered by the bootstrap.
+class Listener {
+ public:
+  explicit Listener(const std::string& host) {
+    const char* address = nullptr;
+    check(zero_listener_create(&listener_, &address, host.c_str()));
+    address_ = address;
+  }
+  Listener(const Listener&) = delete;
+  Listener& operator=(const Listener&) = delete;
+  ~Listener() { zero_listener_destroy(listener_); }
+  const std::string& address() const { return address_; }
+  zero_listener_t* get() { return listener_; }
+
+ private:
+  zero_listener_t* listener_ = nullptr;
+  std::string address_;
+};
+
 class Comm {
  public:
   explicit Comm(zero_comm_t* comm) : comm_(comm) {}
@@ -232,6 +251,18 @@ class Comm {
   static std::unique_ptr<Comm> shm(const std::string& name, int32_t rank, int32_t size, double join_timeout_s) {
     zero_comm_t* comm = nullptr;
     check(zero_comm_create_shm(&comm, name.c_str(), rank, size, join_timeout_s));
+    return std::make_unique<Comm>(comm);
+  }
+  static std::unique_ptr<Comm> shm_nodes(Listener& listener, const std::string& name, int32_t rank, int32_t size,
+                                         int32_t ranks_per_node, const std::vector<std::string>& addresses,
+                                         double join_timeout_s) {
+    std::vector<const char*> pointers;
+    for (const std::string& a : addresses) pointers.push_back(a.c_str());
+    if (pointers.size() != static_cast<size_t>(size))
+      throw py::value_error("shm_nodes: one address per rank expected, got " + std::to_string(pointers.size()));
+    zero_comm_t* comm = nullptr;
+    check(zero_comm_create_shm_nodes(&comm, listener.get(), name.c_str(), rank, size, ranks_per_node, pointers.data(),
+                                     join_timeout_s));
     return std::make_unique<Comm>(comm);
   }
   static std::unique_ptr<Comm> single() {
@@ -663,10 +694,16 @@ PYBIND11_MODULE(_native, m) {
         "A DLPack capsule over a C-contiguous host array ('dltensor_versioned' when versioned, else 'dltensor'); "
         "the capsule keeps the array alive. zero_dtype names the element type (bf16 whatever numpy dtype shows it).");
 
+  py::class_<Listener>(m, "Listener")
+      .def(py::init<const std::string&>(), py::arg("host"))
+      .def_property_readonly("address", &Listener::address);
+
   py::class_<Comm>(m, "Comm")
       .def_static("mpi", &Comm::mpi, py::arg("fortran_handle"), ReleaseGil())
       .def_static("shm", &Comm::shm, py::arg("name"), py::arg("rank"), py::arg("size"), py::arg("join_timeout_s"),
                   ReleaseGil())
+      .def_static("shm_nodes", &Comm::shm_nodes, py::arg("listener"), py::arg("name"), py::arg("rank"), py::arg("size"),
+                  py::arg("ranks_per_node"), py::arg("addresses"), py::arg("join_timeout_s"), ReleaseGil())
       .def_static("single", &Comm::single)
       .def_static("custom", &Comm::custom, py::arg("transport"), py::arg("bf16"))
       .def_property_readonly("rank", &Comm::rank)

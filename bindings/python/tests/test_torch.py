@@ -620,6 +620,15 @@ def test_torchrun_on_one_machine_runs_over_shared_memory_unless_told_otherwise()
     assert comm().transport == ("custom" if told == "process_group" else "shm")
 
 
+@pytest.mark.skipif(LAUNCH != "torchrun" or not os.environ.get("ZERO_TEST_RANKS_PER_MACHINE"),
+                    reason="torchrun across (emulated) machines")
+def test_torchrun_across_machines_runs_over_shared_memory_and_tcp():
+    # Machines of ZERO_TEST_RANKS_PER_MACHINE consecutive ranks: not one machine, so "shm" here is the communicator
+    # across machines (the fallback would be the process group's, "custom").
+    assert int(os.environ["ZERO_TEST_RANKS_PER_MACHINE"]) < WORLD
+    assert comm().transport == "shm"
+
+
 @pytest.mark.skipif(LAUNCH == "single" or os.environ.get("ZERO_TORCH_TRANSPORT") == "process_group",
                     reason="several ranks, over a transport with libzero's failure safety")
 def test_a_rank_that_aborts_is_named_by_the_others_within_seconds():

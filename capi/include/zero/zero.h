@@ -647,6 +647,29 @@ ZERO_API zero_status_t zero_comm_stats(zero_comm_stats_t* out_stats, const zero_
 ZERO_API zero_status_t zero_comm_create_shm(zero_comm_t** out_comm, const char* name, int32_t rank, int32_t size,
                                             double join_timeout_s);
 
+/* A TCP listening socket for zero_comm_create_shm_nodes, made before the job's bootstrap hands out the ranks'
+ * addresses. `host`: the address to bind and give the other machines (the IP of the interface they reach this one
+ * by); "" binds every interface and gives the machine's name. *out_address ("host:port", with a port the kernel
+ * chose) lives as long as the listener. Destroy it once the communicator is made (or the job gave up). */
+typedef struct zero_listener zero_listener_t;
+ZERO_API zero_status_t zero_listener_create(zero_listener_t** out_listener, const char** out_address, const char* host);
+ZERO_API void zero_listener_destroy(zero_listener_t* listener);
+
+/* zero_comm_create_shm for a job over several machines, without MPI: node k holds the `ranks_per_node` consecutive
+ * ranks k * ranks_per_node .. (torchrun's placement, the same count on every node); each node's ranks share memory
+ * (a segment named after `name` and the node) and the ranks with the same place on every node talk over TCP. The
+ * reduce-scatter continues one rank-order sum across the nodes, so every collective gives the bits of the one-node
+ * paths. `addresses`: every rank's listener's address, in rank order (what each rank's zero_listener_create gave,
+ * gathered by the job's bootstrap: torch.distributed's store under torchrun); `listener`: this rank's. Failure
+ * safety as zero_comm_create_shm's: a rank that stops tells its node (shared memory) and its counterparts on the
+ * other nodes (its last words, then its connections close), so every rank's next wait fails naming it. Collective:
+ * returns once every rank has joined and connected, or ZERO_ERR_TIMEOUT after `join_timeout_s` naming who did not;
+ * ZERO_ERR_MISMATCH if the nodes' ZERO_SHM_HALF_BYTES differ. With ranks_per_node == size it is
+ * zero_comm_create_shm. */
+ZERO_API zero_status_t zero_comm_create_shm_nodes(zero_comm_t** out_comm, zero_listener_t* listener, const char* name,
+                                                  int32_t rank, int32_t size, int32_t ranks_per_node,
+                                                  const char* const* addresses, double join_timeout_s);
+
 /* The engine's last collectives (up to 64, oldest first) as a JSON array: sequence, kind, label, element count,
  * dtype, state ("done", "waiting", "failed"), start time and duration. For a framework's own hang reports. Free
  * with zero_string_destroy. Any thread, any time (also while the engine's thread is blocked in a collective). */

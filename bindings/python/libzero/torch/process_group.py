@@ -14,9 +14,10 @@ from ..reduce import rank_order_reduce, rank_order_sum
 
 def default_comm() -> Comm:
     """Under torch.distributed (torchrun): libzero's shared-memory communicator when every rank is on this machine
-    (the speed of an mpirun job, no MPI), else a transport over torch.distributed's default group (a gloo group
-    beside it when the default one is not gloo: NCCL cannot move host buffers). ZERO_TORCH_TRANSPORT=process_group
-    keeps the latter on one machine too. Without torch.distributed, Comm.world(); refuses a torchrun job that has
+    (the speed of an mpirun job, no MPI), and across machines when each holds the same number of consecutive ranks
+    (torchrun's placement: shared memory within a machine, TCP between them); else a transport over
+    torch.distributed's default group (a gloo group beside it when the default one is not gloo: NCCL cannot move
+    host buffers). ZERO_TORCH_TRANSPORT=process_group keeps the latter everywhere. Without torch.distributed, Comm.world(); refuses a torchrun job that has
     not initialised torch.distributed, which would otherwise train N unrelated models."""
     import torch.distributed as dist
 
@@ -28,14 +29,21 @@ def default_comm() -> Comm:
         if dist.get_world_size(group) > 1:
             # Every rank decides from what every rank says, so they all take the same transport (or all raise).
             said: list[Any] = [None] * dist.get_world_size(group)
-            dist.all_gather_object(said, (_machine_id(), transport), group=group)
+            dist.all_gather_object(said, (_machine_id(dist.get_rank(group)), transport), group=group)
             if len({t for _, t in said}) > 1:
                 raise RuntimeError(f"ZERO_TORCH_TRANSPORT differs between ranks: {[t for _, t in said]}")
             if transport != "process_group":
-                if len({m for m, _ in said}) == 1:
+                machines = [m for m, _ in said]
+                if len(set(machines)) == 1:
                     return _shm_comm(dist, group)
+                per_machine = _ranks_per_machine(machines)
+                if per_machine:
+                    return _shm_nodes_comm(dist, group, per_machine)
                 if transport == "shm":
-                    raise RuntimeError("ZERO_TORCH_TRANSPORT=shm, but the ranks are on several machines")
+                    raise RuntimeError(
+                        "ZERO_TORCH_TRANSPORT=shm, but the ranks are not spread over the machines in equal blocks of "
+                        f"consecutive ranks: {machines}"
+                    )
         return ProcessGroupComm(group)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
         os.environ.get(v) for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
@@ -47,10 +55,15 @@ def default_comm() -> Comm:
     return Comm.world()
 
 
-def _machine_id() -> str:
+def _machine_id(rank: int) -> str:
     """This machine, as shared memory sees it: the host name, the kernel's boot id and the mount namespace (whose
-    /dev/shm the segment lives in). Containers that share a host name but not /dev/shm still differ in the last."""
+    /dev/shm the segment lives in). Containers that share a host name but not /dev/shm still differ in the last.
+    ZERO_TEST_RANKS_PER_MACHINE=L makes every L consecutive ranks a machine of their own (tests on one machine)."""
     import socket
+
+    emulated = os.environ.get("ZERO_TEST_RANKS_PER_MACHINE")
+    if emulated:
+        return f"test-machine-{rank // int(emulated)}"
 
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
@@ -62,6 +75,52 @@ def _machine_id() -> str:
     except OSError:
         mounts = ""
     return f"{socket.gethostname()}/{boot}/{mounts}"
+
+
+def _ranks_per_machine(machines: list) -> int:
+    """L when every machine holds L consecutive ranks (and L > 0), else 0."""
+    per = machines.count(machines[0])
+    if len(machines) % per != 0:
+        return 0
+    blocks = [machines[i : i + per] for i in range(0, len(machines), per)]
+    firsts = [b[0] for b in blocks]
+    if any(len(set(b)) != 1 for b in blocks) or len(set(firsts)) != len(firsts):
+        return 0
+    return per
+
+
+def _listen_address() -> str:
+    """The address the other machines reach this one by: ZERO_TORCH_LISTEN_ADDR, else the one this machine's
+    routes use towards MASTER_ADDR (a UDP socket's connect picks the interface and sends nothing)."""
+    import socket
+
+    chosen = os.environ.get("ZERO_TORCH_LISTEN_ADDR")
+    if chosen:
+        return chosen
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        family = socket.getaddrinfo(master, None)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((master, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return ""  # every interface, under the machine's name
+
+
+def _shm_nodes_comm(dist: Any, group: Any, ranks_per_node: int) -> Comm:
+    """The shared-memory communicator across machines: each rank's listener first, the addresses gathered over the
+    process group, the job's name drawn by rank 0."""
+    import uuid
+
+    name = [f"libzero-{uuid.uuid4().hex}" if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(name, src=0, group=group)
+    listener = Comm.listener(_listen_address())
+    addresses: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(addresses, listener.address, group=group)
+    timeout = float(os.environ.get("ZERO_TORCH_JOIN_TIMEOUT_S", "300"))
+    return Comm.shm_nodes(
+        listener, name[0], dist.get_rank(group), dist.get_world_size(group), ranks_per_node, addresses, timeout
+    )
 
 
 def _shm_comm(dist: Any, group: Any) -> Comm:
