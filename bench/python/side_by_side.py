@@ -2,12 +2,19 @@
 ds_config.json, 2 ranks on CPU, in one run (bench/README.md, "Python side by side").
 
     python bench/python/side_by_side.py [--repeats 2] [--steps 12] [--only libzero,deepspeed]
+    python bench/python/side_by_side.py --only libzero,libzero_torchrun --ranks 4 --machines 2 \
+        --mpi-testing-module build/release/tests/libzero_mpi_testing.so
 
 Each run is its own job (libzero under mpirun over its MPI backend and under torchrun over its shared-memory
 communicator, the others under torchrun over gloo; --only libzero_gloo adds libzero over gloo); runs
 alternate framework order between repeats (paired), and every figure is the median over repeats of a per-run
 median. Tokens/s counts every rank's tokens per step over the slowest rank's median step time; peak RSS is the
-largest rank's; the optimizer step is the time of engine.step() (or clip + optimizer.step + zero_grad)."""
+largest rank's; the optimizer step is the time of engine.step() (or clip + optimizer.step + zero_grad).
+
+--machines M cuts this machine into M "machines" of ranks/M consecutive ranks each, for libzero across machines:
+under mpirun the MPI module's hierarchical collectives (its test build, --mpi-testing-module, with
+ZERO_TEST_MPI_NODES), under torchrun the shared-memory communicator across machines (ZERO_TEST_RANKS_PER_MACHINE):
+shared memory within each, MPI or TCP over loopback between them."""
 
 from __future__ import annotations
 
@@ -36,6 +43,12 @@ def launch(framework: str, stage: int, args: argparse.Namespace, out: str) -> di
     worker = [sys.executable, os.path.join(HERE, "train.py"), "--framework", framework, "--stage", str(stage),
               "--config", args.config, "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out]
     env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1")
+    if args.machines > 1:
+        per = args.ranks // args.machines
+        env["ZERO_MPI_BACKEND"] = os.path.abspath(args.mpi_testing_module)
+        env["ZERO_TEST_MPI_NODES"] = ",".join(str(r // per) for r in range(args.ranks))
+        env["ZERO_TEST_MPI_REQUIRE_HIERARCHY"] = "1"
+        env["ZERO_TEST_RANKS_PER_MACHINE"] = str(per)
     if framework == "libzero":
         cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)] + worker[:1] + worker[1:]
     else:
@@ -67,9 +80,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--only", default="")
+    ap.add_argument("--stages", default="1,2,3")
+    ap.add_argument("--machines", type=int, default=1)
+    ap.add_argument("--mpi-testing-module", default="")
     args = ap.parse_args()
+    if args.machines > 1 and (args.ranks % args.machines or not args.mpi_testing_module):
+        ap.error("--machines needs --ranks divisible by it and --mpi-testing-module")
     extra = [(f, s) for f in ("libzero_gloo",) for s in (1, 2, 3)]  # with --only
-    runs = [r for r in RUNS + extra if (r in RUNS and not args.only) or r[0] in args.only.split(",")]
+    with open(args.config) as f:
+        config = json.load(f)
+    if isinstance(config.get("train_batch_size"), int):  # the same micro-batch per rank at any rank count
+        wanted = config["train_micro_batch_size_per_gpu"] * config.get("gradient_accumulation_steps", 1) * args.ranks
+        if wanted != config["train_batch_size"]:
+            config["train_batch_size"] = wanted
+            scaled = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+            json.dump(config, scaled)
+            scaled.close()
+            args.config = scaled.name
+    stages = {int(s) for s in args.stages.split(",")}
+    runs = [r for r in RUNS + extra
+            if ((r in RUNS and not args.only) or r[0] in args.only.split(",")) and r[1] in stages]
     results: dict[tuple[str, int], list[dict]] = {r: [] for r in runs}
     for rep in range(args.repeats):
         order = runs if rep % 2 == 0 else list(reversed(runs))

@@ -1,6 +1,7 @@
 #include "comm/cross_node.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -27,11 +28,13 @@ void fold(T* dst, const T* every, int n, size_t count, int32_t reduce_op) {
   }
 }
 
+// The hierarchy's header layout (its messages and these meet on one link): the collective's number, a chunk number
+// no hierarchy message uses, the count, and the kind, dtype and root.
 void write_header(char* h, const CrossNode::Op& op) {
-  const uint64_t words[4] = {
-      op.sequence, op.count,
-      (static_cast<uint64_t>(static_cast<uint32_t>(op.kind)) << 32) | static_cast<uint32_t>(op.dtype),
-      static_cast<uint64_t>(op.root)};
+  const uint64_t words[4] = {op.sequence, UINT64_MAX - 1, op.count,
+                             (static_cast<uint64_t>(static_cast<uint16_t>(op.kind)) << 48) |
+                                 (static_cast<uint64_t>(static_cast<uint16_t>(op.dtype)) << 32) |
+                                 static_cast<uint32_t>(op.root)};
   std::memcpy(h, words, sizeof words);
 }
 
@@ -88,7 +91,8 @@ CrossNode::Op CrossNode::begin(uint64_t sequence, int32_t kind, int32_t dtype, v
     op.every.resize(static_cast<size_t>(size) * count * esize);
     const int rank = node_ * window_->size() + window_->rank();
     std::memcpy(op.every.data() + static_cast<size_t>(rank) * count * esize, buf, count * esize);
-    op.gather = hierarchy_->begin(sequence, ZERO_COLL_ALL_GATHER, dtype, op.every.data(), count, esize);
+    op.gather = hierarchy_->begin(sequence, ZERO_COLL_ALL_GATHER, dtype, op.every.data(), count, esize,
+                                  ZERO_COLL_ALL_REDUCE, static_cast<uint32_t>(reduce_op));
   }
   return op;
 }
@@ -168,10 +172,10 @@ CrossNode::Progress CrossNode::step_broadcast(Op& op) {
             (got != static_cast<size_t>(expected) || (header && std::memcmp(mine, op.header, kHeader) != 0))) {
           uint64_t theirs[4] = {};
           std::memcpy(theirs, op.header, sizeof theirs);
-          error_ = "rank " + std::to_string(op.root) + " broadcast " +
-                   (header ? "collective #" + std::to_string(theirs[0]) + " (" + std::to_string(theirs[1]) +
-                                 " elements, kind " + std::to_string(theirs[2] >> 32) + ", root " +
-                                 std::to_string(theirs[3]) + ")"
+          error_ = "rank " + std::to_string(op.root) + "'s column sent " +
+                   (header ? "collective #" + std::to_string(theirs[0]) + " (" + std::to_string(theirs[2]) +
+                                 " elements, kind " + std::to_string(theirs[3] >> 48) + ", op or root " +
+                                 std::to_string(theirs[3] & 0xffffffffu) + ")"
                            : std::to_string(got) + " bytes") +
                    " where this rank is in collective #" + std::to_string(op.sequence) + " (a broadcast of " +
                    std::to_string(op.count) + " elements from rank " + std::to_string(op.root) + ")";

@@ -46,11 +46,13 @@ void Hierarchy::free() {
   link_->free();
 }
 
-Hierarchy::Op Hierarchy::begin(uint64_t sequence, int32_t kind, int32_t dtype, void* buf, uint64_t count,
-                               size_t esize) const {
+Hierarchy::Op Hierarchy::begin(uint64_t sequence, int32_t kind, int32_t dtype, void* buf, uint64_t count, size_t esize,
+                               int32_t called, uint32_t detail) const {
   Op op;
   op.sequence = sequence;
   op.kind = kind;
+  op.called = called >= 0 ? called : kind;
+  op.detail = detail;
   op.dtype = dtype;
   op.buf = static_cast<char*>(buf);
   op.count = count;
@@ -99,10 +101,14 @@ char* Hierarchy::block(const Op& op, int node, int local, uint64_t offset) const
              op.esize;
 }
 
+// The header's last word: the collective called, its dtype and its detail (16, 16 and 32 bits).
+uint64_t Hierarchy::signature(const Op& op) {
+  return (static_cast<uint64_t>(static_cast<uint16_t>(op.called)) << 48) |
+         (static_cast<uint64_t>(static_cast<uint16_t>(op.dtype)) << 32) | op.detail;
+}
+
 void Hierarchy::write_header(char* m, const Op& op, uint64_t t) {
-  const uint64_t words[4] = {
-      op.sequence, t, op.count,
-      (static_cast<uint64_t>(static_cast<uint32_t>(op.kind)) << 32) | static_cast<uint32_t>(op.dtype)};
+  const uint64_t words[4] = {op.sequence, t, op.count, signature(op)};
   std::memcpy(m, words, sizeof words);
 }
 
@@ -111,19 +117,19 @@ bool Hierarchy::header_matches(const char* m, size_t got, size_t bytes, const Op
                                const char* what) {
   uint64_t words[4] = {};
   std::memcpy(words, m, std::min(sizeof words, got));
-  const uint64_t kind_dtype =
-      (static_cast<uint64_t>(static_cast<uint32_t>(op.kind)) << 32) | static_cast<uint32_t>(op.dtype);
-  if (got == bytes && words[0] == op.sequence && words[1] == t && words[2] == op.count && words[3] == kind_dtype)
+  if (got == bytes && words[0] == op.sequence && words[1] == t && words[2] == op.count && words[3] == signature(op))
     return true;
   const std::string chunk = t == kExchange ? "its block" : "chunk " + std::to_string(t);
   error_ =
       "rank " + std::to_string(from_node * locals_ + local_) + " sent " + what + " (" + std::to_string(got) + " bytes";
   if (got >= kHeader)
-    error_ += ": collective #" + std::to_string(words[0]) + ", kind " + std::to_string(words[3] >> 32) + ", dtype " +
-              std::to_string(words[3] & 0xffffffffu) + ", " + std::to_string(words[2]) + " elements per rank";
+    error_ += ": collective #" + std::to_string(words[0]) + ", kind " + std::to_string(words[3] >> 48) + ", dtype " +
+              std::to_string((words[3] >> 32) & 0xffffu) + ", op or root " + std::to_string(words[3] & 0xffffffffu) +
+              ", " + std::to_string(words[2]) + " elements per rank";
   error_ += ") where this rank expected " + std::to_string(bytes) + " bytes of collective #" +
-            std::to_string(op.sequence) + " (" + chunk + ", kind " + std::to_string(op.kind) + ", dtype " +
-            std::to_string(op.dtype) + ", " + std::to_string(op.count) + " elements per rank)";
+            std::to_string(op.sequence) + " (" + chunk + ", kind " + std::to_string(op.called) + ", dtype " +
+            std::to_string(op.dtype) + ", op or root " + std::to_string(op.detail) + ", " + std::to_string(op.count) +
+            " elements per rank)";
   return false;
 }
 
@@ -179,7 +185,7 @@ Hierarchy::Progress Hierarchy::step_reduce_scatter(Op& op) {
             std::memcpy(
                 half + (static_cast<size_t>(peer) * static_cast<size_t>(nodes_) + static_cast<size_t>(n)) * piece_bytes,
                 block(op, n, peer, offset), piece_bytes);
-      if (op.first) window_->write_descriptor(op.s, op.sequence, op.kind, op.dtype, op.count);
+      if (op.first) window_->write_descriptor(op.s, op.sequence, op.called, op.dtype, op.count, op.detail);
       window_->arrive(op.s);
       op.phase = kPeers;
     }
@@ -334,7 +340,7 @@ Hierarchy::Progress Hierarchy::step_all_gather(Op& op) {
       char* half = window_->half(local_, op.s);
       for (int n = 0; n < nodes_; ++n)
         std::memcpy(half + static_cast<size_t>(n) * piece_bytes, block(op, n, local_, offset), piece_bytes);
-      if (op.first) window_->write_descriptor(op.s, op.sequence, op.kind, op.dtype, op.count);
+      if (op.first) window_->write_descriptor(op.s, op.sequence, op.called, op.dtype, op.count, op.detail);
       window_->arrive(op.s);
       op.phase = kPeers;
     }

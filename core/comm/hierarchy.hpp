@@ -65,7 +65,11 @@ class Hierarchy {
 
   struct Op {
     uint64_t sequence = 0;
-    int32_t kind = 0;  // ZERO_COLL_REDUCE_SCATTER or ZERO_COLL_ALL_GATHER
+    int32_t kind = 0;  // ZERO_COLL_REDUCE_SCATTER or ZERO_COLL_ALL_GATHER: how the data moves
+    // What the caller runs through it (an all-reduce gathers everyone's vectors) and its op or root: carried in
+    // every header and descriptor, so that ranks in different collectives fail even when the data moves alike.
+    int32_t called = 0;
+    uint32_t detail = 0;
     int32_t dtype = 0;
     char* buf = nullptr;
     uint64_t count = 0;  // elements per block
@@ -86,7 +90,9 @@ class Hierarchy {
     bool exchange_started = false, exchanged = false;
   };
 
-  Op begin(uint64_t sequence, int32_t kind, int32_t dtype, void* buf, uint64_t count, size_t esize) const;
+  // `called` and `detail` (an all-reduce's op, a broadcast's root): see Op; by default the collective itself.
+  Op begin(uint64_t sequence, int32_t kind, int32_t dtype, void* buf, uint64_t count, size_t esize, int32_t called = -1,
+           uint32_t detail = 0) const;
 
   // Advances `op` as far as the peers allow (a bounded amount of work per call). kMismatch / kFailed: error()
   // says why; the communicator is unusable afterwards.
@@ -124,6 +130,7 @@ class Hierarchy {
   char* final_out(uint64_t t, int node) {
     return final_out_.data() + ((t % kSlots) * static_cast<size_t>(nodes_) + static_cast<size_t>(node)) * final_bytes_;
   }
+  static uint64_t signature(const Op& op);
   static void write_header(char* m, const Op& op, uint64_t t);
   bool header_matches(const char* m, size_t got, size_t bytes, const Op& op, uint64_t t, int from_node,
                       const char* what);

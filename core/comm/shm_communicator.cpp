@@ -141,11 +141,25 @@ class ShmCommunicator final : public Communicator {
       const bool check_processes = Clock::now() - checked > std::chrono::milliseconds(100);
       if (check_processes) checked = Clock::now();
       std::string stopped = stopped_peer(op->coll.sequence, op->coll.label, check_processes);
-      if (stopped.empty() && cross_) stopped = cross_->stopped_peer(op->coll.sequence, op->coll.label, false);
+      bool heard = false;  // from another node
+      if (stopped.empty() && cross_) {
+        // A rank of this node that died says nothing: look at the processes before taking another node's word
+        // (which may be a consequence of that death) for the cause.
+        const std::string relayed = cross_->stopped_peer(op->coll.sequence, op->coll.label, false);
+        if (!relayed.empty()) {
+          stopped = stopped_peer(op->coll.sequence, op->coll.label, true);
+          heard = stopped.empty();
+          if (heard) stopped = relayed;
+        }
+      }
       if (!stopped.empty()) {
         abandon(stopped);
-        // The other nodes see this node's ranks only through their counterparts: they hear it from this one.
-        if (cross_) cross_->tell_peers(completed_.load(), stopped);
+        if (cross_) {
+          // This node's ranks see another node's only through this rank, and the other nodes see this node's only
+          // through their counterparts: both hear it from here.
+          if (heard) segment_.stop(ShmRankState::kStopped, completed_.load(), stopped);
+          cross_->tell_peers(completed_.load(), stopped);
+        }
         fail(ZERO_ERR_REMOTE, stopped);
       }
       if (op->done.load(std::memory_order_acquire)) {
@@ -382,8 +396,9 @@ class ShmCommunicator final : public Communicator {
     }
     // Another node's rank that ended is a remote failure; ranks out of step, a mismatch.
     failure_status_ = p == CrossNode::Progress::kMismatch ? ZERO_ERR_MISMATCH : ZERO_ERR_REMOTE;
-    // A peer's own words, where it said why it stopped, name the cause.
-    const std::string stopped = cross_->stopped_peer(front->coll.sequence, front->coll.label, true);
+    // A rank of this node that died, else a peer's own words where it said why it stopped, name the cause.
+    std::string stopped = stopped_peer(front->coll.sequence, front->coll.label, true);
+    if (stopped.empty()) stopped = cross_->stopped_peer(front->coll.sequence, front->coll.label, true);
     failure_ = !stopped.empty()
                    ? stopped
                    : "collective #" + std::to_string(front->coll.sequence) + " (" + front->coll.label + "): " +

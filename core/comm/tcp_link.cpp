@@ -26,6 +26,8 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kHelloMagic = 0x6c69627a65726f31ull;  // "libzero1"
 constexpr size_t kMaxToken = 256;
 constexpr size_t kMaxNotice = 4096;
+// A connection that closed or was reset without a notice: its rank ended (killed, or exited without a word).
+const char* const kClosed = "its process ended without a word (its connection closed: killed by a signal?)";
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -339,14 +341,40 @@ bool TcpColumnLink::receive(void* buf, size_t bytes, int node, Request* request)
     error_ = "no peer on node " + std::to_string(node);
     return false;
   }
-  if (peers_[static_cast<size_t>(node)].failed) {
-    error_ = peers_[static_cast<size_t>(node)].error;
+  Peer& peer = peers_[static_cast<size_t>(node)];
+  // A peer that ended may have sent this message before it did (kept in `early`).
+  if (peer.failed && peer.early.empty()) {
+    error_ = peer.error;
     return false;
   }
   *request = new_request(node);
-  peers_[static_cast<size_t>(node)].receives.push_back({static_cast<char*>(buf), bytes, *request});
+  peer.receives.push_back({static_cast<char*>(buf), bytes, *request});
+  match_early(node);
   pump_receives(node);
   return true;
+}
+
+// Receives posted for frames read before them (from a peer that hung up), in order. With mutex_ held.
+void TcpColumnLink::match_early(int node) {
+  Peer& peer = peers_[static_cast<size_t>(node)];
+  while (!peer.early.empty() && !peer.receives.empty()) {
+    const Posted r = peer.receives.front();
+    std::vector<char>& frame = peer.early.front();
+    if (frame.size() > r.capacity) {
+      peer.failed = false;  // a truncation is the cause now, not the close that followed
+      fail_link(node,
+                "it sent a message of " + std::to_string(frame.size()) + " bytes where this rank expected at most " +
+                    std::to_string(r.capacity),
+                true);
+      return;
+    }
+    std::memcpy(r.buf, frame.data(), frame.size());
+    State& st = requests_[static_cast<size_t>(r.request)];
+    st.done = true;
+    st.received = frame.size();
+    peer.receives.pop_front();
+    peer.early.pop_front();
+  }
 }
 
 ColumnLink::Test TcpColumnLink::test(Request* request, size_t* received) {
@@ -435,9 +463,12 @@ bool TcpColumnLink::fail_link(int node, const std::string& what, bool truncated)
   const std::string name = node < static_cast<int>(names_.size())
                                ? names_[static_cast<size_t>(node)]
                                : "node " + std::to_string(node) + "'s rank of this column";
-  // A peer that said why it stops is named with its words, as a rank that stopped on this node is.
-  peer.error =
-      peer.notice.empty() ? name + ": " + what : name + " has stopped: " + peer.notice + " (then: " + what + ")";
+  // A peer that said why it stops is named with its words, one that closed without them as ended; as a rank that
+  // stopped on this node is.
+  const bool ended = what == kClosed;
+  peer.error = !peer.notice.empty() ? name + " has stopped: " + peer.notice + " (then: " + what + ")"
+               : ended              ? name + " has stopped: " + what
+                                    : name + ": " + what;
   if (!failed_) error_ = peer.error;  // the first, for progress()'s callers
   failed_ = true;
   return false;
@@ -466,8 +497,7 @@ bool TcpColumnLink::pump_sends(int node) {
       n = sendmsg(peer.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
-        if (errno == ECONNRESET || errno == EPIPE)
-          return fail_link(node, "the connection closed (its process ended, or it gave up)");
+        if (errno == ECONNRESET || errno == EPIPE) return fail_link(node, kClosed);
         return fail_link(node, "sending failed: " + errno_text(errno) + " (its process ended?)");
       }
     }
@@ -501,17 +531,20 @@ bool TcpColumnLink::pump_receives(int node) {
       into = peer.incoming.data() + peer.payload_got;
       want = peer.length - peer.payload_got;
     } else {
-      if (peer.receives.empty() && !peer.draining) {
+      if (peer.receives.empty() && !peer.hung_up) {
         // The frame waits in the kernel's buffer for its receive, unless the peer has hung up: then nothing it
         // sent can complete a collective any more, and what follows (its notice, the close) is what matters.
         pollfd pfd{peer.fd, POLLRDHUP, 0};
         if (poll(&pfd, 1, 0) <= 0 || (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) return true;
-        peer.draining = true;
+        peer.hung_up = true;
       }
-      if (peer.draining) {
-        peer.scratch.resize(std::max<size_t>(1, std::min<uint64_t>(peer.length - peer.payload_got, 1 << 16)));
-        into = peer.scratch.data();
-        want = std::min<uint64_t>(peer.length - peer.payload_got, peer.scratch.size());
+      // After a hang-up, a frame nobody has asked for yet is read into memory of its own, to be matched when its
+      // receive comes (its sender may have completed its part of the collective and gone).
+      if (peer.buffering || (peer.hung_up && peer.receives.empty())) {
+        if (!peer.buffering) peer.scratch.assign(peer.length, 0);
+        peer.buffering = true;
+        into = peer.scratch.data() + peer.payload_got;
+        want = peer.length - peer.payload_got;
       } else {
         into_receive = true;
       }
@@ -533,15 +566,15 @@ bool TcpColumnLink::pump_receives(int node) {
       if (n == 0) {
         peer.closed = true;
         // After its goodbye (it finalized) only what was still expected from it fails.
-        if (peer.said_goodbye && peer.receives.empty() && peer.header_got == 0 && !peer.dropped) return true;
+        if (peer.said_goodbye && peer.receives.empty() && peer.header_got == 0) return true;
         return fail_link(node, peer.said_goodbye ? "it finalized its communicator while this rank expected a message "
                                                    "from it"
-                                                 : "the connection closed (its process ended, or it gave up)");
+                                                 : kClosed);
       }
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
         peer.closed = true;
-        if (errno == ECONNRESET) return fail_link(node, "the connection closed (its process ended, or it gave up)");
+        if (errno == ECONNRESET) return fail_link(node, kClosed);
         return fail_link(node, "receiving failed: " + errno_text(errno) + " (its process ended?)");
       }
       if (peer.header_got < sizeof peer.header) {
@@ -565,10 +598,18 @@ bool TcpColumnLink::pump_receives(int node) {
       continue;
     }
     // A whole frame.
-    if (peer.kind == kData && peer.draining) peer.dropped = true;
+    if (peer.kind == kData && peer.buffering) {
+      peer.early.push_back(std::move(peer.scratch));
+      peer.scratch.clear();
+      peer.buffering = false;
+      peer.header_got = 0;
+      peer.payload_got = 0;
+      match_early(node);
+      continue;
+    }
     // The first notice says why the peer stopped; later ones (its destroy, its exit) follow from it.
     if (peer.kind == kNotice && peer.notice.empty()) peer.notice = peer.incoming;
-    if (peer.kind == kData && !peer.draining) {
+    if (peer.kind == kData) {
       const Posted r = peer.receives.front();
       peer.receives.pop_front();
       State& s = requests_[static_cast<size_t>(r.request)];

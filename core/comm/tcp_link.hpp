@@ -106,11 +106,12 @@ class TcpColumnLink final : public ColumnLink {
     std::string incoming;    // the notice being read
     bool closed = false;
     bool said_goodbye = false;  // it finalized: its close is no failure unless a receive still waits on it
-    bool draining = false;      // it hung up: frames nobody receives are read and dropped to reach its notice
+    bool hung_up = false;       // frames nobody has asked for yet are read into `early`, to reach its notice and close
     bool failed = false, truncated = false;  // its connection failed: its requests fail with `error`
     std::string error;
-    bool dropped = false;  // a data frame was dropped so: its goodbye does not excuse the close
+    bool buffering = false;  // the frame being read goes into `scratch`
     std::vector<char> scratch;
+    std::deque<std::vector<char>> early;  // whole frames read before their receives, in order
   };
   struct State {
     bool in_use = false;
@@ -123,6 +124,7 @@ class TcpColumnLink final : public ColumnLink {
   Request new_request(int node);
   bool pump_sends(int node);
   bool pump_receives(int node);
+  void match_early(int node);
   bool fail_link(int node, const std::string& what, bool truncated = false);
 
   mutable std::mutex mutex_;

@@ -650,7 +650,8 @@ ZERO_API zero_status_t zero_comm_create_shm(zero_comm_t** out_comm, const char* 
 /* A TCP listening socket for zero_comm_create_shm_nodes, made before the job's bootstrap hands out the ranks'
  * addresses. `host`: the address to bind and give the other machines (the IP of the interface they reach this one
  * by); "" binds every interface and gives the machine's name. *out_address ("host:port", with a port the kernel
- * chose) lives as long as the listener. Destroy it once the communicator is made (or the job gave up). */
+ * chose) lives as long as the listener. One listener serves one communicator: destroy it once that is made (or
+ * the job gave up). */
 typedef struct zero_listener zero_listener_t;
 ZERO_API zero_status_t zero_listener_create(zero_listener_t** out_listener, const char** out_address, const char* host);
 ZERO_API void zero_listener_destroy(zero_listener_t* listener);

@@ -38,7 +38,7 @@ def default_comm() -> Comm:
                     return _shm_comm(dist, group)
                 per_machine = _ranks_per_machine(machines)
                 if per_machine:
-                    return _shm_nodes_comm(dist, group, per_machine)
+                    return _shm_nodes_comm(dist, group, per_machine, machines)
                 if transport == "shm":
                     raise RuntimeError(
                         "ZERO_TORCH_TRANSPORT=shm, but the ranks are not spread over the machines in equal blocks of "
@@ -89,32 +89,57 @@ def _ranks_per_machine(machines: list) -> int:
     return per
 
 
-def _listen_address() -> str:
-    """The address the other machines reach this one by: ZERO_TORCH_LISTEN_ADDR, else the one this machine's
-    routes use towards MASTER_ADDR (a UDP socket's connect picks the interface and sends nothing)."""
+def _route_to(host: str) -> str:
+    """This machine's address on the route towards `host` (a UDP socket's connect picks the interface and sends
+    nothing); "" if there is none."""
     import socket
 
+    try:
+        family = socket.getaddrinfo(host, None)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return ""
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen_address(dist: Any, group: Any, machines: list) -> str:
+    """The address the other machines reach this one by: ZERO_TORCH_LISTEN_ADDR, else the one this machine's routes
+    use towards MASTER_ADDR. On the master's own machine that route is often loopback (MASTER_ADDR a name that
+    /etc/hosts maps to 127.0.1.1): then the route towards another machine's address, gathered first."""
     chosen = os.environ.get("ZERO_TORCH_LISTEN_ADDR")
     if chosen:
         return chosen
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    try:
-        family = socket.getaddrinfo(master, None)[0][0]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((master, 9))
-            return probe.getsockname()[0]
-    except OSError:
-        return ""  # every interface, under the machine's name
+    mine = _route_to(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    routes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(routes, mine, group=group)
+    me = machines[dist.get_rank(group)]
+    if not mine or _is_loopback(mine):
+        for other, machine in zip(routes, machines):
+            if machine != me and other and not _is_loopback(other):
+                found = _route_to(other)
+                if found and not _is_loopback(found):
+                    return found
+    return mine  # loopback only when every "machine" is this one (tests), or "": every interface, by name
 
 
-def _shm_nodes_comm(dist: Any, group: Any, ranks_per_node: int) -> Comm:
+def _shm_nodes_comm(dist: Any, group: Any, ranks_per_node: int, machines: list) -> Comm:
     """The shared-memory communicator across machines: each rank's listener first, the addresses gathered over the
     process group, the job's name drawn by rank 0."""
     import uuid
 
     name = [f"libzero-{uuid.uuid4().hex}" if dist.get_rank(group) == 0 else None]
     dist.broadcast_object_list(name, src=0, group=group)
-    listener = Comm.listener(_listen_address())
+    listener = Comm.listener(_listen_address(dist, group, machines))
     addresses: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(addresses, listener.address, group=group)
     timeout = float(os.environ.get("ZERO_TORCH_JOIN_TIMEOUT_S", "300"))
