@@ -57,6 +57,23 @@ CrossNode::CrossNode(std::shared_ptr<NodeWindow> window, std::unique_ptr<TcpColu
   hierarchy_ = std::make_unique<Hierarchy>(std::move(window), std::move(link), node, nodes);
 }
 
+void CrossNode::answer_with(std::function<Machine(uint64_t sequence)> describe) {
+  link_->answer_questions_with([describe = std::move(describe)](const std::string& question) {
+    const Machine m = describe(std::strtoull(question.c_str(), nullptr, 10));
+    return std::string(m.settled ? "1" : "0") + m.lines;
+  });
+}
+
+CrossNode::Machine CrossNode::machine(int node) const {
+  Machine m;
+  const std::string answer = link_->answer(node);
+  if (answer.empty()) return m;
+  m.answered = true;
+  m.settled = answer[0] == '1';
+  m.lines = answer.substr(1);
+  return m;
+}
+
 std::string CrossNode::stopped_peer(uint64_t sequence, const std::string& label, bool any) const {
   for (int n = 0; n < nodes_; ++n) {
     if (n == node_) continue;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,22 @@ class CrossNode {
   // A rank of another node (this rank's counterpart there) that said it stopped before collective `sequence`, as
   // the communicator names a rank of its own node that did; with `any`, one that said it stopped at all. "" if none.
   std::string stopped_peer(uint64_t sequence, const std::string& label, bool any) const;
+  // What a rank that timed out learns of the other machines. ask() sends the collective's number to this rank's
+  // column peers; each answers at once with its machine's description (`describe`, given that number), from
+  // whichever thread moves its link (it must not call the link). A machine whose column rank is in no libzero call
+  // does not answer (nothing moves its link). poll() moves the link (answering questions); any thread.
+  struct Machine {
+    bool answered = false;
+    bool settled = false;  // every rank there is inside that collective or a later one, or has stopped
+    std::string lines;     // one per rank there, as the communicator's diagnosis words them
+  };
+  void answer_with(std::function<Machine(uint64_t sequence)> describe);
+  void ask(uint64_t sequence) { link_->ask_peers(std::to_string(sequence)); }
+  Machine machine(int node) const;
+  void poll() { link_->progress(); }
+  // The words node n's column rank said before it stopped (its notice: "<after> <reason>"), or "".
+  std::string notice(int node) const { return link_->notice(node); }
+
   // Collective (zero_comm_finalize): the link says goodbye.
   void free() { hierarchy_->link().free(); }
 

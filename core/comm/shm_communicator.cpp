@@ -126,7 +126,7 @@ class ShmCommunicator final : public Communicator {
       }
     } not_waiting{segment_};
     const auto begin = Clock::now();
-    auto checked = begin;
+    auto checked = begin, polled = begin;
     for (int spins = 0;; ++spins) {
       // Every wait moves the queue, whatever it waits for, so ranks that wait in different orders never wait for
       // each other.
@@ -140,6 +140,12 @@ class ShmCommunicator final : public Communicator {
       // too, even when the data it had already put in the window let the collective complete here.
       const bool check_processes = Clock::now() - checked > std::chrono::milliseconds(100);
       if (check_processes) checked = Clock::now();
+      // The link moves only inside collectives: a rank waiting on its own machine's ranks still answers the other
+      // machines' questions.
+      if (cross_ && Clock::now() - polled > std::chrono::milliseconds(10)) {
+        cross_->poll();
+        polled = Clock::now();
+      }
       std::string stopped = stopped_peer(op->coll.sequence, op->coll.label, check_processes);
       bool heard = false;  // from another node
       if (stopped.empty() && cross_) {
@@ -179,44 +185,71 @@ class ShmCommunicator final : public Communicator {
   }
 
   // Every rank's line is in the segment. A rank that is not inside a collective gets the grace period to arrive
-  // (it may only be late), as the MPI module's question does; then the lines say what each does.
+  // (it may only be late), as the MPI module's question does; then the lines say what each does. Across machines,
+  // the column peers are asked for their machines' lines (again while some rank there is not settled), so that
+  // ranks timing out together on different machines all wait out the grace period and all name the one that hangs.
   std::string diagnose(uint64_t sequence, double grace_s) override {
     const auto begin = Clock::now();
+    auto asked = begin - std::chrono::seconds(1);
+    const int locals = segment_.size(), node = rank() / locals, nodes = size() / locals;
     while (seconds_since(begin) < grace_s) {
       bool all = true;
-      for (int r = 0; r < segment_.size() && all; ++r) {
-        if (r == segment_.rank()) continue;
-        const ShmSegment::PeerView p = segment_.peer(r);
-        const bool settled = p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized ||
-                             p.waiting >= sequence || segment_.peer_process_gone(r);
-        all = settled;
+      for (int r = 0; r < locals && all; ++r) all = r == segment_.rank() || segment_.settled(r, sequence);
+      if (cross_) {
+        cross_->poll();
+        for (int n = 0; n < nodes && all; ++n) all = n == node || cross_->machine(n).settled;
+        if (!all && seconds_since(asked) >= 0.1) {
+          cross_->ask(sequence);
+          asked = Clock::now();
+        }
       }
       if (all) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     std::string out = "What the other ranks are doing:";
-    for (int r = 0; r < segment_.size(); ++r) {
-      if (r == segment_.rank()) continue;
-      const ShmSegment::PeerView p = segment_.peer(r);
-      char line[768];
-      if (p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized)
-        std::snprintf(line, sizeof line, " rank %d has stopped after collective #%llu (%s);", job_rank(r),
-                      static_cast<unsigned long long>(p.stopped_after), p.reason.c_str());
-      else if (segment_.peer_process_gone(r))
-        std::snprintf(line, sizeof line, " rank %d (pid %d) has ended without a word, after collective #%llu;",
-                      job_rank(r), static_cast<int>(p.pid), static_cast<unsigned long long>(p.completed));
-      else if (p.waiting != 0)
-        std::snprintf(line, sizeof line, " rank %d waits in collective #%llu (%s) for %.1f s;", job_rank(r),
-                      static_cast<unsigned long long>(p.waiting), p.label.c_str(), p.waiting_for_s);
-      else
-        std::snprintf(line, sizeof line,
-                      " rank %d: not inside a libzero collective (busy in the framework's code, blocked elsewhere, "
-                      "or hung), after collective #%llu;",
-                      job_rank(r), static_cast<unsigned long long>(p.completed));
-      out += line;
+    for (int n = 0; n < (cross_ ? nodes : 1); ++n) {
+      if (!cross_ || n == node) {
+        for (int r = 0; r < locals; ++r)
+          if (r != segment_.rank()) out += segment_.describe(r, job_rank(r));
+        continue;
+      }
+      const int column_peer = n * locals + segment_.rank();
+      const CrossNode::Machine m = cross_->machine(n);
+      const std::string notice = cross_->notice(n);
+      if (m.answered) {
+        out += m.lines;
+      } else if (const size_t space = notice.find(' '); space != std::string::npos) {
+        out += " rank " + std::to_string(column_peer) + " has stopped after collective #" + notice.substr(0, space) +
+               " (" + notice.substr(space + 1) + ");";
+      } else {
+        char text[320];
+        std::snprintf(text, sizeof text,
+                      " rank %d: not inside a libzero collective, or its machine is unreachable (asked from here, it "
+                      "did not answer within %.1f s);",
+                      column_peer, grace_s);
+        out += text;
+      }
+      if (!m.answered && locals > 1) {
+        std::string others;
+        for (int r = n * locals; r < (n + 1) * locals; ++r)
+          if (r != column_peer) others += (others.empty() ? "" : ", ") + std::to_string(r);
+        out += (locals > 2 ? " ranks " : " rank ") + others + ": not known here (that machine answers through rank " +
+               std::to_string(column_peer) + ");";
+      }
     }
     if (out.back() == ';') out.back() = '.';
     return out;
+  }
+
+  // This machine's lines, every rank's, for a column peer that asks (with the link's lock held).
+  CrossNode::Machine describe_machine(uint64_t sequence) const {
+    CrossNode::Machine m;
+    m.answered = m.settled = true;
+    for (int r = 0; r < segment_.size(); ++r) {
+      m.settled = m.settled && segment_.settled(r, sequence);
+      m.lines += segment_.describe(r, job_rank(r));
+    }
+    return m;
   }
 
   void tell_peers_exiting() {
@@ -453,6 +486,7 @@ class ShmCommunicator final : public Communicator {
                  " bytes, this node " + std::to_string(mine[1]) + " and " + std::to_string(mine[0]) +
                  " (ZERO_SHM_HALF_BYTES must be the same on every node)");
     cross_ = std::make_unique<CrossNode>(window_, std::move(link), node, nodes);
+    cross_->answer_with([this](uint64_t sequence) { return describe_machine(sequence); });
   }
 
   // After a failure nothing more completes here (the engine stops using the communicator); the buffers stay the

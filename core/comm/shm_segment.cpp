@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -285,6 +286,32 @@ bool ShmSegment::peer_process_gone(int r) const {
   if (!process_stat(pid, &state, &started)) return false;
   const uint64_t published = load(&line(r)->start_time);
   return state == 'Z' || state == 'X' || (published != 0 && started != published);
+}
+
+bool ShmSegment::settled(int r, uint64_t sequence) const {
+  const PeerView p = peer(r);
+  return p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized || p.waiting >= sequence ||
+         peer_process_gone(r);
+}
+
+std::string ShmSegment::describe(int r, int job_rank) const {
+  const PeerView p = peer(r);
+  char text[768];
+  if (p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized)
+    std::snprintf(text, sizeof text, " rank %d has stopped after collective #%llu (%s);", job_rank,
+                  static_cast<unsigned long long>(p.stopped_after), p.reason.c_str());
+  else if (r != rank_ && peer_process_gone(r))
+    std::snprintf(text, sizeof text, " rank %d (pid %d) has ended without a word, after collective #%llu;", job_rank,
+                  static_cast<int>(p.pid), static_cast<unsigned long long>(p.completed));
+  else if (p.waiting != 0)
+    std::snprintf(text, sizeof text, " rank %d waits in collective #%llu (%s) for %.1f s;", job_rank,
+                  static_cast<unsigned long long>(p.waiting), p.label.c_str(), p.waiting_for_s);
+  else
+    std::snprintf(text, sizeof text,
+                  " rank %d: not inside a libzero collective (busy in the framework's code, blocked elsewhere, or "
+                  "hung), after collective #%llu;",
+                  job_rank, static_cast<unsigned long long>(p.completed));
+  return text;
 }
 
 bool ShmSegment::peers_visible() const {

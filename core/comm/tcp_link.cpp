@@ -1,10 +1,5 @@
 #include "comm/tcp_link.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -21,117 +16,20 @@
 namespace zero {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using tcp::Clock;
+using tcp::dial;
+using tcp::errno_text;
+using tcp::read_all;
+using tcp::seconds_left;
+using tcp::set_options;
+using tcp::write_all;
 
 constexpr uint64_t kHelloMagic = 0x6c69627a65726f31ull;  // "libzero1"
 constexpr size_t kMaxToken = 256;
 constexpr size_t kMaxNotice = 4096;
+constexpr size_t kMaxControl = size_t{64} << 10;  // a control frame read: a notice, a question, an answer
 // A connection that closed or was reset without a notice: its rank ended (killed, or exited without a word).
 const char* const kClosed = "its process ended without a word (its connection closed: killed by a signal?)";
-
-std::string errno_text(int e) { return std::strerror(e); }
-
-double seconds_left(Clock::time_point deadline) {
-  return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
-}
-
-void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK); }
-
-// No delay for the small frames; and a close by the kernel (a rank killed, or ended without destroying its
-// communicator) resets the connection at once, dropping what it had not sent: otherwise its end would wait behind
-// that data, which a peer that has not asked for it yet never reads, until the peer's timeout.
-void set_options(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  const linger reset{1, 0};
-  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-}
-
-// Splits "host:port" (an IPv6 host in brackets).
-bool split_address(const std::string& address, std::string* host, std::string* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) return false;
-  *host = address.substr(0, colon);
-  *port = address.substr(colon + 1);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  return !host->empty();
-}
-
-// Blocking I/O of exactly `bytes` on a nonblocking socket, until the deadline. False on EOF, error or timeout.
-bool write_all(int fd, const void* buf, size_t bytes, Clock::time_point deadline) {
-  const char* p = static_cast<const char*>(buf);
-  while (bytes > 0) {
-    const ssize_t n = ::send(fd, p, bytes, MSG_NOSIGNAL);
-    if (n > 0) {
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    pollfd pfd{fd, POLLOUT, 0};
-    if (seconds_left(deadline) <= 0 || poll(&pfd, 1, 10) < 0) return false;
-  }
-  return true;
-}
-bool read_all(int fd, void* buf, size_t bytes, Clock::time_point deadline) {
-  char* p = static_cast<char*>(buf);
-  while (bytes > 0) {
-    const ssize_t n = ::recv(fd, p, bytes, 0);
-    if (n > 0) {
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    if (seconds_left(deadline) <= 0 || poll(&pfd, 1, 10) < 0) return false;
-  }
-  return true;
-}
-
-// A nonblocking connection to `address`, retried until the deadline (the peer's listener exists before the
-// bootstrap hands out its address, but a refused or lost attempt is retried all the same). -1 and *why on failure.
-int dial(const std::string& address, Clock::time_point deadline, std::string* why) {
-  std::string host, port;
-  if (!split_address(address, &host, &port)) {
-    *why = "\"" + address + "\" is not host:port";
-    return -1;
-  }
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
-    if (rc != 0) {
-      *why = "cannot resolve " + address + ": " + gai_strerror(rc);
-    } else {
-      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-        // Nonblocking, so that a host that drops the attempt silently costs the time left, not the kernel's
-        // minutes of retries.
-        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-        if (fd < 0) continue;
-        int err = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
-        if (err == EINPROGRESS) {
-          pollfd pfd{fd, POLLOUT, 0};
-          const int ready = poll(&pfd, 1, static_cast<int>(std::min(seconds_left(deadline), 5.0) * 1000) + 1);
-          socklen_t len = sizeof err;
-          err = ready <= 0 ? ETIMEDOUT : getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 ? err : errno;
-        }
-        if (err == 0) {
-          freeaddrinfo(found);
-          set_options(fd);
-          return fd;
-        }
-        *why = "cannot connect to " + address + ": " + errno_text(err);
-        close(fd);
-      }
-      freeaddrinfo(found);
-    }
-    if (seconds_left(deadline) <= 0) return -1;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
 
 void put64(unsigned char* p, uint64_t v) { std::memcpy(p, &v, 8); }
 uint64_t get64(const unsigned char* p) {
@@ -141,53 +39,6 @@ uint64_t get64(const unsigned char* p) {
 }
 
 }  // namespace
-
-TcpListener::TcpListener(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  const bool any = host.empty() || host == "0.0.0.0" || host == "::";
-  const int rc = getaddrinfo(any ? (host == "::" ? "::" : nullptr) : host.c_str(), "0", &hints, &found);
-  if (rc != 0) fail(ZERO_ERR_COMM, "cannot resolve \"" + host + "\" to listen on: " + gai_strerror(rc));
-  std::string why = "no address";
-  for (addrinfo* a = found; a != nullptr && fd_ < 0; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
-      fd_ = fd;
-    } else {
-      why = errno_text(errno);
-      close(fd);
-    }
-  }
-  freeaddrinfo(found);
-  if (fd_ < 0) fail(ZERO_ERR_COMM, "cannot listen on \"" + host + "\": " + why);
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                               : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  // Bound to every interface: the peers dial this machine's name (a cluster's nodes resolve each other's); the
-  // bootstrap passes an address instead where they do not.
-  std::string advertised = host;
-  if (any) {
-    char name[256] = {};
-    if (gethostname(name, sizeof name - 1) != 0 || name[0] == '\0') {
-      close(fd_);
-      fail(ZERO_ERR_COMM, "listening on every interface, but this machine has no name to give the peers");
-    }
-    advertised = name;
-  }
-  const bool v6 = advertised.find(':') != std::string::npos;
-  address_ = (v6 ? "[" + advertised + "]" : advertised) + ":" + std::to_string(port);
-  set_nonblocking(fd_);
-}
-
-TcpListener::~TcpListener() {
-  if (fd_ >= 0) close(fd_);
-}
 
 TcpColumnLink::TcpColumnLink(TcpListener& listener, int node, int nodes, const std::vector<std::string>& addresses,
                              const std::string& token, double timeout_s)
@@ -420,23 +271,41 @@ std::string TcpColumnLink::notice(int node) const {
   return peers_[static_cast<size_t>(node)].notice;
 }
 
+std::string TcpColumnLink::answer(int node) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (node < 0 || node >= static_cast<int>(peers_.size())) return "";
+  return peers_[static_cast<size_t>(node)].answer;
+}
+
+// After the frame being written (a frame is never cut) and the control frames already queued, before any data.
+// With mutex_ held.
+void TcpColumnLink::queue_control(int node, uint64_t kind, std::string payload) {
+  Peer& peer = peers_[static_cast<size_t>(node)];
+  if (node == node_ || peer.fd < 0 || peer.closed) return;
+  Pending p;
+  p.is_control = true;
+  p.control = std::move(payload);
+  p.bytes = p.control.size();
+  put64(p.header, p.bytes);
+  put64(p.header + 8, kind);
+  auto at = peer.sends.begin();
+  if (at != peer.sends.end() && at->done > 0) ++at;
+  while (at != peer.sends.end() && at->is_control) ++at;
+  peer.sends.insert(at, std::move(p));
+}
+
+void TcpColumnLink::ask_peers(const std::string& question) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reading_ahead_ = true;
+  for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
+    queue_control(n, kQuestion, question.substr(0, kMaxControl));
+    if (n != node_) pump_sends(n);
+  }
+}
+
 void TcpColumnLink::tell_peers(const std::string& words, double flush_s) {
   std::unique_lock<std::mutex> lock(mutex_);
-  for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
-    Peer& peer = peers_[static_cast<size_t>(n)];
-    if (n == node_ || peer.fd < 0 || peer.closed) continue;
-    Pending p;
-    p.is_notice = true;
-    p.notice = words.substr(0, kMaxNotice);
-    p.bytes = p.notice.size();
-    put64(p.header, p.bytes);
-    put64(p.header + 8, kNotice);
-    // After the frame being written (a frame is never cut) and the notices already queued, before any data.
-    auto at = peer.sends.begin();
-    if (at != peer.sends.end() && at->done > 0) ++at;
-    while (at != peer.sends.end() && at->is_notice) ++at;
-    peer.sends.insert(at, std::move(p));
-  }
+  for (int n = 0; n < static_cast<int>(peers_.size()); ++n) queue_control(n, kNotice, words.substr(0, kMaxNotice));
   // Pending data ahead of a notice (a peer that stopped reading) must not hold it back forever.
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(flush_s));
@@ -446,7 +315,7 @@ void TcpColumnLink::tell_peers(const std::string& words, double flush_s) {
       Peer& peer = peers_[static_cast<size_t>(n)];
       if (n == node_ || peer.fd < 0 || peer.closed) continue;
       pump_sends(n);  // also after the link failed: that is when the peers most need to hear why
-      for (const Pending& p : peer.sends) pending |= p.is_notice && !peer.closed;
+      for (const Pending& p : peer.sends) pending |= p.is_control && !peer.closed;
     }
     if (!pending || Clock::now() >= deadline) return;
     lock.unlock();
@@ -487,7 +356,7 @@ bool TcpColumnLink::pump_sends(int node) {
     int count = 0;
     if (p.done < sizeof p.header) parts[count++] = {p.header + p.done, sizeof p.header - p.done};
     const size_t payload_done = p.done > sizeof p.header ? p.done - sizeof p.header : 0;
-    const char* payload = p.is_notice ? p.notice.data() : p.buf;
+    const char* payload = p.is_control ? p.control.data() : p.buf;
     if (p.bytes > payload_done) parts[count++] = {const_cast<char*>(payload) + payload_done, p.bytes - payload_done};
     ssize_t n = 0;
     if (count > 0) {
@@ -526,12 +395,12 @@ bool TcpColumnLink::pump_receives(int node) {
     if (peer.header_got < sizeof peer.header) {
       into = reinterpret_cast<char*>(peer.header) + peer.header_got;
       want = sizeof peer.header - peer.header_got;
-    } else if (peer.kind == kNotice) {
+    } else if (peer.kind != kData) {
       peer.incoming.resize(peer.length);
       into = peer.incoming.data() + peer.payload_got;
       want = peer.length - peer.payload_got;
     } else {
-      if (peer.receives.empty() && !peer.hung_up) {
+      if (peer.receives.empty() && !peer.hung_up && !reading_ahead_) {
         // The frame waits in the kernel's buffer for its receive, unless the peer has hung up: then nothing it
         // sent can complete a collective any more, and what follows (its notice, the close) is what matters.
         pollfd pfd{peer.fd, POLLRDHUP, 0};
@@ -540,7 +409,7 @@ bool TcpColumnLink::pump_receives(int node) {
       }
       // After a hang-up, a frame nobody has asked for yet is read into memory of its own, to be matched when its
       // receive comes (its sender may have completed its part of the collective and gone).
-      if (peer.buffering || (peer.hung_up && peer.receives.empty())) {
+      if (peer.buffering || ((peer.hung_up || reading_ahead_) && peer.receives.empty())) {
         if (!peer.buffering) peer.scratch.assign(peer.length, 0);
         peer.buffering = true;
         into = peer.scratch.data() + peer.payload_got;
@@ -588,7 +457,8 @@ bool TcpColumnLink::pump_receives(int node) {
           peer.header_got = 0;
           continue;
         }
-        if (peer.kind != kData && !(peer.kind == kNotice && peer.length <= kMaxNotice))
+        const bool control = peer.kind == kNotice || peer.kind == kQuestion || peer.kind == kAnswer;
+        if (peer.kind != kData && !(control && peer.length <= kMaxControl))
           return fail_link(node, "it sent a frame this link does not know (kind " + std::to_string(peer.kind) + ")");
         continue;
       }
@@ -609,6 +479,11 @@ bool TcpColumnLink::pump_receives(int node) {
     }
     // The first notice says why the peer stopped; later ones (its destroy, its exit) follow from it.
     if (peer.kind == kNotice && peer.notice.empty()) peer.notice = peer.incoming;
+    if (peer.kind == kAnswer) peer.answer = peer.incoming;
+    if (peer.kind == kQuestion && answerer_) {
+      queue_control(node, kAnswer, answerer_(peer.incoming).substr(0, kMaxControl));
+      pump_sends(node);
+    }
     if (peer.kind == kData) {
       const Posted r = peer.receives.front();
       peer.receives.pop_front();

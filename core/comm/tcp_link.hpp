@@ -4,9 +4,11 @@
 //
 // Frames: a 16-byte header (the payload's length and the frame's kind) and the payload. A data frame goes straight
 // from the sender's buffer into the receive it matches, which is the oldest receive posted for that node (one
-// sender's frames arrive in order); a data frame longer than that receive is kTruncated. A notice frame carries a
-// few words a rank says before it stops (an abort's reason, an exit): it is read whenever it comes, and a connection
-// that then closes fails with those words instead of "closed".
+// sender's frames arrive in order); a data frame longer than that receive is kTruncated. Control frames are read
+// whenever they come, ahead of data that waits for its receive: a notice carries a few words a rank says before it
+// stops (an abort's reason, an exit), and a connection that then closes fails with those words instead of
+// "closed"; a question is answered at once by the answerer the link was given (a rank that timed out asks what the
+// other machines' ranks are doing).
 //
 // Setting up: every rank opens a listening socket first (TcpListener) and the job's bootstrap gives every rank the
 // column peers' addresses (torch.distributed's store under torchrun). Node j connects to every node i < j; the
@@ -16,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,25 +26,9 @@
 #include <vector>
 
 #include "comm/column_link.hpp"
+#include "comm/tcp_socket.hpp"
 
 namespace zero {
-
-// A listening TCP socket on `host` (an address or a name to bind to; "" or "0.0.0.0": every interface, advertised
-// under the machine's name) and a port the kernel chooses. address() is "host:port" as the peers should dial it.
-// Throws zero::Error.
-class TcpListener {
- public:
-  explicit TcpListener(const std::string& host);
-  ~TcpListener();
-  TcpListener(const TcpListener&) = delete;
-  TcpListener& operator=(const TcpListener&) = delete;
-  const std::string& address() const { return address_; }
-  int fd() const { return fd_; }
-
- private:
-  int fd_ = -1;
-  std::string address_;
-};
 
 class TcpColumnLink final : public ColumnLink {
  public:
@@ -75,6 +62,19 @@ class TcpColumnLink final : public ColumnLink {
 
   // The words node n said before it stopped, or "" (read as they arrive; call progress() to read them).
   std::string notice(int node) const;
+
+  // Questions and answers between the column's ranks. A link given an answerer replies to every question with
+  // what it returns, from whichever thread moves the link (the answerer runs with the link's lock held: it must
+  // not call the link). ask_peers sends `question` to every connected peer; answer(n) is node n's latest reply,
+  // or "" (call progress() to read them). From its first question on, the link reads data that no receive has
+  // asked for yet into memory of its own (matched in order when their receives come), to reach the answers behind
+  // them: the asker is giving up on what waits (a rank diagnosing its timeout).
+  void answer_questions_with(std::function<std::string(const std::string& question)> answerer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    answerer_ = std::move(answerer);
+  }
+  void ask_peers(const std::string& question);
+  std::string answer(int node) const;
   // Moves every connection as far as the kernel allows. False once a connection failed (error() says the first).
   bool progress() override;
 
@@ -85,8 +85,8 @@ class TcpColumnLink final : public ColumnLink {
     size_t done = 0;           // bytes of header + payload written
     unsigned char header[16];  // length, kind
     Request request = kNoRequest;
-    bool is_notice = false;
-    std::string notice;  // a notice frame's payload, owned here (buf is unused: the string moves)
+    bool is_control = false;
+    std::string control;  // a control frame's payload, owned here (buf is unused: the string moves)
   };
   struct Posted {
     char* buf = nullptr;
@@ -100,10 +100,11 @@ class TcpColumnLink final : public ColumnLink {
     unsigned char header[16];
     size_t header_got = 0;   // of the frame being read
     uint64_t length = 0;     // its payload
-    uint64_t kind = 0;       // kData or kNotice
+    uint64_t kind = 0;       // kData or a control frame's kind
     size_t payload_got = 0;  // of its payload
     std::string notice;      // the first it sent
-    std::string incoming;    // the notice being read
+    std::string answer;      // the latest it sent
+    std::string incoming;    // the control frame being read
     bool closed = false;
     bool said_goodbye = false;  // it finalized: its close is no failure unless a receive still waits on it
     bool hung_up = false;       // frames nobody has asked for yet are read into `early`, to reach its notice and close
@@ -119,9 +120,10 @@ class TcpColumnLink final : public ColumnLink {
     size_t received = 0;
     int node = 0;  // the peer it is with
   };
-  static constexpr uint64_t kData = 0, kNotice = 1, kGoodbye = 2;
+  static constexpr uint64_t kData = 0, kNotice = 1, kGoodbye = 2, kQuestion = 3, kAnswer = 4;
 
   Request new_request(int node);
+  void queue_control(int node, uint64_t kind, std::string payload);
   bool pump_sends(int node);
   bool pump_receives(int node);
   void match_early(int node);
@@ -131,10 +133,12 @@ class TcpColumnLink final : public ColumnLink {
   int node_ = 0;
   std::vector<Peer> peers_;  // by node; this node's entry unused
   std::vector<std::string> names_;
+  std::function<std::string(const std::string&)> answerer_;
   std::vector<State> requests_;
   std::vector<Request> free_;
   std::string error_;
-  bool failed_ = false;  // some connection failed (error_ says the first)
+  bool failed_ = false;         // some connection failed (error_ says the first)
+  bool reading_ahead_ = false;  // ask_peers was called
 };
 
 }  // namespace zero

@@ -1,7 +1,7 @@
 // The TCP column link (core/comm/tcp_link.hpp) over loopback, its nodes in one process: setting up refuses strangers
 // and names the nodes that never connect; messages arrive whole, in order, into the receive they match, however
 // the kernel cuts them; a message longer than its receive, a closed connection and a notice before it are errors
-// that say so.
+// that say so; a question is answered ahead of data waiting for its receive, and the data still arrive after it.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -99,6 +99,36 @@ TEST(TcpLink, MessagesArriveWholeAndInOrderWhateverTheirSize) {
       EXPECT_EQ(std::string(in[static_cast<size_t>(from * 3 + to)].data(), got), words[from]);
       ASSERT_EQ(finish(column, *column[static_cast<size_t>(from)], &s, &got), Outcome::kDone);
     }
+}
+
+TEST(TcpLink, AQuestionIsAnsweredAheadOfDataAndTheDataStillArrive) {
+  auto column = make_column(3);
+  for (int n = 1; n < 3; ++n)
+    column[static_cast<size_t>(n)]->answer_questions_with(
+        [n](const std::string& question) { return "node " + std::to_string(n) + " heard " + question; });
+  // Node 1 has sent data that node 0 has not asked for yet: node 0, once it asks, reads it ahead into memory to
+  // reach node 1's answer behind it, and the data still go to the receive posted later.
+  const std::string data = "the data";
+  ColumnLink::Request s = ColumnLink::kNoRequest;
+  ASSERT_TRUE(column[1]->send(data.data(), data.size(), 0, &s));
+  column[0]->ask_peers("#42");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((column[0]->answer(1).empty() || column[0]->answer(2).empty()) && std::chrono::steady_clock::now() < deadline)
+    for (auto& link : column) link->progress();
+  EXPECT_EQ(column[0]->answer(1), "node 1 heard #42");
+  EXPECT_EQ(column[0]->answer(2), "node 2 heard #42");
+  EXPECT_EQ(column[1]->answer(0), "");  // node 0 answers nothing: it has no answerer
+  std::vector<char> in(16);
+  ColumnLink::Request r = ColumnLink::kNoRequest;
+  ASSERT_TRUE(column[0]->receive(in.data(), in.size(), 1, &r));
+  size_t got = 0;
+  ASSERT_EQ(finish(column, *column[0], &r, &got), Outcome::kDone);
+  EXPECT_EQ(std::string(in.data(), got), data);
+  // A later question replaces the answer.
+  column[0]->ask_peers("#43");
+  while (column[0]->answer(2) != "node 2 heard #43" && std::chrono::steady_clock::now() < deadline)
+    for (auto& link : column) link->progress();
+  EXPECT_EQ(column[0]->answer(2), "node 2 heard #43");
 }
 
 TEST(TcpLink, AMessageLongerThanItsReceiveIsTruncatedNotSpilled) {
