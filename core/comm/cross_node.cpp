@@ -40,6 +40,16 @@ void write_header(char* h, const CrossNode::Op& op) {
 
 }  // namespace
 
+std::string stopped_rank_message(int rank, const std::string& why, uint64_t after, uint64_t sequence,
+                                 const std::string& label) {
+  const std::string tail = ") cannot complete";
+  const bool relayed = why.rfind("rank ", 0) == 0 && why.find(" has stopped: ") != std::string::npos &&
+                       why.size() > tail.size() && why.compare(why.size() - tail.size(), tail.size(), tail) == 0;
+  if (relayed) return why;
+  return "rank " + std::to_string(rank) + " has stopped: " + why + ". It took part in the collectives up to #" +
+         std::to_string(after) + ", so collective #" + std::to_string(sequence) + " (" + label + ") cannot complete";
+}
+
 void reduce_vectors_in_rank_order(void* dst, const void* every, int n, size_t count, int32_t dtype, int32_t reduce_op) {
   if (dtype == ZERO_DTYPE_FP64)
     fold(static_cast<double*>(dst), static_cast<const double*>(every), n, count, reduce_op);
@@ -82,9 +92,8 @@ std::string CrossNode::stopped_peer(uint64_t sequence, const std::string& label,
     if (space == std::string::npos) continue;
     const uint64_t after = std::strtoull(notice.c_str(), nullptr, 10);
     if (after >= sequence && !any) continue;
-    return "rank " + std::to_string(n * window_->size() + window_->rank()) +
-           " has stopped: " + notice.substr(space + 1) + ". It took part in the collectives up to #" +
-           std::to_string(after) + ", so collective #" + std::to_string(sequence) + " (" + label + ") cannot complete";
+    return stopped_rank_message(n * window_->size() + window_->rank(), notice.substr(space + 1), after, sequence,
+                                label);
   }
   return "";
 }
@@ -140,77 +149,99 @@ CrossNode::Progress CrossNode::step(Op& op) {
   return Progress::kDone;
 }
 
-// The root's column first: its rank on each other node receives the root's buffer (a header, then the data in
-// pieces); then every node's window broadcasts from that rank.
+// Phase 0, the root's column: the root's rank sends its header and its buffer (in pieces) to its column's rank on
+// every other node, and each of those receives them and checks the header against its own. Phase 1: every node's
+// window broadcasts from its rank of that column. Phase 2: each of those ranks sends its own header back, and the
+// root's rank waits for them before its own node's window: the root's node completes only after every other node
+// has, so that a rank that fails anywhere fails the broadcast on the root's machine too, and a broadcast the
+// machines disagree on fails on both sides.
 CrossNode::Progress CrossNode::step_broadcast(Op& op) {
+  using Message = Op::Message;
   const int locals = window_->size();
   const int root_node = op.root / locals, root_local = op.root % locals;
+  const bool column = window_->rank() == root_local, root_side = node_ == root_node;
   const uint64_t bytes = op.count * op.esize;
-  if (op.phase == 0) {
-    if (window_->rank() == root_local && op.requests.empty()) {
+  const auto start = [&](Message what, char* buf, size_t n, int node) {
+    op.transfers.push_back({ColumnLink::kNoRequest, what, std::min(n, kMaxMessage), node});
+    ColumnLink::Request* request = &op.transfers.back().request;
+    if (what == Message::kSend ? link_->send(buf, n, node, request) : link_->receive(buf, n, node, request))
+      return true;
+    error_ = "broadcasting over the column link failed: " + link_->error();
+    return false;
+  };
+  if (op.phase == 0 && column) {
+    if (op.transfers.empty()) {
       write_header(op.header, op);
-      const auto start = [&](bool send, char* buf, size_t n, int node) {
-        op.requests.push_back(ColumnLink::kNoRequest);
-        op.received.push_back(send ? -1 : static_cast<int>(std::min<size_t>(n, kMaxMessage)));
-        return send ? link_->send(buf, n, node, &op.requests.back())
-                    : link_->receive(buf, n, node, &op.requests.back());
-      };
-      bool ok = true;
-      for (int n = 0; n < nodes_ && ok; ++n) {
-        if (node_ == root_node && n == node_) continue;
-        if (node_ != root_node && n != root_node) continue;
-        const bool send = node_ == root_node;
-        ok = start(send, op.header, kHeader, n);
-        for (uint64_t at = 0; at < bytes && ok; at += kMaxMessage)
-          ok = start(send, op.buf + at, static_cast<size_t>(std::min<uint64_t>(kMaxMessage, bytes - at)), n);
-      }
-      if (!ok) {
-        error_ = "broadcasting over the column link failed: " + link_->error();
-        return Progress::kFailed;
-      }
-      // Nothing to do over the link: a requests list that stays empty is marked by one done request.
-      if (op.requests.empty()) op.requests.push_back(ColumnLink::kNoRequest);
-    }
-    if (window_->rank() == root_local) {
-      for (size_t i = 0; i < op.requests.size(); ++i) {
-        size_t got = 0;
-        if (op.requests[i] == ColumnLink::kNoRequest) continue;
-        const ColumnLink::Test t = link_->test(&op.requests[i], &got);
-        if (t == ColumnLink::Test::kPending) return Progress::kWaiting;
-        if (t != ColumnLink::Test::kDone) {
-          error_ = "broadcasting over the column link failed: " + link_->error();
-          return t == ColumnLink::Test::kTruncated ? Progress::kMismatch : Progress::kFailed;
-        }
-        const int expected = op.received[i];
-        const bool header = i == 0 && node_ != root_node;
-        char mine[kHeader];
-        write_header(mine, op);
-        if (expected >= 0 &&
-            (got != static_cast<size_t>(expected) || (header && std::memcmp(mine, op.header, kHeader) != 0))) {
-          uint64_t theirs[4] = {};
-          std::memcpy(theirs, op.header, sizeof theirs);
-          error_ = "rank " + std::to_string(op.root) + "'s column sent " +
-                   (header ? "collective #" + std::to_string(theirs[0]) + " (" + std::to_string(theirs[2]) +
-                                 " elements, kind " + std::to_string(theirs[3] >> 48) + ", op or root " +
-                                 std::to_string(theirs[3] & 0xffffffffu) + ")"
-                           : std::to_string(got) + " bytes") +
-                   " where this rank is in collective #" + std::to_string(op.sequence) + " (a broadcast of " +
-                   std::to_string(op.count) + " elements from rank " + std::to_string(op.root) + ")";
-          return Progress::kMismatch;
-        }
+      op.acknowledgements.resize(static_cast<size_t>(nodes_) * kHeader);
+      for (int n = 0; n < nodes_; ++n) {
+        if (n == node_ || (!root_side && n != root_node)) continue;
+        if (!start(root_side ? Message::kSend : Message::kHeader, root_side ? op.header : op.received_header, kHeader,
+                   n))
+          return Progress::kFailed;
+        for (uint64_t at = 0; at < bytes; at += kMaxMessage)
+          if (!start(root_side ? Message::kSend : Message::kData, op.buf + at,
+                     static_cast<size_t>(std::min<uint64_t>(kMaxMessage, bytes - at)), n))
+            return Progress::kFailed;
+        if (root_side && !start(Message::kAcknowledgement,
+                                op.acknowledgements.data() + static_cast<size_t>(n) * kHeader, kHeader, n))
+          return Progress::kFailed;
       }
     }
+    const Progress p = finish_transfers(op);
+    if (p != Progress::kDone) return p;
+  }
+  if (op.phase == 0) {
     op.local = window_->begin(op.sequence, ZERO_COLL_BROADCAST, op.dtype, op.buf, op.count, op.esize, ZERO_REDUCE_SUM,
                               root_local);
     op.phase = 1;
   }
-  const NodeWindow::Progress p = window_->step(op.local);
-  if (p == NodeWindow::Progress::kMismatch) error_ = window_->mismatch();
-  if (p == NodeWindow::Progress::kFailed) error_ = window_->failure();
-  return p == NodeWindow::Progress::kWaiting    ? Progress::kWaiting
-         : p == NodeWindow::Progress::kDone     ? Progress::kDone
-         : p == NodeWindow::Progress::kMismatch ? Progress::kMismatch
-                                                : Progress::kFailed;
+  if (op.phase == 1) {
+    const NodeWindow::Progress p = window_->step(op.local);
+    if (p == NodeWindow::Progress::kMismatch) error_ = window_->mismatch();
+    if (p == NodeWindow::Progress::kFailed) error_ = window_->failure();
+    if (p != NodeWindow::Progress::kDone)
+      return p == NodeWindow::Progress::kWaiting    ? Progress::kWaiting
+             : p == NodeWindow::Progress::kMismatch ? Progress::kMismatch
+                                                    : Progress::kFailed;
+    if (!column || root_side) return Progress::kDone;
+    op.phase = 2;
+    if (!start(Message::kSend, op.header, kHeader, root_node)) return Progress::kFailed;
+  }
+  return finish_transfers(op);
+}
+
+// Tests a broadcast's transfers in order until one is pending; checks what each receive brought.
+CrossNode::Progress CrossNode::finish_transfers(Op& op) {
+  using Message = Op::Message;
+  for (; op.transfers_done < op.transfers.size(); ++op.transfers_done) {
+    Op::Transfer& t = op.transfers[op.transfers_done];
+    size_t got = 0;
+    const ColumnLink::Test test = link_->test(&t.request, &got);
+    if (test == ColumnLink::Test::kPending) return Progress::kWaiting;
+    if (test != ColumnLink::Test::kDone) {
+      error_ = "broadcasting over the column link failed: " + link_->error();
+      return test == ColumnLink::Test::kTruncated ? Progress::kMismatch : Progress::kFailed;
+    }
+    if (t.what == Message::kSend) continue;
+    const char* theirs = t.what == Message::kHeader ? op.received_header
+                         : t.what == Message::kAcknowledgement
+                             ? op.acknowledgements.data() + static_cast<size_t>(t.node) * kHeader
+                             : nullptr;
+    if (got == t.bytes && (theirs == nullptr || std::memcmp(theirs, op.header, kHeader) == 0)) continue;
+    uint64_t words[4] = {};
+    if (theirs != nullptr && got == kHeader) std::memcpy(words, theirs, sizeof words);
+    const std::string peer = "rank " + std::to_string(t.node * window_->size() + window_->rank());
+    const std::string what = theirs == nullptr || got != kHeader
+                                 ? std::to_string(got) + " bytes"
+                                 : "collective #" + std::to_string(words[0]) + " (" + std::to_string(words[2]) +
+                                       " elements, kind " + std::to_string(words[3] >> 48) + ", op or root " +
+                                       std::to_string(words[3] & 0xffffffffu) + ")";
+    error_ = (t.what == Message::kAcknowledgement ? peer + " answered that it is in " : peer + " sent ") + what +
+             " where this rank is in collective #" + std::to_string(op.sequence) + " (a broadcast of " +
+             std::to_string(op.count) + " elements from rank " + std::to_string(op.root) + ")";
+    return Progress::kMismatch;
+  }
+  return Progress::kDone;
 }
 
 }  // namespace zero

@@ -5,7 +5,8 @@
 // the bits of every other path). An all-reduce all-gathers every rank's vector and folds them in rank order, as
 // the one-node window does (the agreements' few bytes; the same min, max or sum, the same bits). A broadcast sends
 // the root's buffer to its column's rank on every other node, each behind a header that is checked, and then each
-// node's window gives it to that node's ranks.
+// node's window gives it to that node's ranks; then each of those column ranks answers with its own header, and the
+// root's node completes last (a failure anywhere, or a broadcast the machines disagree on, fails it there too).
 //
 // Only one thread at a time may step it (the communicator's queue lock); tell_peers may be called from any.
 #pragma once
@@ -36,13 +37,23 @@ class CrossNode {
     uint64_t count = 0;
     size_t esize = 1;
     uint64_t sequence = 0;
-    int phase = 0;            // all-reduce: 0 gather, 1 done; broadcast: 0 over the link, 1 in the window
+    int phase = 0;            // all-reduce: 0 gather, 1 done; broadcast: step_broadcast's
     Hierarchy::Op gather;     // reduce-scatter, all-gather, an all-reduce's gather
     NodeWindow::Op local;     // a broadcast's window part
     std::vector<char> every;  // an all-reduce: every rank's vector, in rank order
-    std::vector<ColumnLink::Request> requests;  // a broadcast's messages over the link
-    std::vector<int> received;                  // per request: the bytes expected (a receive), or -1 (a send)
-    char header[32] = {};                       // a broadcast's header, sent or received
+    // A broadcast's messages over the link, with what each is.
+    enum class Message { kSend, kHeader, kData, kAcknowledgement };
+    struct Transfer {
+      ColumnLink::Request request = ColumnLink::kNoRequest;
+      Message what = Message::kSend;
+      size_t bytes = 0;  // a receive: the bytes expected
+      int node = 0;      // the peer's node
+    };
+    std::vector<Transfer> transfers;
+    size_t transfers_done = 0;
+    char header[32] = {};                // a broadcast's header, as this rank has it
+    char received_header[32] = {};       // the root's column's, received
+    std::vector<char> acknowledgements;  // the root's column rank: every other node's header, 32 bytes each
   };
 
   Op begin(uint64_t sequence, int32_t kind, int32_t dtype, void* buf, uint64_t count, size_t esize, int32_t reduce_op,
@@ -79,6 +90,7 @@ class CrossNode {
 
  private:
   Progress step_broadcast(Op& op);
+  Progress finish_transfers(Op& op);
   Progress from_hierarchy(Hierarchy::Progress p);
 
   std::shared_ptr<NodeWindow> window_;
@@ -87,6 +99,12 @@ class CrossNode {
   int node_, nodes_;
   std::string error_;
 };
+
+// "rank R has stopped: <why>. It took part in the collectives up to #after, so collective #sequence (label) cannot
+// complete" — or `why` itself where it already says that of the rank that stopped first (a rank that stopped
+// because another did relays that one's words: the cause is named once, however many ranks passed it on).
+std::string stopped_rank_message(int rank, const std::string& why, uint64_t after, uint64_t sequence,
+                                 const std::string& label);
 
 // `every` holds `n` vectors of `count` elements of `dtype` (ZERO_DTYPE_FP32, _FP64 or _INT64), one per rank; dst
 // becomes their element-wise min, max or sum, folded in rank order from rank 0's (as the window's all-reduce).

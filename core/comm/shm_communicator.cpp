@@ -340,9 +340,7 @@ class ShmCommunicator final : public Communicator {
       } else {
         continue;
       }
-      return "rank " + std::to_string(job_rank(r)) + " has stopped: " + why +
-             ". It took part in the collectives up to #" + std::to_string(after) + ", so collective #" +
-             std::to_string(sequence) + " (" + label + ") cannot complete";
+      return stopped_rank_message(job_rank(r), why, after, sequence, label);
     }
     return "";
   }
@@ -416,11 +414,11 @@ class ShmCommunicator final : public Communicator {
   // both: its line in the segment (its node's ranks) and its column peers (their nodes, through theirs).
   bool step_cross_locked(Op* front, bool& moved) {
     const CrossNode::Op& op = front->cross_op;
-    const auto before = std::make_tuple(op.phase, op.gather.chunk, op.gather.phase, op.gather.finals_done,
-                                        op.gather.exchanged, op.local.offset, op.local.copied);
+    const auto before = std::make_tuple(op.phase, op.transfers_done, op.gather.chunk, op.gather.phase,
+                                        op.gather.finals_done, op.gather.exchanged, op.local.offset, op.local.copied);
     const CrossNode::Progress p = cross_->step(front->cross_op);
-    moved |= before != std::make_tuple(op.phase, op.gather.chunk, op.gather.phase, op.gather.finals_done,
-                                       op.gather.exchanged, op.local.offset, op.local.copied);
+    moved |= before != std::make_tuple(op.phase, op.transfers_done, op.gather.chunk, op.gather.phase,
+                                       op.gather.finals_done, op.gather.exchanged, op.local.offset, op.local.copied);
     if (p == CrossNode::Progress::kWaiting) return false;
     if (p == CrossNode::Progress::kDone) {
       complete_front(front);

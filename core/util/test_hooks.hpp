@@ -8,7 +8,8 @@
 // local failure in the call's checks), bucket.group (a failure after a bucket's reduce-scatters started: data are
 // moving, so the engine breaks), save.enospc (no space writing the shard files), save.manifest-enospc and
 // save.latest-enospc (no space writing the manifest, or `latest`, on rank 0), save.kill (the rank exits abruptly
-// after writing its shards), nvme.stream (an I/O error halfway through the optimizer pass over NVMe-offloaded
+// after writing its shards), release_modified.kill (the rank dies by SIGKILL as zero_release_modified's broadcasts
+// begin), nvme.stream (an I/O error halfway through the optimizer pass over NVMe-offloaded
 // state), nvme.read (an I/O error reading that state, as a checkpoint's save does), params.write (an I/O error
 // writing a unit's new param shard to the params file in zero_step).
 #pragma once

@@ -64,6 +64,10 @@
  *                    get ZERO_ERR_REMOTE naming zero_step and its message.
  *   killed           (--shm-name, started by tests/mpi/shm_launch.sh) the last rank is killed by SIGKILL before its
  *                    zero_step: the others get ZERO_ERR_REMOTE naming it within seconds.
+ *   killed-in-broadcast  (--shm-name, started by tests/mpi/shm_launch.sh) stage 3: every rank gathers unit 0
+ *                    and calls zero_release_modified with rank 0 as the modifier; the last rank dies by SIGKILL as
+ *                    the broadcast begins (hook release_modified.kill). The others get ZERO_ERR_REMOTE naming it
+ *                    within seconds. root-killed-in-broadcast: the same with the last rank as the modifier.
  *   exit-during-finalize  stage 3, bf16: another thread of rank 1 calls exit(1) at a random moment while rank 1's
  *                    main thread is in zero_engine_finalize. Rank 1 ends with status 1, never by a signal (the exit
  *                    hook waits for the call to leave MPI before it tells the others and finalizes MPI); the others'
@@ -386,6 +390,26 @@ static int exit_early(zero_comm_t* comm, int silently) {
          "after a rank left: %s", zero_last_error());
   zero_engine_destroy(engine);
   return 0;
+}
+
+/* killed-in-broadcast, root-killed-in-broadcast: the last rank dies inside zero_release_modified's broadcast. */
+static void killed_in_broadcast(zero_comm_t* comm, int root_dies) {
+  int32_t ids[kNumParams];
+  zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
+  micro_step(engine, ids);
+  CHECK(zero_step(NULL, engine));
+  const int modifier = root_dies ? g_last : 0;
+  CHECK(zero_gather(engine, 0));
+  float* values = NULL;
+  CHECK(zero_param_data((void**)&values, engine, ids[0]));
+  if (g_rank == modifier) values[0] = 0.5f;
+  set_fault("release_modified.kill");
+  const double t = now();
+  const zero_status_t s = zero_release_modified(engine, 0, modifier);
+  char fragment[64];
+  snprintf(fragment, sizeof fragment, "rank %d has stopped", g_last);
+  expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 5.0, "zero_release_modified while a rank dies in it");
+  zero_engine_destroy(engine);
 }
 
 /* killed (shared-memory communicator, started by tests/mpi/shm_launch.sh: no launcher kills the others): the last
@@ -754,6 +778,8 @@ int main(int argc, char** argv) {
     comm_finalize_during_finalize(comm);
   else if (strcmp(g_scenario, "exit-during-finalize") == 0)
     exit_during_finalize(comm);
+  else if (strcmp(g_scenario, "killed-in-broadcast") == 0 || strcmp(g_scenario, "root-killed-in-broadcast") == 0)
+    killed_in_broadcast(comm, g_scenario[0] == 'r');
   else if (strcmp(g_scenario, "killed") == 0)
     killed(comm);
   else if (strcmp(g_scenario, "exit-while-fetching") == 0)
