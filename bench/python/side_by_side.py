@@ -13,7 +13,8 @@ largest rank's; the optimizer step is the time of engine.step() (or clip + optim
 
 --machines M cuts this machine into M "machines" of ranks/M consecutive ranks each, for libzero across machines:
 under mpirun the MPI module's hierarchical collectives (its test build, --mpi-testing-module, with
-ZERO_TEST_MPI_NODES), under torchrun the shared-memory communicator across machines (ZERO_TEST_RANKS_PER_MACHINE):
+ZERO_TEST_MPI_NODES), under torchrun the shared-memory communicator across machines (one torchrun agent per
+machine, --nnodes, each with its own ZERO_TORCH_MACHINE_ID):
 shared memory within each, MPI or TCP over loopback between them."""
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ NAMES = {"libzero": "libzero", "libzero_torchrun": "libzero under torchrun",
          "fsdp2": "torch FSDP2 (fully_shard)"}
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def launch(framework: str, stage: int, args: argparse.Namespace, out: str) -> dict | None:
     worker = [sys.executable, os.path.join(HERE, "train.py"), "--framework", framework, "--stage", str(stage),
               "--config", args.config, "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out]
@@ -48,12 +57,22 @@ def launch(framework: str, stage: int, args: argparse.Namespace, out: str) -> di
         env["ZERO_MPI_BACKEND"] = os.path.abspath(args.mpi_testing_module)
         env["ZERO_TEST_MPI_NODES"] = ",".join(str(r // per) for r in range(args.ranks))
         env["ZERO_TEST_MPI_REQUIRE_HIERARCHY"] = "1"
-        env["ZERO_TEST_RANKS_PER_MACHINE"] = str(per)
     if framework == "libzero":
         cmd = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(args.ranks)] + worker[:1] + worker[1:]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    elif args.machines > 1:
+        # One torchrun agent per machine, as a multi-node job starts, each saying which machine it is.
+        port = free_port()
+        agents = [subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.machines), "--node-rank", str(k),
+             "--nproc-per-node", str(per), "--master-addr", "127.0.0.1", "--master-port", str(port)] + worker[1:],
+            env=dict(env, ZERO_TORCH_MACHINE_ID=f"machine-{k}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) for k in range(args.machines)]
+        outputs = [a.communicate(timeout=1800)[0] for a in agents]
+        proc = subprocess.CompletedProcess("torchrun", max(a.returncode for a in agents), "".join(outputs), "")
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks)] + worker[1:]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
         print(f"  {framework} stage {stage}: failed ({proc.returncode}): " + " | ".join(tail), flush=True)

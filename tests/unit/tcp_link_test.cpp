@@ -26,11 +26,12 @@ namespace {
 using Outcome = ColumnLink::Test;
 
 // `nodes` links of one column, set up side by side (each constructor waits for its peers).
-std::vector<std::unique_ptr<TcpColumnLink>> make_column(int nodes, double timeout_s = 10) {
+std::vector<std::unique_ptr<TcpColumnLink>> make_column(int nodes, double timeout_s = 10,
+                                                        const std::string& host = "127.0.0.1") {
   std::vector<std::unique_ptr<TcpListener>> listeners;
   std::vector<std::string> addresses;
   for (int n = 0; n < nodes; ++n) {
-    listeners.push_back(std::make_unique<TcpListener>("127.0.0.1"));
+    listeners.push_back(std::make_unique<TcpListener>(host));
     addresses.push_back(listeners.back()->address());
   }
   std::vector<std::unique_ptr<TcpColumnLink>> links(static_cast<size_t>(nodes));
@@ -129,6 +130,26 @@ TEST(TcpLink, AQuestionIsAnsweredAheadOfDataAndTheDataStillArrive) {
   while (column[0]->answer(2) != "node 2 heard #43" && std::chrono::steady_clock::now() < deadline)
     for (auto& link : column) link->progress();
   EXPECT_EQ(column[0]->answer(2), "node 2 heard #43");
+}
+
+TEST(TcpLink, AnIpv6HostListensInBracketsOrBareAndItsPeersDialIt) {
+  for (const std::string host : {"[::1]", "::1"}) {
+    std::unique_ptr<TcpListener> probe;
+    try {
+      probe = std::make_unique<TcpListener>(host);
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no IPv6 loopback here: " << e.what();
+    }
+    EXPECT_EQ(probe->address().rfind("[::1]:", 0), 0u) << probe->address();
+    auto column = make_column(2, 10, host);
+    ColumnLink::Request s = ColumnLink::kNoRequest, r = ColumnLink::kNoRequest;
+    char out[8] = {};
+    ASSERT_TRUE(column[1]->send("over v6", 7, 0, &s));
+    ASSERT_TRUE(column[0]->receive(out, sizeof out, 1, &r));
+    size_t got = 0;
+    ASSERT_EQ(finish(column, *column[0], &r, &got), Outcome::kDone);
+    EXPECT_EQ(std::string(out, got), "over v6");
+  }
 }
 
 TEST(TcpLink, AMessageLongerThanItsReceiveIsTruncatedNotSpilled) {

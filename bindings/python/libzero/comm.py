@@ -41,10 +41,12 @@ class Transport(Protocol):
 class Comm:
     """A communicator. Engines keep theirs alive, so closing it (or dropping it) early is safe."""
 
-    def __init__(self, native: Any, transport: str = "custom") -> None:
+    def __init__(self, native: Any, transport: str = "custom", machines: int = 1) -> None:
         self._native = native
         #: What carries the collectives: "mpi", "shm", "single" or "custom" (a framework's own transport).
         self.transport = transport
+        #: The machines a shared-memory communicator spans (``Comm.shm_nodes``: TCP between them); 1 otherwise.
+        self.machines = machines
 
     @staticmethod
     def mpi(comm: Any = None) -> "Comm":
@@ -91,6 +93,7 @@ class Comm:
         return Comm(
             _native.Comm.shm_nodes(listener, name, rank, size, ranks_per_node, list(addresses), join_timeout_s),
             "shm",
+            size // ranks_per_node if ranks_per_node > 0 else 1,
         )
 
     @staticmethod

@@ -620,13 +620,14 @@ def test_torchrun_on_one_machine_runs_over_shared_memory_unless_told_otherwise()
     assert comm().transport == ("custom" if told == "process_group" else "shm")
 
 
-@pytest.mark.skipif(LAUNCH != "torchrun" or not os.environ.get("ZERO_TEST_RANKS_PER_MACHINE"),
-                    reason="torchrun across (emulated) machines")
+@pytest.mark.skipif(LAUNCH != "torchrun" or not os.environ.get("ZERO_TORCH_MACHINE_ID"),
+                    reason="torchrun across machines (agents that say they are on different ones)")
 def test_torchrun_across_machines_runs_over_shared_memory_and_tcp():
-    # Machines of ZERO_TEST_RANKS_PER_MACHINE consecutive ranks: not one machine, so "shm" here is the communicator
-    # across machines (the fallback would be the process group's, "custom").
-    assert int(os.environ["ZERO_TEST_RANKS_PER_MACHINE"]) < WORLD
+    # Each torchrun agent's ranks say their own machine: not one machine, so "shm" here is the communicator across
+    # machines (the fallback would be the process group's, "custom").
+    assert int(os.environ["LOCAL_WORLD_SIZE"]) < WORLD
     assert comm().transport == "shm"
+    assert comm().machines == WORLD // int(os.environ["LOCAL_WORLD_SIZE"])
 
 
 @pytest.mark.skipif(LAUNCH == "single" or os.environ.get("ZERO_TORCH_TRANSPORT") == "process_group",

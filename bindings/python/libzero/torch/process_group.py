@@ -29,7 +29,7 @@ def default_comm() -> Comm:
         if dist.get_world_size(group) > 1:
             # Every rank decides from what every rank says, so they all take the same transport (or all raise).
             said: list[Any] = [None] * dist.get_world_size(group)
-            dist.all_gather_object(said, (_machine_id(dist.get_rank(group)), transport), group=group)
+            dist.all_gather_object(said, (_machine_id(), transport), group=group)
             if len({t for _, t in said}) > 1:
                 raise RuntimeError(f"ZERO_TORCH_TRANSPORT differs between ranks: {[t for _, t in said]}")
             if transport != "process_group":
@@ -55,16 +55,17 @@ def default_comm() -> Comm:
     return Comm.world()
 
 
-def _machine_id(rank: int) -> str:
+def _machine_id() -> str:
     """This machine, as shared memory sees it: the host name, the kernel's boot id and the mount namespace (whose
     /dev/shm the segment lives in). Containers that share a host name but not /dev/shm still differ in the last.
-    ZERO_TEST_RANKS_PER_MACHINE=L makes every L consecutive ranks a machine of their own (tests on one machine)."""
+    ZERO_TORCH_MACHINE_ID, where set, says it instead: ranks that give the same id must share /dev/shm (containers
+    that do, for one); ranks that give different ids talk over TCP even on one machine (torchrun agents started with
+    --nnodes on one machine, to try the path between machines)."""
     import socket
 
-    emulated = os.environ.get("ZERO_TEST_RANKS_PER_MACHINE")
-    if emulated:
-        return f"test-machine-{rank // int(emulated)}"
-
+    chosen = os.environ.get("ZERO_TORCH_MACHINE_ID")
+    if chosen:
+        return f"id:{chosen}"
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
