@@ -63,13 +63,23 @@ def launch(framework: str, stage: int, args: argparse.Namespace, out: str) -> di
     elif args.machines > 1:
         # One torchrun agent per machine, as a multi-node job starts, each saying which machine it is.
         port = free_port()
+        logs = [tempfile.TemporaryFile("w+") for _ in range(args.machines)]  # files: no pipe to fill up
         agents = [subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(args.machines), "--node-rank", str(k),
              "--nproc-per-node", str(per), "--master-addr", "127.0.0.1", "--master-port", str(port)] + worker[1:],
-            env=dict(env, ZERO_TORCH_MACHINE_ID=f"machine-{k}"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True) for k in range(args.machines)]
-        outputs = [a.communicate(timeout=1800)[0] for a in agents]
-        proc = subprocess.CompletedProcess("torchrun", max(a.returncode for a in agents), "".join(outputs), "")
+            env=dict(env, ZERO_TORCH_MACHINE_ID=f"machine-{k}"), stdout=log, stderr=subprocess.STDOUT, text=True)
+            for k, log in enumerate(logs)]
+        try:
+            codes = [a.wait(timeout=1800) for a in agents]
+        finally:
+            for a in agents:
+                if a.poll() is None:
+                    a.kill()
+        output = ""
+        for log in logs:
+            log.seek(0)
+            output += log.read()
+        proc = subprocess.CompletedProcess("torchrun", next((c for c in codes if c != 0), 0), output, "")
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.ranks)] + worker[1:]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)

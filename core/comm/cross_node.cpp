@@ -42,7 +42,7 @@ void write_header(char* h, const CrossNode::Op& op) {
 
 std::string stopped_rank_message(int rank, const std::string& why, uint64_t after, uint64_t sequence,
                                  const std::string& label) {
-  const std::string tail = ") cannot complete";
+  const std::string tail = "so collective #" + std::to_string(sequence) + " (" + label + ") cannot complete";
   const bool relayed = why.rfind("rank ", 0) == 0 && why.find(" has stopped: ") != std::string::npos &&
                        why.size() > tail.size() && why.compare(why.size() - tail.size(), tail.size(), tail) == 0;
   if (relayed) return why;
@@ -67,20 +67,25 @@ CrossNode::CrossNode(std::shared_ptr<NodeWindow> window, std::unique_ptr<TcpColu
   hierarchy_ = std::make_unique<Hierarchy>(std::move(window), std::move(link), node, nodes);
 }
 
+// A question: the collective's number. An answer: that number, whether every rank there has settled (1 or 0), and
+// the lines, as "<number> <settled> <lines>".
 void CrossNode::answer_with(std::function<Machine(uint64_t sequence)> describe) {
   link_->answer_questions_with([describe = std::move(describe)](const std::string& question) {
-    const Machine m = describe(std::strtoull(question.c_str(), nullptr, 10));
-    return std::string(m.settled ? "1" : "0") + m.lines;
+    const uint64_t sequence = std::strtoull(question.c_str(), nullptr, 10);
+    const Machine m = describe(sequence);
+    return std::to_string(sequence) + (m.settled ? " 1 " : " 0 ") + m.lines;
   });
 }
 
-CrossNode::Machine CrossNode::machine(int node) const {
+CrossNode::Machine CrossNode::machine(int node, uint64_t sequence) const {
   Machine m;
   const std::string answer = link_->answer(node);
-  if (answer.empty()) return m;
+  const size_t space = answer.find(' ');
+  if (space == std::string::npos || answer.size() < space + 3 || std::strtoull(answer.c_str(), nullptr, 10) != sequence)
+    return m;
   m.answered = true;
-  m.settled = answer[0] == '1';
-  m.lines = answer.substr(1);
+  m.settled = answer[space + 1] == '1';
+  m.lines = answer.substr(space + 3);
   return m;
 }
 
@@ -231,13 +236,14 @@ CrossNode::Progress CrossNode::finish_transfers(Op& op) {
     uint64_t words[4] = {};
     if (theirs != nullptr && got == kHeader) std::memcpy(words, theirs, sizeof words);
     const std::string peer = "rank " + std::to_string(t.node * window_->size() + window_->rank());
+    const std::string me = "rank " + std::to_string(node_ * window_->size() + window_->rank());
     const std::string what = theirs == nullptr || got != kHeader
                                  ? std::to_string(got) + " bytes"
                                  : "collective #" + std::to_string(words[0]) + " (" + std::to_string(words[2]) +
                                        " elements, kind " + std::to_string(words[3] >> 48) + ", op or root " +
                                        std::to_string(words[3] & 0xffffffffu) + ")";
     error_ = (t.what == Message::kAcknowledgement ? peer + " answered that it is in " : peer + " sent ") + what +
-             " where this rank is in collective #" + std::to_string(op.sequence) + " (a broadcast of " +
+             " where " + me + " is in collective #" + std::to_string(op.sequence) + " (a broadcast of " +
              std::to_string(op.count) + " elements from rank " + std::to_string(op.root) + ")";
     return Progress::kMismatch;
   }

@@ -80,7 +80,8 @@ class CrossNode {
   };
   void answer_with(std::function<Machine(uint64_t sequence)> describe);
   void ask(uint64_t sequence) { link_->ask_peers(std::to_string(sequence)); }
-  Machine machine(int node) const;
+  // Node n's answer to the question about collective `sequence` (not answered: none yet).
+  Machine machine(int node, uint64_t sequence) const;
   void poll() { link_->progress(); }
   // The words node n's column rank said before it stopped (its notice: "<after> <reason>"), or "".
   std::string notice(int node) const { return link_->notice(node); }

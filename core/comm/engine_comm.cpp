@@ -118,7 +118,13 @@ void EngineComm::wait(Pending& p) {
                      std::to_string(c.count) + " " + elem_type_name(c.type) + ") did not complete within " +
                      format_seconds(timeout_s_) + " s (libzero.timeout_s / ZERO_TIMEOUT_S)";
   // The others get a few seconds to answer: a tenth of the timeout, between half a second and three.
-  const std::string diagnosis = comm_->diagnose(c.sequence, std::min(3.0, std::max(0.5, timeout_s_ / 10)));
+  // The diagnosis is a courtesy: whatever it meets, the abort below must still tell the others.
+  std::string diagnosis;
+  try {
+    diagnosis = comm_->diagnose(c.sequence, std::min(3.0, std::max(0.5, timeout_s_ / 10)));
+  } catch (...) {
+    diagnosis.clear();
+  }
   if (!diagnosis.empty()) what += ". " + diagnosis;
   comm_->abort("it timed out after " + format_seconds(timeout_s_) + " s waiting in collective #" +
                std::to_string(c.sequence) + " (" + c.label + ")");

@@ -197,7 +197,7 @@ class ShmCommunicator final : public Communicator {
       for (int r = 0; r < locals && all; ++r) all = r == segment_.rank() || segment_.settled(r, sequence);
       if (cross_) {
         cross_->poll();
-        for (int n = 0; n < nodes && all; ++n) all = n == node || cross_->machine(n).settled;
+        for (int n = 0; n < nodes && all; ++n) all = n == node || cross_->machine(n, sequence).settled;
         if (!all && seconds_since(asked) >= 0.1) {
           cross_->ask(sequence);
           asked = Clock::now();
@@ -214,7 +214,7 @@ class ShmCommunicator final : public Communicator {
         continue;
       }
       const int column_peer = n * locals + segment_.rank();
-      const CrossNode::Machine m = cross_->machine(n);
+      const CrossNode::Machine m = cross_->machine(n, sequence);
       const std::string notice = cross_->notice(n);
       if (m.answered) {
         out += m.lines;

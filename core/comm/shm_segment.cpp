@@ -291,7 +291,7 @@ bool ShmSegment::peer_process_gone(int r) const {
 bool ShmSegment::settled(int r, uint64_t sequence) const {
   const PeerView p = peer(r);
   return p.state == ShmRankState::kStopped || p.state == ShmRankState::kFinalized || p.waiting >= sequence ||
-         peer_process_gone(r);
+         p.completed >= sequence || peer_process_gone(r);
 }
 
 std::string ShmSegment::describe(int r, int job_rank) const {

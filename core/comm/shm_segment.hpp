@@ -66,8 +66,8 @@ class ShmSegment {
   // Whether peer r's process has ended (gone, a zombie, or its pid another process's), checked through /proc: a
   // rank killed by a signal writes no reason. Always false once the checks are off.
   bool peer_process_gone(int r) const;
-  // Whether rank r is inside collective `sequence` or a later one, or has stopped, or its process is gone: it has
-  // nothing more to say about that collective.
+  // Whether rank r is inside collective `sequence` or a later one, has completed it, has stopped, or its process is
+  // gone: it has nothing more to say about that collective.
   bool settled(int r, uint64_t sequence) const;
   // What rank r is doing, as a timeout's diagnosis words it (" rank J waits in collective #n (...) for 2.5 s;"),
   // naming it `job_rank`.

@@ -27,7 +27,6 @@ using tcp::write_all;
 constexpr uint64_t kHelloMagic = 0x6c69627a65726f31ull;  // "libzero1"
 constexpr size_t kMaxToken = 256;
 constexpr size_t kMaxNotice = 4096;
-constexpr size_t kMaxControl = size_t{64} << 10;  // a control frame read: a notice, a question, an answer
 // A connection that closed or was reset without a notice: its rank ended (killed, or exited without a word).
 const char* const kClosed = "its process ended without a word (its connection closed: killed by a signal?)";
 
@@ -48,41 +47,47 @@ TcpColumnLink::TcpColumnLink(TcpListener& listener, int node, int nodes, const s
   if (token.size() > kMaxToken) fail(ZERO_ERR_INVALID_ARGUMENT, "the column link's token is too long");
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(std::max(0.0, timeout_s)));
-  // hello: magic, the dialling node, the token's length, then the token; the answer: magic, once taken.
-  const auto hello = [&](int from) {
+  // hello: magic, the dialling node (and, in the high word, which connection: 0 data, 1 control), the token's
+  // length, then the token; the answer: magic, once taken.
+  const auto hello = [&](int from, uint64_t connection) {
     std::vector<unsigned char> h(24 + token.size());
     put64(h.data(), kHelloMagic);
-    put64(h.data() + 8, static_cast<uint64_t>(from));
+    put64(h.data() + 8, static_cast<uint64_t>(from) | connection << 32);
     put64(h.data() + 16, token.size());
     std::memcpy(h.data() + 24, token.data(), token.size());
     return h;
   };
   try {
     // Dial every lower node; accept every higher one.
-    for (int n = 0; n < node; ++n) {
-      std::string why;
-      const int fd = dial(addresses[static_cast<size_t>(n)], deadline, &why);
-      if (fd < 0)
-        fail(ZERO_ERR_TIMEOUT, "node " + std::to_string(n) + "'s rank of this column (" +
-                                   addresses[static_cast<size_t>(n)] + ") could not be reached: " + why);
-      peers_[static_cast<size_t>(n)].fd = fd;
-      const std::vector<unsigned char> h = hello(node);
-      unsigned char ack[8] = {};
-      if (!write_all(fd, h.data(), h.size(), deadline) || !read_all(fd, ack, sizeof ack, deadline) ||
-          get64(ack) != kHelloMagic)
-        fail(ZERO_ERR_COMM, "node " + std::to_string(n) + "'s rank of this column (" +
-                                addresses[static_cast<size_t>(n)] +
-                                ") did not take this rank's connection: another job listens there, or this node "
-                                "connected twice, or it gave up");
-    }
-    int waiting = nodes - 1 - node;
+    for (int n = 0; n < node; ++n)
+      for (uint64_t connection = 0; connection < 2; ++connection) {
+        std::string why;
+        const int fd = dial(addresses[static_cast<size_t>(n)], deadline, &why);
+        if (fd < 0)
+          fail(ZERO_ERR_TIMEOUT, "node " + std::to_string(n) + "'s rank of this column (" +
+                                     addresses[static_cast<size_t>(n)] + ") could not be reached: " + why);
+        if (connection == 0)
+          peers_[static_cast<size_t>(n)].fd = fd;
+        else
+          peers_[static_cast<size_t>(n)].control = FrameConnection(fd);
+        const std::vector<unsigned char> h = hello(node, connection);
+        unsigned char ack[8] = {};
+        if (!write_all(fd, h.data(), h.size(), deadline) || !read_all(fd, ack, sizeof ack, deadline) ||
+            get64(ack) != kHelloMagic)
+          fail(ZERO_ERR_COMM, "node " + std::to_string(n) + "'s rank of this column (" +
+                                  addresses[static_cast<size_t>(n)] +
+                                  ") did not take this rank's connection: another job listens there, or this node "
+                                  "connected twice, or it gave up");
+      }
+    int waiting = 2 * (nodes - 1 - node);
     while (waiting > 0) {
       pollfd pfd{listener.fd(), POLLIN, 0};
       const double left = seconds_left(deadline);
       if (left <= 0) {
         std::string missing;
         for (int n = node + 1; n < nodes; ++n)
-          if (peers_[static_cast<size_t>(n)].fd < 0) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+          if (peers_[static_cast<size_t>(n)].fd < 0 || !peers_[static_cast<size_t>(n)].control.open())
+            missing += (missing.empty() ? "" : ", ") + std::to_string(n);
         fail(ZERO_ERR_TIMEOUT, "the column link: node(s) " + missing + " did not connect to this rank (" +
                                    listener.address() + ") within " + std::to_string(timeout_s) + " s");
       }
@@ -98,25 +103,32 @@ TcpColumnLink::TcpColumnLink(TcpListener& listener, int node, int nodes, const s
       // is closed and forgotten.
       unsigned char h[24] = {};
       const auto hello_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(2));
-      const uint64_t from = read_all(fd, h, sizeof h, hello_deadline) ? get64(h + 8) : UINT64_MAX;
+      const uint64_t said = read_all(fd, h, sizeof h, hello_deadline) ? get64(h + 8) : UINT64_MAX;
+      const uint64_t from = said & 0xffffffffu, connection = said >> 32;
       const uint64_t length = get64(h + 16);
       std::string theirs(length <= kMaxToken ? length : 0, '\0');
       const bool ok = get64(h) == kHelloMagic && from > static_cast<uint64_t>(node) &&
-                      from < static_cast<uint64_t>(nodes) && length <= kMaxToken &&
+                      from < static_cast<uint64_t>(nodes) && connection < 2 && length <= kMaxToken &&
                       read_all(fd, theirs.data(), theirs.size(), hello_deadline) && theirs == token &&
-                      peers_[static_cast<size_t>(from)].fd < 0;
+                      (connection == 0 ? peers_[static_cast<size_t>(from)].fd < 0
+                                       : !peers_[static_cast<size_t>(from)].control.open());
       unsigned char ack[8];
       put64(ack, kHelloMagic);
       if (!ok || !write_all(fd, ack, sizeof ack, hello_deadline)) {
         close(fd);
         continue;
       }
-      peers_[static_cast<size_t>(from)].fd = fd;
+      if (connection == 0)
+        peers_[static_cast<size_t>(from)].fd = fd;
+      else
+        peers_[static_cast<size_t>(from)].control = FrameConnection(fd);
       --waiting;
     }
   } catch (...) {
-    for (Peer& p : peers_)
+    for (Peer& p : peers_) {
       if (p.fd >= 0) close(p.fd);
+      p.control.close(false);
+    }
     throw;
   }
 }
@@ -126,6 +138,7 @@ TcpColumnLink::~TcpColumnLink() {
   // rank completed); a connection with a frame only partly sent is reset instead, so that its peer hears of the end
   // at once rather than behind bytes it may not be reading.
   for (Peer& p : peers_) {
+    p.control.close(true);
     if (p.fd < 0) continue;
     if (p.sends.empty()) {
       const linger graceful{0, 0};
@@ -151,6 +164,7 @@ void TcpColumnLink::free() {
       close(p.fd);
       p.fd = -1;
       p.closed = true;
+      p.control.close(true);
     }
 }
 
@@ -237,7 +251,10 @@ ColumnLink::Test TcpColumnLink::test(Request* request, size_t* received) {
   // that ended after the last collective it took part in must not fail what the others still deliver).
   if (!s.done)
     for (int n = 0; n < static_cast<int>(peers_.size()); ++n)
-      if (n != node_) pump_sends(n) && pump_receives(n);
+      if (n != node_) {
+        pump_control(n);
+        pump_sends(n) && pump_receives(n);
+      }
   if (s.done) {
     *received = s.received;
     s.in_use = false;
@@ -254,7 +271,10 @@ ColumnLink::Test TcpColumnLink::test(Request* request, size_t* received) {
 bool TcpColumnLink::progress() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (int n = 0; n < static_cast<int>(peers_.size()); ++n)
-    if (n != node_) pump_sends(n) && pump_receives(n);
+    if (n != node_) {
+      pump_control(n);
+      pump_sends(n) && pump_receives(n);
+    }
   return !failed_;
 }
 
@@ -277,45 +297,39 @@ std::string TcpColumnLink::answer(int node) const {
   return peers_[static_cast<size_t>(node)].answer;
 }
 
-// After the frame being written (a frame is never cut) and the control frames already queued, before any data.
+// Writes and reads the control connection: notices (the first is kept), questions (answered at once), answers.
 // With mutex_ held.
-void TcpColumnLink::queue_control(int node, uint64_t kind, std::string payload) {
+void TcpColumnLink::pump_control(int node) {
   Peer& peer = peers_[static_cast<size_t>(node)];
-  if (node == node_ || peer.fd < 0 || peer.closed) return;
-  Pending p;
-  p.is_control = true;
-  p.control = std::move(payload);
-  p.bytes = p.control.size();
-  put64(p.header, p.bytes);
-  put64(p.header + 8, kind);
-  auto at = peer.sends.begin();
-  if (at != peer.sends.end() && at->done > 0) ++at;
-  while (at != peer.sends.end() && at->is_control) ++at;
-  peer.sends.insert(at, std::move(p));
+  peer.control.pump([&](uint64_t kind, const std::string& payload) {
+    if (kind == kNotice && peer.notice.empty()) peer.notice = payload;
+    if (kind == kAnswer) peer.answer = payload;
+    if (kind == kQuestion && answerer_) peer.control.queue(kAnswer, answerer_(payload));
+  });
 }
 
 void TcpColumnLink::ask_peers(const std::string& question) {
   std::lock_guard<std::mutex> lock(mutex_);
-  reading_ahead_ = true;
   for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
-    queue_control(n, kQuestion, question.substr(0, kMaxControl));
-    if (n != node_) pump_sends(n);
+    if (n == node_) continue;
+    peers_[static_cast<size_t>(n)].control.queue(kQuestion, question);
+    pump_control(n);
   }
 }
 
 void TcpColumnLink::tell_peers(const std::string& words, double flush_s) {
   std::unique_lock<std::mutex> lock(mutex_);
-  for (int n = 0; n < static_cast<int>(peers_.size()); ++n) queue_control(n, kNotice, words.substr(0, kMaxNotice));
-  // Pending data ahead of a notice (a peer that stopped reading) must not hold it back forever.
+  for (int n = 0; n < static_cast<int>(peers_.size()); ++n)
+    if (n != node_) peers_[static_cast<size_t>(n)].control.queue(kNotice, words.substr(0, kMaxNotice));
+  // A peer that stopped reading must not hold this rank back for long.
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(flush_s));
   for (;;) {
     bool pending = false;
     for (int n = 0; n < static_cast<int>(peers_.size()); ++n) {
-      Peer& peer = peers_[static_cast<size_t>(n)];
-      if (n == node_ || peer.fd < 0 || peer.closed) continue;
-      pump_sends(n);  // also after the link failed: that is when the peers most need to hear why
-      for (const Pending& p : peer.sends) pending |= p.is_control && !peer.closed;
+      if (n == node_) continue;
+      pump_control(n);
+      pending |= peers_[static_cast<size_t>(n)].control.pending();
     }
     if (!pending || Clock::now() >= deadline) return;
     lock.unlock();
@@ -335,6 +349,11 @@ bool TcpColumnLink::fail_link(int node, const std::string& what, bool truncated)
   // A peer that said why it stops is named with its words, one that closed without them as ended; as a rank that
   // stopped on this node is.
   const bool ended = what == kClosed;
+  // Its notice travels on the other connection: it may come a moment after this one closed.
+  if (peer.notice.empty() && !truncated) {
+    peer.control.wait_readable(0.02);
+    pump_control(node);
+  }
   peer.error = !peer.notice.empty() ? name + " has stopped: " + peer.notice + " (then: " + what + ")"
                : ended              ? name + " has stopped: " + what
                                     : name + ": " + what;
@@ -356,8 +375,7 @@ bool TcpColumnLink::pump_sends(int node) {
     int count = 0;
     if (p.done < sizeof p.header) parts[count++] = {p.header + p.done, sizeof p.header - p.done};
     const size_t payload_done = p.done > sizeof p.header ? p.done - sizeof p.header : 0;
-    const char* payload = p.is_control ? p.control.data() : p.buf;
-    if (p.bytes > payload_done) parts[count++] = {const_cast<char*>(payload) + payload_done, p.bytes - payload_done};
+    if (p.bytes > payload_done) parts[count++] = {const_cast<char*>(p.buf) + payload_done, p.bytes - payload_done};
     ssize_t n = 0;
     if (count > 0) {
       msghdr m{};
@@ -378,7 +396,7 @@ bool TcpColumnLink::pump_sends(int node) {
   return true;
 }
 
-// Reads frames while they match posted receives (or are notices). With mutex_ held.
+// Reads data frames while they match posted receives. With mutex_ held.
 bool TcpColumnLink::pump_receives(int node) {
   Peer& peer = peers_[static_cast<size_t>(node)];
   if (peer.failed) return false;
@@ -395,12 +413,8 @@ bool TcpColumnLink::pump_receives(int node) {
     if (peer.header_got < sizeof peer.header) {
       into = reinterpret_cast<char*>(peer.header) + peer.header_got;
       want = sizeof peer.header - peer.header_got;
-    } else if (peer.kind != kData) {
-      peer.incoming.resize(peer.length);
-      into = peer.incoming.data() + peer.payload_got;
-      want = peer.length - peer.payload_got;
     } else {
-      if (peer.receives.empty() && !peer.hung_up && !reading_ahead_) {
+      if (peer.receives.empty() && !peer.hung_up) {
         // The frame waits in the kernel's buffer for its receive, unless the peer has hung up: then nothing it
         // sent can complete a collective any more, and what follows (its notice, the close) is what matters.
         pollfd pfd{peer.fd, POLLRDHUP, 0};
@@ -409,7 +423,7 @@ bool TcpColumnLink::pump_receives(int node) {
       }
       // After a hang-up, a frame nobody has asked for yet is read into memory of its own, to be matched when its
       // receive comes (its sender may have completed its part of the collective and gone).
-      if (peer.buffering || ((peer.hung_up || reading_ahead_) && peer.receives.empty())) {
+      if (peer.buffering || (peer.hung_up && peer.receives.empty())) {
         if (!peer.buffering) peer.scratch.assign(peer.length, 0);
         peer.buffering = true;
         into = peer.scratch.data() + peer.payload_got;
@@ -457,8 +471,7 @@ bool TcpColumnLink::pump_receives(int node) {
           peer.header_got = 0;
           continue;
         }
-        const bool control = peer.kind == kNotice || peer.kind == kQuestion || peer.kind == kAnswer;
-        if (peer.kind != kData && !(control && peer.length <= kMaxControl))
+        if (peer.kind != kData)
           return fail_link(node, "it sent a frame this link does not know (kind " + std::to_string(peer.kind) + ")");
         continue;
       }
@@ -468,31 +481,20 @@ bool TcpColumnLink::pump_receives(int node) {
       continue;
     }
     // A whole frame.
-    if (peer.kind == kData && peer.buffering) {
+    peer.header_got = 0;
+    peer.payload_got = 0;
+    if (peer.buffering) {
       peer.early.push_back(std::move(peer.scratch));
       peer.scratch.clear();
       peer.buffering = false;
-      peer.header_got = 0;
-      peer.payload_got = 0;
       match_early(node);
       continue;
     }
-    // The first notice says why the peer stopped; later ones (its destroy, its exit) follow from it.
-    if (peer.kind == kNotice && peer.notice.empty()) peer.notice = peer.incoming;
-    if (peer.kind == kAnswer) peer.answer = peer.incoming;
-    if (peer.kind == kQuestion && answerer_) {
-      queue_control(node, kAnswer, answerer_(peer.incoming).substr(0, kMaxControl));
-      pump_sends(node);
-    }
-    if (peer.kind == kData) {
-      const Posted r = peer.receives.front();
-      peer.receives.pop_front();
-      State& s = requests_[static_cast<size_t>(r.request)];
-      s.done = true;
-      s.received = peer.length;
-    }
-    peer.header_got = 0;
-    peer.payload_got = 0;
+    const Posted r = peer.receives.front();
+    peer.receives.pop_front();
+    State& s = requests_[static_cast<size_t>(r.request)];
+    s.done = true;
+    s.received = peer.length;
   }
 }
 

@@ -2,18 +2,18 @@
 // span machines without MPI (torchrun's). Nonblocking sockets, moved forward by every test(), so that the caller's
 // wait loop keeps its timeout, its abort and its notices.
 //
-// Frames: a 16-byte header (the payload's length and the frame's kind) and the payload. A data frame goes straight
-// from the sender's buffer into the receive it matches, which is the oldest receive posted for that node (one
-// sender's frames arrive in order); a data frame longer than that receive is kTruncated. Control frames are read
-// whenever they come, ahead of data that waits for its receive: a notice carries a few words a rank says before it
-// stops (an abort's reason, an exit), and a connection that then closes fails with those words instead of
-// "closed"; a question is answered at once by the answerer the link was given (a rank that timed out asks what the
-// other machines' ranks are doing).
+// Two connections to each peer. The data connection carries data frames (a 16-byte header, the payload's length
+// and kind, then the payload): a data frame goes straight from the sender's buffer into the receive it matches,
+// which is the oldest receive posted for that node (one sender's frames arrive in order); a data frame longer than
+// that receive is kTruncated. The control connection (tcp_frames.hpp) carries what must never wait behind data,
+// read whenever it comes: a notice (a few words a rank says before it stops: an abort's reason, an exit; a data
+// connection that then closes fails with those words instead of "closed"), and questions and their answers (a rank
+// that timed out asks what the other machines' ranks are doing).
 //
 // Setting up: every rank opens a listening socket first (TcpListener) and the job's bootstrap gives every rank the
-// column peers' addresses (torch.distributed's store under torchrun). Node j connects to every node i < j; the
-// first frame on a connection says who connects and for which job (a token the bootstrap drew), answered once taken, so
-// a stray or stale connection is refused rather than taken for a peer.
+// column peers' addresses (torch.distributed's store under torchrun). Node j connects twice to every node i < j; the
+// first bytes on a connection say who connects, which of its two it is, and for which job (a token the bootstrap
+// drew), answered once taken, so a stray or stale connection is refused rather than taken for a peer.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/column_link.hpp"
+#include "comm/tcp_frames.hpp"
 #include "comm/tcp_socket.hpp"
 
 namespace zero {
@@ -66,9 +67,7 @@ class TcpColumnLink final : public ColumnLink {
   // Questions and answers between the column's ranks. A link given an answerer replies to every question with
   // what it returns, from whichever thread moves the link (the answerer runs with the link's lock held: it must
   // not call the link). ask_peers sends `question` to every connected peer; answer(n) is node n's latest reply,
-  // or "" (call progress() to read them). From its first question on, the link reads data that no receive has
-  // asked for yet into memory of its own (matched in order when their receives come), to reach the answers behind
-  // them: the asker is giving up on what waits (a rank diagnosing its timeout).
+  // or "" (call progress() to read them).
   void answer_questions_with(std::function<std::string(const std::string& question)> answerer) {
     std::lock_guard<std::mutex> lock(mutex_);
     answerer_ = std::move(answerer);
@@ -85,8 +84,6 @@ class TcpColumnLink final : public ColumnLink {
     size_t done = 0;           // bytes of header + payload written
     unsigned char header[16];  // length, kind
     Request request = kNoRequest;
-    bool is_control = false;
-    std::string control;  // a control frame's payload, owned here (buf is unused: the string moves)
   };
   struct Posted {
     char* buf = nullptr;
@@ -94,17 +91,17 @@ class TcpColumnLink final : public ColumnLink {
     Request request = kNoRequest;
   };
   struct Peer {
-    int fd = -1;
+    int fd = -1;  // the data connection
+    FrameConnection control;
     std::deque<Pending> sends;
     std::deque<Posted> receives;
     unsigned char header[16];
     size_t header_got = 0;   // of the frame being read
     uint64_t length = 0;     // its payload
-    uint64_t kind = 0;       // kData or a control frame's kind
+    uint64_t kind = 0;       // kData (or kGoodbye)
     size_t payload_got = 0;  // of its payload
     std::string notice;      // the first it sent
     std::string answer;      // the latest it sent
-    std::string incoming;    // the control frame being read
     bool closed = false;
     bool said_goodbye = false;  // it finalized: its close is no failure unless a receive still waits on it
     bool hung_up = false;       // frames nobody has asked for yet are read into `early`, to reach its notice and close
@@ -123,7 +120,7 @@ class TcpColumnLink final : public ColumnLink {
   static constexpr uint64_t kData = 0, kNotice = 1, kGoodbye = 2, kQuestion = 3, kAnswer = 4;
 
   Request new_request(int node);
-  void queue_control(int node, uint64_t kind, std::string payload);
+  void pump_control(int node);
   bool pump_sends(int node);
   bool pump_receives(int node);
   void match_early(int node);
@@ -137,8 +134,7 @@ class TcpColumnLink final : public ColumnLink {
   std::vector<State> requests_;
   std::vector<Request> free_;
   std::string error_;
-  bool failed_ = false;         // some connection failed (error_ says the first)
-  bool reading_ahead_ = false;  // ask_peers was called
+  bool failed_ = false;  // some connection failed (error_ says the first)
 };
 
 }  // namespace zero

@@ -254,7 +254,7 @@ void ParameterStore::release_modified(int unit, int modifier_rank, bool micro_st
     const UnitPlan& up = plan_.units[unit];
     const size_t esize = dtype_size(plan_.compute_dtype);
     constexpr size_t kPieceBytes = size_t{64} << 20;
-    if (test_hooks::active("release_modified.kill", comm_.rank())) std::raise(SIGKILL);  // dies as data move
+    if (test_hooks::active("release_modified.kill", comm_.rank())) std::raise(SIGKILL);  // dies as the broadcasts begin
     auto broadcast = [&](void* data, size_t n, const char* what) {
       for (size_t at = 0; at < n; at += kPieceBytes)
         comm_.broadcast(static_cast<char*>(data) + at, std::min(kPieceBytes, n - at), ElemType::kU8, modifier_rank,
