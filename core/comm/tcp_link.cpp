@@ -247,14 +247,13 @@ ColumnLink::Test TcpColumnLink::test(Request* request, size_t* received) {
   if (*request == kNoRequest) return Test::kDone;
   std::lock_guard<std::mutex> lock(mutex_);
   State& s = requests_[static_cast<size_t>(*request)];
-  // Every connection moves, whichever this request waits on; one that failed stops only its own requests (a node
-  // that ended after the last collective it took part in must not fail what the others still deliver).
+  // Every data connection moves, whichever this request waits on; one that failed stops only its own requests (a
+  // node that ended after the last collective it took part in must not fail what the others still deliver). The
+  // control connections move in progress(), which a waiting rank calls every few milliseconds, not here, where a
+  // collective's spin would pay a system call per peer each time.
   if (!s.done)
     for (int n = 0; n < static_cast<int>(peers_.size()); ++n)
-      if (n != node_) {
-        pump_control(n);
-        pump_sends(n) && pump_receives(n);
-      }
+      if (n != node_) pump_sends(n) && pump_receives(n);
   if (s.done) {
     *received = s.received;
     s.in_use = false;
