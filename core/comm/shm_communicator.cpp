@@ -518,8 +518,14 @@ class ShmCommunicator final : public Communicator {
   // so that an idle job costs no core.
   void progress_loop() {
     int idle = 0;
+    auto polled = Clock::now();
     std::unique_lock<std::mutex> lock(queue_mutex_);
     while (!stop_progress_) {
+      // While it moves a collective the caller does not wait for, it also answers the other machines' questions.
+      if (cross_ && !queue_.empty() && Clock::now() - polled > std::chrono::milliseconds(10)) {
+        cross_->poll();
+        polled = Clock::now();
+      }
       if (queue_.empty() || !failure_.empty() || aborted_here_.load()) {
         idle = 0;
         queue_cv_.wait(lock);

@@ -57,11 +57,13 @@ void FrameConnection::pump(const std::function<void(uint64_t kind, const std::st
       sends_.pop_front();
       sent_ = 0;
     }
+    // At most a few frames' worth per call: a peer that keeps sending does not keep the caller here.
     char buf[16 << 10];
-    for (;;) {
+    for (size_t read = 0; read < 4 * kMaxPayload;) {
       const ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
       if (n > 0) {
         in_.append(buf, static_cast<size_t>(n));
+        read += static_cast<size_t>(n);
         continue;
       }
       if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) closed_ = true;

@@ -24,7 +24,8 @@ class FrameConnection {
   FrameConnection& operator=(FrameConnection&& other) noexcept;
 
   bool open() const { return fd_ >= 0 && !closed_; }
-  // Queues a frame (a payload over kMaxPayload is cut there); nothing once the connection has closed.
+  // Queues a frame; a payload over kMaxPayload is cut there (the link's notices and answers are a few lines);
+  // nothing once the connection has closed.
   void queue(uint64_t kind, const std::string& payload);
   // Whether a queued frame is not yet written whole.
   bool pending() const { return open() && !sends_.empty(); }

@@ -24,7 +24,7 @@ using tcp::seconds_left;
 using tcp::set_options;
 using tcp::write_all;
 
-constexpr uint64_t kHelloMagic = 0x6c69627a65726f31ull;  // "libzero1"
+constexpr uint64_t kHelloMagic = 0x6c69627a65726f32ull;  // "libzero2": two connections per peer
 constexpr size_t kMaxToken = 256;
 constexpr size_t kMaxNotice = 4096;
 // A connection that closed or was reset without a notice: its rank ended (killed, or exited without a word).
@@ -87,7 +87,10 @@ TcpColumnLink::TcpColumnLink(TcpListener& listener, int node, int nodes, const s
         std::string missing;
         for (int n = node + 1; n < nodes; ++n)
           if (peers_[static_cast<size_t>(n)].fd < 0 || !peers_[static_cast<size_t>(n)].control.open())
-            missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+            missing += (missing.empty() ? "" : ", ") + std::to_string(n) +
+                       (peers_[static_cast<size_t>(n)].fd >= 0 || peers_[static_cast<size_t>(n)].control.open()
+                            ? " (only one of its two connections came)"
+                            : "");
         fail(ZERO_ERR_TIMEOUT, "the column link: node(s) " + missing + " did not connect to this rank (" +
                                    listener.address() + ") within " + std::to_string(timeout_s) + " s");
       }
@@ -300,11 +303,21 @@ std::string TcpColumnLink::answer(int node) const {
 // With mutex_ held.
 void TcpColumnLink::pump_control(int node) {
   Peer& peer = peers_[static_cast<size_t>(node)];
+  bool told = false;
   peer.control.pump([&](uint64_t kind, const std::string& payload) {
-    if (kind == kNotice && peer.notice.empty()) peer.notice = payload;
+    if (kind == kNotice && peer.notice.empty()) {
+      peer.notice = payload;
+      told = true;
+    }
     if (kind == kAnswer) peer.answer = payload;
-    if (kind == kQuestion && answerer_) peer.control.queue(kAnswer, answerer_(payload));
+    if (kind == kQuestion && answerer_) {
+      try {
+        peer.control.queue(kAnswer, answerer_(payload));
+      } catch (...) {  // out of memory describing this machine: the asker hears nothing, as from a busy rank
+      }
+    }
   });
+  if (told && peer.failed && !peer.truncated) describe_failure(node);
 }
 
 void TcpColumnLink::ask_peers(const std::string& question) {
@@ -342,23 +355,32 @@ bool TcpColumnLink::fail_link(int node, const std::string& what, bool truncated)
   if (peer.failed) return false;
   peer.failed = true;
   peer.truncated = truncated;
+  peer.failure = what;
+  // Its notice travels on the other connection, with no order between the two: it may come a moment after this
+  // one closed (a lost segment waits for its retransmission). A peer that ended has its control connection closed
+  // by then too, which ends the wait at once.
+  if (!truncated) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(250);
+    for (pump_control(node); peer.notice.empty() && peer.control.open() && Clock::now() < deadline; pump_control(node))
+      peer.control.wait_readable(seconds_left(deadline));
+  }
+  describe_failure(node);
+  failed_ = true;
+  return false;
+}
+
+// A peer that said why it stops is named with its words, one that closed without them as ended, as a rank that
+// stopped on this node is; again when its words come after the failure. With mutex_ held.
+void TcpColumnLink::describe_failure(int node) {
+  Peer& peer = peers_[static_cast<size_t>(node)];
   const std::string name = node < static_cast<int>(names_.size())
                                ? names_[static_cast<size_t>(node)]
                                : "node " + std::to_string(node) + "'s rank of this column";
-  // A peer that said why it stops is named with its words, one that closed without them as ended; as a rank that
-  // stopped on this node is.
-  const bool ended = what == kClosed;
-  // Its notice travels on the other connection: it may come a moment after this one closed.
-  if (peer.notice.empty() && !truncated) {
-    peer.control.wait_readable(0.02);
-    pump_control(node);
-  }
-  peer.error = !peer.notice.empty() ? name + " has stopped: " + peer.notice + " (then: " + what + ")"
-               : ended              ? name + " has stopped: " + what
-                                    : name + ": " + what;
-  if (!failed_) error_ = peer.error;  // the first, for progress()'s callers
-  failed_ = true;
-  return false;
+  const bool first = !failed_ || error_ == peer.error;
+  peer.error = !peer.notice.empty()      ? name + " has stopped: " + peer.notice + " (then: " + peer.failure + ")"
+               : peer.failure == kClosed ? name + " has stopped: " + peer.failure
+                                         : name + ": " + peer.failure;
+  if (first) error_ = peer.error;  // the first, for progress()'s callers
 }
 
 // Writes the front frames until the kernel's buffer is full. With mutex_ held.

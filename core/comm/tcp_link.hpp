@@ -106,8 +106,9 @@ class TcpColumnLink final : public ColumnLink {
     bool said_goodbye = false;  // it finalized: its close is no failure unless a receive still waits on it
     bool hung_up = false;       // frames nobody has asked for yet are read into `early`, to reach its notice and close
     bool failed = false, truncated = false;  // its connection failed: its requests fail with `error`
-    std::string error;
-    bool buffering = false;  // the frame being read goes into `scratch`
+    std::string failure;                     // what failed
+    std::string error;                       // that, and who, in words
+    bool buffering = false;                  // the frame being read goes into `scratch`
     std::vector<char> scratch;
     std::deque<std::vector<char>> early;  // whole frames read before their receives, in order
   };
@@ -125,6 +126,7 @@ class TcpColumnLink final : public ColumnLink {
   bool pump_receives(int node);
   void match_early(int node);
   bool fail_link(int node, const std::string& what, bool truncated = false);
+  void describe_failure(int node);
 
   mutable std::mutex mutex_;
   int node_ = 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "comm/tcp_link.hpp"
+#include "comm/tcp_socket.hpp"
 #include "util/error.hpp"
 
 namespace zero {
@@ -43,6 +44,23 @@ std::vector<std::unique_ptr<TcpColumnLink>> make_column(int nodes, double timeou
     });
   for (std::thread& t : threads) t.join();
   return links;
+}
+
+// A peer driven by hand: one of node 1's two connections to `address` (0 data, 1 control), after the hello the link
+// expects (its magic, the node and the connection, the token).
+int dial_as_node1(const std::string& address, uint64_t connection, const std::string& token) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::string why;
+  const int fd = tcp::dial(address, deadline, &why);
+  std::string hello(24, '\0');
+  const uint64_t words[3] = {0x6c69627a65726f32ull, 1 | connection << 32, token.size()};
+  std::memcpy(&hello[0], words, sizeof words);
+  hello += token;
+  unsigned char ack[8];
+  EXPECT_TRUE(fd >= 0 && tcp::write_all(fd, hello.data(), hello.size(), deadline) &&
+              tcp::read_all(fd, ack, sizeof ack, deadline))
+      << why;
+  return fd;
 }
 
 // Tests `request` on `link`, moving every link of the column, until it is no longer pending.
@@ -234,6 +252,52 @@ TEST(TcpLink, APeerThatEndsIsHeardAtOnceEvenBehindAMessageNobodyReceivedYet) {
   column[0]->tell_peers("oom", 1.0);
   run_until(column, [&] { return !column[2]->notice(0).empty(); });
   EXPECT_EQ(column[2]->notice(0), "oom");
+}
+
+TEST(TcpLink, WordsThatComeAfterTheCloseStillNameTheCause) {
+  // The two connections keep no order between them: node 1's data connection is reset, and its notice comes on the
+  // control connection 50 ms later (as a lost segment's retransmission would make it).
+  TcpListener l0("127.0.0.1"), l1("127.0.0.1");
+  int data = -1, control = -1;
+  std::thread peer([&] {
+    data = dial_as_node1(l0.address(), 0, "job");
+    control = dial_as_node1(l0.address(), 1, "job");
+  });
+  TcpColumnLink link(l0, 0, 2, {l0.address(), l1.address()}, "job", 10);
+  peer.join();
+  char in[16];
+  ColumnLink::Request r = ColumnLink::kNoRequest;
+  ASSERT_TRUE(link.receive(in, sizeof in, 1, &r));
+  std::thread late([&] {
+    close(data);  // SO_LINGER 0 (tcp_socket.cpp): a reset
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::string frame(16, '\0');
+    const uint64_t header[2] = {3, 1};  // three bytes, a notice
+    std::memcpy(&frame[0], header, sizeof header);
+    frame += "oom";
+    EXPECT_EQ(::send(control, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
+  });
+  size_t got = 0;
+  Outcome t = Outcome::kPending;
+  while ((t = link.test(&r, &got)) == Outcome::kPending) {
+  }
+  late.join();
+  EXPECT_EQ(t, Outcome::kFailed);
+  EXPECT_EQ(link.error().rfind("node 1's rank of this column has stopped: oom (then:", 0), 0u) << link.error();
+  close(control);
+}
+
+TEST(TcpLink, APeerWithOneOfItsTwoConnectionsIsNamedAsSuch) {
+  TcpListener l0("127.0.0.1"), l1("127.0.0.1");
+  std::thread peer([&] { close(dial_as_node1(l0.address(), 0, "job")); });
+  try {
+    TcpColumnLink link(l0, 0, 2, {l0.address(), l1.address()}, "job", 1.0);
+    ADD_FAILURE() << "set up with half a peer";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("node(s) 1 (only one of its two connections came)"), std::string::npos)
+        << e.what();
+  }
+  peer.join();
 }
 
 TEST(TcpLink, APeerThatFinalizedFailsOnlyWhatStillWaitsOnIt) {
