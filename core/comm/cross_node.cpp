@@ -177,7 +177,7 @@ CrossNode::Progress CrossNode::step_broadcast(Op& op) {
   if (op.phase == 0 && column) {
     if (op.transfers.empty()) {
       write_header(op.header, op);
-      op.acknowledgements.resize(static_cast<size_t>(nodes_) * kHeader);
+      if (root_side) op.acknowledgements.resize(static_cast<size_t>(nodes_) * kHeader);
       for (int n = 0; n < nodes_; ++n) {
         if (n == node_ || (!root_side && n != root_node)) continue;
         if (!start(root_side ? Message::kSend : Message::kHeader, root_side ? op.header : op.received_header, kHeader,
