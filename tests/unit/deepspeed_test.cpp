@@ -20,6 +20,7 @@
 #include "comm/single_communicator.hpp"
 #include "config/config_keys.hpp"
 #include "engine/engine.hpp"
+#include "fixture_paths.hpp"
 #include "util/error.hpp"
 
 namespace zero {
@@ -29,8 +30,8 @@ using json = nlohmann::json;
 
 const json& fixtures() {
   static const json f = [] {
-    std::ifstream in(ZERO_DEEPSPEED_FIXTURES);
-    if (!in) throw std::runtime_error("cannot open " + std::string(ZERO_DEEPSPEED_FIXTURES));
+    std::ifstream in(test::deepspeed_fixtures_path());
+    if (!in) throw std::runtime_error("cannot open " + std::string(test::deepspeed_fixtures_path()));
     return json::parse(in);
   }();
   return f;

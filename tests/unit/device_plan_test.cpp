@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.hpp"
+#include "fixture_paths.hpp"
 #include "plan/plan.hpp"
 #include "plan/plan_spec.hpp"
 #include "util/error.hpp"
@@ -248,8 +249,8 @@ TEST(DevicePlan, TheSpecComesFromTheConfigAsDeepSpeedReadsIt) {
 //   model states the plan puts in host memory at stage 3. Stage 2's CPU figure with offload (P x max(4 N, 16)) is
 //   the peak of DeepSpeed's initialization, not a model state, and is not compared.
 json ds_estimates() {
-  std::ifstream in(ZERO_DEEPSPEED_FIXTURES);
-  if (!in) throw std::runtime_error("cannot open " + std::string(ZERO_DEEPSPEED_FIXTURES));
+  std::ifstream in(test::deepspeed_fixtures_path());
+  if (!in) throw std::runtime_error("cannot open " + std::string(test::deepspeed_fixtures_path()));
   return json::parse(in).at("memory_estimates");
 }
 
