@@ -95,12 +95,12 @@ run_ctest() {
 
 # The Debian packages are built and checked in chroots of their own (packaging/test-debian.sh) beside the release
 # build and suite: that phase waits on apt, dpkg and lintian for most of its time (118 s of CPU in 173 s), time the
-# suite's tests use. It runs in a session of its own, so that a failure here stops all of it; its report comes after
-# the fuzzers'.
+# suite's tests use. It runs in a session of its own, so that the command, ending early on a failure elsewhere, stops
+# all of it; its report comes after the fuzzers'.
 debian_log=$(mktemp)
 setsid bash packaging/test-debian.sh >"$debian_log" 2>&1 &
 debian_pid=$!
-trap 'if [[ -n ${debian_pid:-} ]]; then kill -- "-$debian_pid" 2>/dev/null || true; fi' EXIT
+trap 'if [[ -n ${debian_pid:-} ]]; then kill -- "-$debian_pid" 2>/dev/null || true; fi; rm -f "$torch_log" "$debian_log"' EXIT
 
 echo "== release build (GCC) and full test suite"
 bash scripts/configure-preset.sh release -DZERO_TEST_PYTHON="$pyenv/bin/python3" -DZERO_BUILD_PYTHON=ON \
