@@ -37,6 +37,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The sources as they are now, taken first: scripts/test.sh runs this beside the release build and suite, whose
+# Python tests may write bytecode into the tree while a later copy would walk it.
+mkdir -p "$work/source"
+(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/source")
+
 if [[ ! -f $base ]]; then
   echo "debootstrap $suite (minbase) from $mirror, kept in $base"
   mkdir -p "$(dirname "$base")" "$work/bootstrap"
@@ -99,9 +104,9 @@ else
   mv "$prepared.tmp" "$prepared"
   echo "build root with the Build-Depends installed ($SECONDS s), kept in $prepared"
 fi
-mkdir -p "$build/src/libzero"
-(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$build/src/libzero")
-cp -r "$root/packaging/debian" "$build/src/libzero/debian"
+mkdir -p "$build/src"
+mv "$work/source" "$build/src/libzero"
+cp -r "$build/src/libzero/packaging/debian" "$build/src/libzero/debian"
 cache_env=
 if [[ -n $cache_tool ]]; then
   cache_dir=${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}

@@ -96,7 +96,8 @@ run_ctest() {
 # The Debian packages are built and checked in chroots of their own (packaging/test-debian.sh) beside the release
 # build and suite: that phase waits on apt, dpkg and lintian for most of its time (118 s of CPU in 173 s), time the
 # suite's tests use. It runs in a session of its own, so that the command, ending early on a failure elsewhere, stops
-# all of it; its report comes after the fuzzers'.
+# all of it (setsid does not fork here, without job control: $! is the session's id); it is waited for before the
+# fuzzers, whose minute each must have the cores.
 debian_log=$(mktemp)
 setsid bash packaging/test-debian.sh >"$debian_log" 2>&1 &
 debian_pid=$!
@@ -136,15 +137,15 @@ cmake --build --preset clang -j "$jobs"
 run_ctest clang -j "$test_jobs" \
   -E '^mpi\.large_unit\.|^python\.pip-install$|^python\.(torch|finetune|loop|trainer|example)\.|^python\.resolve-auto$|^mpi\.gpt\.learns\.'
 
-echo "== fuzzers"
-bash scripts/run-fuzzers.sh
-
 echo "== Debian packages (built and checked beside the release suite)"
 debian_rc=0
 wait "$debian_pid" || debian_rc=$?
 debian_pid=
 cat "$debian_log"
 [[ $debian_rc == 0 ]] || { echo "packaging/test-debian.sh failed ($debian_rc)"; exit 1; }
+
+echo "== fuzzers"
+bash scripts/run-fuzzers.sh
 
 echo "== conda recipe"
 bash packaging/conda/test-conda.sh
