@@ -71,6 +71,14 @@ ZERO_API zero_status_t zero_engine_set_num_threads(zero_engine_t* engine, int32_
   return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).set_num_threads(threads); });
 }
 
+ZERO_API zero_status_t zero_engine_set_model_parallel(zero_engine_t* engine, zero_comm_t* mp_comm) {
+  const char* call = "zero_engine_set_model_parallel";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::Engine& e = engine_of(engine, call);
+    e.set_model_parallel(mp_comm != nullptr ? handle(mp_comm)->impl : nullptr);
+  });
+}
+
 ZERO_API zero_status_t zero_engine_add_param_group(int32_t* out_group, zero_engine_t* engine,
                                                    const zero_param_group_desc_t* desc) {
   const char* call = "zero_engine_add_param_group";
@@ -97,9 +105,11 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
       zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": desc->" + (d.reserved != 0 ? "reserved" : "reserved2") +
                                            " is not 0 (a field this libzero does not know; initialise the struct "
                                            "with zero_param_desc_init)");
-    if ((d.flags & ~static_cast<uint32_t>(ZERO_PARAM_FROZEN)) != 0)
+    const uint32_t known = ZERO_PARAM_FROZEN | ZERO_PARAM_MODEL_PARALLEL_REPLICATED;
+    if ((d.flags & ~known) != 0)
       zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": desc->flags has bits this libzero does not know (" +
-                                           std::to_string(d.flags) + "; ZERO_PARAM_FROZEN is 1)");
+                                           std::to_string(d.flags) +
+                                           "; ZERO_PARAM_FROZEN is 1, ZERO_PARAM_MODEL_PARALLEL_REPLICATED 2)");
     require_arg(d.ndim >= 0 && d.ndim <= ZERO_MAX_NDIM, call, "desc->ndim must be in 0..ZERO_MAX_NDIM (8)");
     require_arg(d.ndim == 0 || d.shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
     const bool frozen = (d.flags & ZERO_PARAM_FROZEN) != 0;
@@ -108,6 +118,7 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
     shape.dims.assign(d.shape, d.shape + d.ndim);
     shape.unit = d.unit;
     shape.group = d.group;
+    shape.model_parallel_replicated = (d.flags & ZERO_PARAM_MODEL_PARALLEL_REPLICATED) != 0;
     zero::ParamInit init;
     init.data = d.init_data;
     if (frozen) {

@@ -115,8 +115,8 @@ void EngineComm::agree(const std::string& call, const CallTag& tag, const Error*
         broadcast_text(local_error != nullptr ? local_error->what() : "", root, std::string(call) + ": its message");
     if (local_error != nullptr) throw *local_error;
     const zero_status_t status = static_cast<zero_status_t>(status_and_kind[0]);
-    if (share_status) fail(status, "rank " + std::to_string(root) + ": " + message);
-    fail(ZERO_ERR_REMOTE, "rank " + std::to_string(root) + " failed in " +
+    if (share_status) fail(status, rank_name_ + " " + std::to_string(root) + ": " + message);
+    fail(ZERO_ERR_REMOTE, rank_name_ + " " + std::to_string(root) + " failed in " +
                               call_name(static_cast<CallKind>(status_and_kind[1])) + " (" + status_name(status) +
                               "): " + message);
   }
@@ -140,10 +140,10 @@ void EngineComm::agree(const std::string& call, const CallTag& tag, const Error*
     const int64_t* t = all.data() + 5 * r;
     CallTag other{static_cast<CallKind>(t[1]), t[2], t[3], t[4]};
     if (same_call) {
-      os << (r ? "; " : " ") << "rank " << r << " has check value " << t[4];
+      os << (r ? "; " : " ") << rank_name_ << " " << r << " has check value " << t[4];
       continue;
     }
-    os << (r ? "; " : "") << "rank " << r << " is in " << describe_call(other);
+    os << (r ? "; " : "") << rank_name_ << " " << r << " is in " << describe_call(other);
     if (t[0] != sequence) os << " as its collective #" << t[0];
   }
   // The same call with different inputs: every rank learns it here, before data moves, and may call again.

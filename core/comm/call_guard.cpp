@@ -12,6 +12,9 @@ void CallGuard::require(State wanted) const {
   if (comm_.backend().aborted())
     fail(ZERO_ERR_ABORTED,
          "the engine's communicator was aborted on this rank (" + comm_.backend().abort_reason() + ")");
+  if (model_parallel_ != nullptr && model_parallel_->backend().aborted())
+    fail(ZERO_ERR_ABORTED, "the engine's model-parallel communicator was aborted on this rank (" +
+                               model_parallel_->backend().abort_reason() + ")");
   if (state_ == wanted) return;
   if (wanted == State::kRegistering) {
     if (std::strcmp(call(), "zero_engine_finalize") == 0)
@@ -25,11 +28,38 @@ void CallGuard::broken(const std::exception& e) {
   state_ = State::kBroken;
   broken_reason_ = e.what();
   comm_.abort("it failed: " + broken_reason_);
+  if (model_parallel_ != nullptr) model_parallel_->abort("it failed: " + broken_reason_);
   throw;
 }
 
+namespace {
+
+// The calls whose agreement spans the model-parallel group too: those that decide for the whole job (the norm, the
+// skip, the settings, the checkpoint). Gathers and gradient buckets stay inside the data-parallel group.
+bool spans_model_parallel(CallKind kind) {
+  return kind == CallKind::kFinalize || kind == CallKind::kStep || kind == CallKind::kSaveCheckpoint ||
+         kind == CallKind::kLoadCheckpoint;
+}
+
+// What model-parallel ranks must agree on: the call, its phase or step, and for zero_step its micro-steps and
+// inputs. Sizes of the rank's part of the model (finalize's element count) and a load's manifest (one per
+// model-parallel rank) differ across the group by design.
+CallTag model_parallel_tag(const CallTag& tag) {
+  CallTag out{tag.kind, tag.id, 0, 0};
+  if (tag.kind == CallKind::kStep) out.count = tag.count;
+  if (tag.kind != CallKind::kLoadCheckpoint) out.check = tag.check;
+  return out;
+}
+
+}  // namespace
+
+// Over two groups that form a grid, an agreement in one and then the other reaches every rank of the job: a failure
+// on any rank is known to its data-parallel group after the first, and each rank of that group carries it into its
+// own model-parallel group in the second, which has a rank of every data-parallel group.
 void CallGuard::agree(const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain,
                       bool share_status) {
+  const bool both = model_parallel_ != nullptr && spans_model_parallel(tag.kind);
+  std::unique_ptr<Error> data_parallel_error;
   try {
     comm_.agree(call(), tag, local, explain, share_status);
   } catch (const Divergence& e) {
@@ -38,6 +68,16 @@ void CallGuard::agree(const CallTag& tag, const Error* local, const EngineComm::
     // Any other error out of the agreement reached every rank before data moved (a rank's failed checks, inputs
     // that differ between ranks): the engine stays usable, unless the exchange itself failed.
     if (comm_.failed()) broken(e);
+    if (!both) throw;
+    data_parallel_error = std::make_unique<Error>(e);
+  }
+  if (!both) return;
+  try {
+    model_parallel_->agree(call(), model_parallel_tag(tag), data_parallel_error.get(), {}, share_status);
+  } catch (const Divergence& e) {
+    broken(e);
+  } catch (const Error& e) {
+    if (model_parallel_->failed()) broken(e);
     throw;
   }
 }
@@ -47,6 +87,9 @@ void CallGuard::abort() {
   // waits, which must not give up before the backend knows, check the communicator's aborted().
   aborted_.store(true);
   comm_.abort("zero_engine_abort was called on rank " + std::to_string(comm_.rank()));  // the rank, for the others
+  if (model_parallel_ != nullptr)
+    model_parallel_->abort("zero_engine_abort was called on model-parallel rank " +
+                           std::to_string(model_parallel_->rank()));
 }
 
 }  // namespace zero

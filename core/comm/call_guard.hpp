@@ -43,8 +43,16 @@ class CallGuard {
   // Whether this rank can take part in an agreement at all: not after an abort, a failure after data moved, or
   // zero_comm_finalize (the other ranks learn of those through the communicator).
   bool can_agree() const {
-    return !aborted_.load() && state_ != State::kBroken && !comm_.backend().aborted() && !comm_.backend().finalized();
+    auto usable = [](const EngineComm* c) {
+      return c == nullptr || (!c->backend().aborted() && !c->backend().finalized());
+    };
+    return !aborted_.load() && state_ != State::kBroken && usable(&comm_) && usable(model_parallel_);
   }
+  // The model-parallel group beside the engine's data-parallel one (zero_engine_set_model_parallel), or null. The
+  // agreements of the calls that span it (finalize, zero_step, checkpoints) run over both groups, and a failure
+  // after data moved aborts both communicators.
+  void set_model_parallel(EngineComm* group) { model_parallel_ = group; }
+  EngineComm* model_parallel() const { return model_parallel_; }
   // A failure after data started moving: marks the engine broken, aborts the communicator, rethrows.
   [[noreturn]] void broken(const std::exception& e);
   // Runs `body` (data movement) and breaks the engine if it throws.
@@ -70,6 +78,7 @@ class CallGuard {
   void agree(const CallTag& tag, const Error* local, const EngineComm::ExplainCheck& explain, bool share_status);
 
   EngineComm& comm_;
+  EngineComm* model_parallel_ = nullptr;
   State state_ = State::kRegistering;
   std::atomic<bool> aborted_{false};
   std::string broken_reason_;

@@ -77,6 +77,9 @@ class EngineComm {
   Communicator& backend() { return *comm_; }
   const Communicator& backend() const { return *comm_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // What the agreement's messages call a rank of this group ("rank", "model-parallel rank").
+  void set_rank_name(std::string name) { rank_name_ = std::move(name); }
+  const std::string& rank_name() const { return rank_name_; }
   double timeout() const { return timeout_s_; }
 
   // ---- Non-blocking data collectives. start_* issues a collective (every rank in the same order) and returns at
@@ -182,6 +185,7 @@ class EngineComm {
 
   std::shared_ptr<Communicator> comm_;
   double timeout_s_ = 600.0;
+  std::string rank_name_ = "rank";
   CommStats stats_;
   bool abandoned_ = false;
   bool failed_ = false;

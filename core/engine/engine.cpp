@@ -70,6 +70,34 @@ void Engine::set_allocator(MemorySpace space, std::shared_ptr<Allocator> allocat
   store_.allocators().set(space, std::move(allocator));
 }
 
+void Engine::set_model_parallel(std::shared_ptr<Communicator> group) {
+  CallScope scope(guard_, "zero_engine_set_model_parallel");
+  guard_.require(CallGuard::State::kRegistering);
+  if (group != nullptr && group.get() == &comm_.backend())
+    guard_.fail(ZERO_ERR_INVALID_ARGUMENT,
+                "mp_comm is the engine's own communicator, its data-parallel group; the model-parallel group is "
+                "another one (the ranks that hold the other parts of this rank's model replica)");
+  if (group != nullptr && group->finalized())
+    guard_.fail(ZERO_ERR_INVALID_STATE, "mp_comm was finalized (zero_comm_finalize)");
+  if (group != nullptr && group->aborted())
+    guard_.fail(ZERO_ERR_ABORTED, "mp_comm was aborted (" + group->abort_reason() + ")");
+  guard_.set_model_parallel(nullptr);
+  model_parallel_.reset();
+  if (group == nullptr || group->size() == 1) return;
+  model_parallel_ = std::make_unique<EngineComm>(std::move(group));
+  model_parallel_->set_timeout(comm_.timeout());
+  model_parallel_->set_rank_name("model-parallel rank");
+  guard_.set_model_parallel(model_parallel_.get());
+}
+
+double Engine::sum_over_job(double local, const std::string& what) {
+  if (model_parallel_ != nullptr) {
+    test_hooks::maybe_fail("step.model_parallel", comm_.rank());
+    local = model_parallel_->sum_over_ranks(local, guard_.label(what + " over the model-parallel group"));
+  }
+  return comm_.sum_over_ranks(local, guard_.label(what));
+}
+
 void Engine::check_param(int param) const {
   const std::string problem = registration_.unknown_param(param);
   if (!problem.empty()) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, problem);
@@ -124,11 +152,37 @@ void Engine::finalize() {
                     "the config asks for libzero.deterministic, but this communicator does not sum in rank order (a "
                     "custom backend says it does with ZERO_COMM_DETERMINISTIC; MPI and single-process do)");
     });
+    // A rank without the model-parallel group its data-parallel peers have would wait in no exchange of theirs:
+    // the group's size is part of the arrival, so the peers all fail here, before any model-parallel exchange.
+    const int64_t mp_size = model_parallel_size();
+    auto explain_groups = [&] {
+      std::vector<int64_t> sizes(static_cast<size_t>(comm_.size()));
+      sizes[static_cast<size_t>(comm_.rank())] = mp_size;
+      comm_.control_all_gather(sizes.data(), sizeof(int64_t), guard_.label("the ranks' model-parallel groups"));
+      std::string text =
+          "the ranks have different model-parallel groups (zero_engine_set_model_parallel; every rank of the job "
+          "calls it, a data-parallel group's ranks with groups of one size):";
+      for (int r = 0; r < comm_.size(); ++r)
+        text += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +
+                (sizes[r] == 1 ? std::string("none") : "size " + std::to_string(sizes[r]));
+      return text;
+    };
     try {
-      arrival.agree(-1);
-      layout = registration_.agree_across_ranks(comm_, config_, nullptr);
+      arrival.agree(-1, 0, mp_size, explain_groups);
+      // The data-parallel group's registration, then the model-parallel group's settings; an error of the first
+      // reaches the second's ranks through its exchange.
+      std::unique_ptr<Error> data_parallel_error;
+      try {
+        layout = registration_.agree_across_ranks(comm_, config_, nullptr);
+      } catch (const Error& e) {
+        if (comm_.failed() || model_parallel_ == nullptr) throw;
+        data_parallel_error = std::make_unique<Error>(e);
+      }
+      if (model_parallel_ != nullptr)
+        registration_.agree_across_model_parallel(*model_parallel_, config_, comm_.size(), data_parallel_error.get());
     } catch (const Error& e) {
-      if (comm_.failed()) guard_.broken(e);  // the exchange itself failed: the collective sequences are apart
+      // The exchange itself failed: the collective sequences are apart.
+      if (comm_.failed() || (model_parallel_ != nullptr && model_parallel_->failed())) guard_.broken(e);
       throw;
     }
   }
@@ -146,6 +200,7 @@ void Engine::finalize() {
         NormSettings norm;
         norm.needed_first = config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0;
         norm.widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
+        norm.count_replicated = model_parallel_rank() == 0;
         store_.allocate(registration_.params(), norm);
         FetchPolicy fetch;
         fetch.background_publish = config_.overlap_comm;

@@ -39,6 +39,8 @@ class Engine {
   int add_param(ParamShape shape, ParamInit init);
   // The allocator of a memory space (experimental zero_engine_set_allocator). Before finalize.
   void set_allocator(MemorySpace space, std::shared_ptr<Allocator> allocator);
+  // The model-parallel group beside this data-parallel one (zero_engine_set_model_parallel); null or one rank: none.
+  void set_model_parallel(std::shared_ptr<Communicator> group);
   void finalize();
 
   // ---- the micro-step
@@ -75,6 +77,8 @@ class Engine {
   const Config& config() const { return config_; }
   int rank() const { return comm_.rank(); }
   int world_size() const { return comm_.size(); }
+  int model_parallel_rank() const { return model_parallel_ ? model_parallel_->rank() : 0; }
+  int model_parallel_size() const { return model_parallel_ ? model_parallel_->size() : 1; }
   bool deterministic() const { return comm_.backend().capabilities().deterministic_sums; }
   double timeout() const { return comm_.timeout(); }
   int num_params() const { return registration_.num_params(); }
@@ -92,10 +96,14 @@ class Engine {
   void check_trained(int param) const;
   void settle_fetches();
   PlanSpec plan_spec() const;
+  // The sum of every rank's `local` of the whole job: over the model-parallel group, then the data-parallel one
+  // (each in rank order), so every rank of the job gets the same bits. Inside a CallScope's data movement.
+  double sum_over_job(double local, const std::string& what);
   MemoryStats planned_memory() const;  // inside a CallScope
 
   Config config_;
   EngineComm comm_;
+  std::unique_ptr<EngineComm> model_parallel_;  // null without a model-parallel group
   CallGuard guard_;
   MicroStepWindow window_;
   Registration registration_;

@@ -95,11 +95,12 @@ StepResult Engine::step(const StepOptions& options) {
     store_.settle();
     reducer_.reduce_in_step();
     reducer_.before_update();
-    // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order, so that every
-    //    rank computes the same norm bit for bit and takes the same clip and skip decisions. Which pass sums the
-    //    squares was decided at finalize (the store's NormPlan): the optimizer pass, when nothing decides with the
-    //    norm (the partial sums are then added after it); else the pass that wrote the reduced values where there
-    //    is one (GradientReducer::folded_squares), else a pass of its own. The same bits either way.
+    // 2. The squared norm: each rank's partial sum over its shard, added over ranks in rank order (over the
+    //    model-parallel group first, where there is one), so that every rank of the job computes the same norm bit
+    //    for bit and takes the same clip and skip decisions (a non-finite partial sum makes the sum non-finite). Which
+    //    pass sums the squares was decided at finalize (the store's NormPlan): the optimizer pass, when nothing decides
+    //    with the norm (the partial sums are then added after it); else the pass that wrote the reduced values where
+    //    there is one (GradientReducer::folded_squares), else a pass of its own. The same bits either way.
     const bool norm_in_update = store_.norm_plan().in_update();
     double sum_sq = 0.0;
     if (!norm_in_update) {
@@ -115,7 +116,7 @@ StepResult Engine::step(const StepOptions& options) {
             guard_.label("the squares of " + std::to_string(folded) + " of " + std::to_string(store_.num_units()) +
                          " units were summed as their reduced values were "
                          "written"));
-      sum_sq = comm_.sum_over_ranks(local, guard_.label("partial sums of squares"));
+      sum_sq = sum_over_job(local, "partial sums of squares");
     }
     // 3. Average, unscale and clip; the loss scale; the learning rate.
     const int64_t micro_steps = options.loss_averaged ? 1 : window_.ended();
@@ -134,8 +135,7 @@ StepResult Engine::step(const StepOptions& options) {
       comm_.control_min(&nothing, 1, guard_.label("the end of the offloaded optimizer pass"));
     }
     if (norm_in_update)
-      result.grad_norm =
-          Stepper::norm_from(comm_.sum_over_ranks(local_sq, guard_.label("partial sums of squares")), decision);
+      result.grad_norm = Stepper::norm_from(sum_over_job(local_sq, "partial sums of squares"), decision);
     // 5. Clear the gradients the optimizer pass did not (all of them after a skipped step); publish the new
     //    params where the plan says so.
     reducer_.after_step(result.skipped);

@@ -23,6 +23,8 @@ class Unit;
 struct NormSettings {
   bool needed_first = true;  // gradient clipping, or the skip of a non-finite step, decides with the norm
   bool widened = false;      // the reductions run in a dtype narrower than the accumulation dtype
+  // Params replicated across the model-parallel group count here (model-parallel rank 0, or no such group).
+  bool count_replicated = true;
 };
 
 class NormPlan {

@@ -48,6 +48,11 @@ class Registration {
   // which param, group or config key differs and what each side has (ZERO_ERR_MISMATCH). `local_error` is this
   // rank's failure so far (or null): it reaches every rank (ZERO_ERR_REMOTE on the others). Returns the layout.
   Layout agree_across_ranks(EngineComm& comm, const Config& config, const Error* local_error) const;
+  // finalize, with a model-parallel group: its ranks check that they step alike (the config, the param groups and
+  // `data_parallel_size`); a difference is ZERO_ERR_MISMATCH naming the setting and both values. `local_error` as
+  // above. Throws on every rank of the group or returns on all.
+  void agree_across_model_parallel(EngineComm& group, const Config& config, int data_parallel_size,
+                                   const Error* local_error) const;
 
  private:
   std::vector<GroupSpec> groups_;

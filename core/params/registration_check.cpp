@@ -23,6 +23,7 @@ std::string describe(const ParamShape& p) {
   for (size_t i = 0; i < p.dims.size(); ++i) os << (i ? ", " : "") << p.dims[i];
   os << "] unit " << p.unit << " group " << p.group;
   if (p.frozen) os << " frozen " << stored_name(p.stored);
+  if (p.model_parallel_replicated) os << " replicated across model-parallel ranks";
   return os.str();
 }
 
@@ -138,6 +139,42 @@ Layout Registration::agree_across_ranks(EngineComm& comm, const Config& config, 
                                 ".");
   }
   return layout;
+}
+
+// The model-parallel group's ranks hold different params (their parts of the model) but take one step together:
+// what changes a step (the config, the param groups, the data-parallel size that averages the gradients) must be
+// the same on all of them. `local` is this rank's failure so far (its data-parallel group's registration), carried
+// to the group so that no rank waits for it.
+void Registration::agree_across_model_parallel(EngineComm& group, const Config& config, int data_parallel_size,
+                                               const Error* local) const {
+  std::vector<std::string> text = result_settings(config);
+  text.push_back("the data-parallel size = " + std::to_string(data_parallel_size));
+  for (const auto& g : groups_) text.push_back("param group " + describe(g));
+  uint64_t digest = 0;
+  for (const auto& t : text) digest = fnv1a(t, digest ^ 0x9e3779b97f4a7c15ull);
+  enum { kFailedRank, kDigest, kDigestNeg, kCount };
+  int64_t v[kCount];
+  v[kFailedRank] = local == nullptr ? INT64_MAX : group.rank();
+  v[kDigest] = static_cast<int64_t>(digest >> 1), v[kDigestNeg] = -v[kDigest];
+  const char* label = "zero_engine_finalize: the model-parallel group's settings";
+  group.control_min(v, kCount, label);
+  if (v[kFailedRank] != INT64_MAX) {
+    const int root = static_cast<int>(v[kFailedRank]);
+    int64_t status = local != nullptr ? local->status() : ZERO_OK;
+    group.control_broadcast(&status, sizeof status, root, label);
+    const std::string message = group.broadcast_text(local != nullptr ? local->what() : "", root, label);
+    if (local != nullptr) throw *local;
+    fail(ZERO_ERR_REMOTE, "model-parallel rank " + std::to_string(root) + " failed in zero_engine_finalize (" +
+                              status_name(static_cast<zero_status_t>(status)) + "): " + message);
+  }
+  if (v[kDigest] == -v[kDigestNeg]) return;
+  Difference d = first_difference(group, text, "model-parallel setting");
+  fail(ZERO_ERR_MISMATCH,
+       "zero_engine_finalize: the model-parallel ranks of one model replica must step alike, "
+       "but model-parallel rank 0 has " +
+           d.on_root + " and model-parallel rank " + std::to_string(d.rank) + " has " + d.on_rank +
+           " (the config, the param groups and the data-parallel size must be the same on every "
+           "rank of the job)");
 }
 
 }  // namespace zero

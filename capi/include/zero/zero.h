@@ -241,6 +241,20 @@ ZERO_API void zero_engine_abort(zero_engine_t* engine);
  * Results do not depend on it. Local. */
 ZERO_API zero_status_t zero_engine_set_num_threads(zero_engine_t* engine, int32_t threads);
 
+/* Since 0.4. ZeRO beside tensor or pipeline parallelism (docs/architecture.md, "ZeRO with tensor and pipeline
+ * parallelism"): the engine's own communicator is this rank's data-parallel group, and `mp_comm` its model-parallel
+ * group, the ranks holding the other parts of the same model replica (the same data-parallel rank in every tensor
+ * and pipeline position; Megatron's model-parallel group). With it, zero_step sums the gradient norm's squares over
+ * both groups and takes the same clip factor and the same non-finite skip on every rank of the job;
+ * zero_engine_finalize checks that the group's ranks have the same config, param groups and data-parallel size;
+ * zero_step, finalize and checkpoints agree over both groups, so a failure on any rank of the job is an error on
+ * every rank; checkpoints keep each model-parallel rank's files apart (mp_rank_XX, docs/checkpoint-format.md).
+ * Params that every model-parallel rank holds whole are marked ZERO_PARAM_MODEL_PARALLEL_REPLICATED. A group of
+ * one rank, or NULL, means none. Every rank of the job calls it, before zero_engine_finalize, with groups that form
+ * a grid with the data-parallel ones (every model-parallel group has one rank of every data-parallel group). The
+ * engine keeps its own reference to `mp_comm`, which may be shared with other engines and the framework. Local. */
+ZERO_API zero_status_t zero_engine_set_model_parallel(zero_engine_t* engine, zero_comm_t* mp_comm);
+
 /* A hyper-parameter value meaning "inherit from the config's optimizer.params". */
 #define ZERO_INHERIT (-1.0)
 
@@ -278,7 +292,12 @@ enum zero_param_flag {
    * 0-2 (as DeepSpeed keeps it), sharded at stage 3 and all-gathered with its unit by zero_gather. Checkpoints store
    * its bytes once (zero_save_options_t.exclude_frozen leaves them out). Whether a param is frozen is fixed at
    * registration: to train it later, register it again in a new engine and load a checkpoint. */
-  ZERO_PARAM_FROZEN = 1
+  ZERO_PARAM_FROZEN = 1,
+  /* Since 0.4. A trained param that every rank of the model-parallel group holds whole and equal (a LayerNorm, a
+   * row-parallel linear's bias: Megatron's params without `tensor_model_parallel`): its squares count once in the
+   * gradient norm, on model-parallel rank 0 (zero_engine_set_model_parallel); the other ranks still check it for
+   * non-finite values. Without a model-parallel group it changes nothing. */
+  ZERO_PARAM_MODEL_PARALLEL_REPLICATED = 2
 };
 
 /* A parameter to register. */
