@@ -32,7 +32,10 @@ int usage(FILE* out) {
                "                                          one safetensors file with every param by name (the\n"
                "                                          trained ones in --dtype, the frozen ones as they are;\n"
                "                                          --skip-frozen: the trained ones only)\n"
-               "TAG defaults to the one named in DIR/latest.\n");
+               "TAG defaults to the one named in DIR/latest. A checkpoint saved by a job with a model-parallel group\n"
+               "holds one part per model-parallel rank (TAG/mp_rank_XX): inspect and verify go through every part,\n"
+               "or the one --mp-rank R names; consolidate writes one part's params (--mp-rank R), as the job split\n"
+               "them.\n");
   return out == stdout ? 0 : 2;
 }
 
@@ -41,9 +44,10 @@ struct Checkpoint {
   ckpt::Manifest manifest;
 };
 
-// The checkpoint `dir`/`tag`, or the one `dir`/latest names; a tag that is no directory name of `dir` (a path out
-// of it, a control character) is refused as the engine refuses it.
-Checkpoint open_checkpoint(const std::string& dir, std::string tag) {
+// The parts of checkpoint `dir`/`tag`, or of the one `dir`/latest names: the tag's directory, or one per
+// model-parallel rank (all of them, or the `mp_rank`th); a tag that is no directory name of `dir` (a path out of it, a
+// control character) is refused as the engine refuses it.
+std::vector<Checkpoint> open_checkpoint(const std::string& dir, std::string tag, int mp_rank) {
   if (tag.empty()) {
     tag = ckpt::read_text_file(dir + "/latest");
     while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
@@ -52,10 +56,31 @@ Checkpoint open_checkpoint(const std::string& dir, std::string tag) {
   }
   const std::string problem = ckpt::tag_problem(tag);
   if (!problem.empty()) fail(ZERO_ERR_INVALID_ARGUMENT, "--tag: " + problem);
-  Checkpoint c;
-  c.path = dir + "/" + tag;
-  c.manifest = ckpt::read_manifest(c.path);
-  return c;
+  const std::string whole = dir + "/" + tag;
+  if (ckpt::path_exists(whole + "/manifest.json") ||
+      !ckpt::path_exists(whole + "/" + ckpt::model_parallel_dir_name(0) + "/manifest.json")) {
+    if (mp_rank > 0)
+      fail(ZERO_ERR_INVALID_ARGUMENT, "--mp-rank " + std::to_string(mp_rank) + ": '" + whole +
+                                          "' was saved without a model-parallel group (one part)");
+    return {Checkpoint{whole, ckpt::read_manifest(whole)}};
+  }
+  std::vector<Checkpoint> parts;
+  const int size = ckpt::read_manifest(whole + "/" + ckpt::model_parallel_dir_name(0)).model_parallel_size;
+  if (mp_rank >= size)
+    fail(ZERO_ERR_INVALID_ARGUMENT, "--mp-rank " + std::to_string(mp_rank) + ": '" + whole + "' has " +
+                                        std::to_string(size) + " model-parallel parts");
+  for (int r = 0; r < size; ++r) {
+    if (mp_rank >= 0 && r != mp_rank) continue;
+    const std::string path = whole + "/" + ckpt::model_parallel_dir_name(r);
+    parts.push_back(Checkpoint{path, ckpt::read_manifest(path)});
+    const ckpt::Manifest& m = parts.back().manifest;
+    if (m.model_parallel_size != size || m.model_parallel_rank != r)
+      fail(ZERO_ERR_CHECKPOINT_CORRUPT, "'" + path + "/manifest.json' is model-parallel rank " +
+                                            std::to_string(m.model_parallel_rank) + " of " +
+                                            std::to_string(m.model_parallel_size) + ", expected " + std::to_string(r) +
+                                            " of " + std::to_string(size));
+  }
+  return parts;
 }
 
 // Returns the number of bad files, printing each.
@@ -97,6 +122,9 @@ int inspect(const Checkpoint& c) {
   std::printf("tag         %s (libzero %s)\n", m.tag.c_str(), m.library_version.c_str());
   std::printf("saved by    %d ranks at ZeRO stage %d, after step %lld\n", m.world_size, m.stage,
               static_cast<long long>(m.step));
+  if (m.model_parallel_size > 1)
+    std::printf("part        model-parallel rank %d of %d (its data-parallel group's files)\n", m.model_parallel_rank,
+                m.model_parallel_size);
   std::printf("params      %zu tensors, %llu elements, trained in %s (fp32 master)\n", m.params.size(),
               static_cast<unsigned long long>(elements), m.param_dtype.c_str());
   if (frozen_params > 0)
@@ -195,10 +223,16 @@ int main(int argc, char** argv) {
   if (command == "--help" || command == "-h" || command == "help") return usage(stdout);
   std::string dir, tag, out, dtype_text;
   bool skip_frozen = false;
+  int mp_rank = -1;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--skip-frozen") {
       skip_frozen = true;
+    } else if (a == "--mp-rank" && i + 1 < argc) {
+      char* end = nullptr;
+      const long r = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || end == argv[i] || r < 0 || r > (1 << 24)) return usage(stderr);
+      mp_rank = static_cast<int>(r);
     } else if (a == "--tag" && i + 1 < argc) {
       tag = argv[++i];
     } else if (a == "--dtype" && i + 1 < argc) {
@@ -213,12 +247,21 @@ int main(int argc, char** argv) {
   }
   if (dir.empty()) return usage(stderr);
   try {
-    const Checkpoint c = open_checkpoint(dir, tag);
-    if (command == "inspect") return inspect(c);
+    const std::vector<Checkpoint> parts = open_checkpoint(dir, tag, mp_rank);
+    if (command == "inspect") {
+      int rc = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        if (i > 0) std::printf("\n");
+        rc |= inspect(parts[i]);
+      }
+      return rc;
+    }
     if (command == "verify") {
-      const int bad = verify(c, false);
+      int bad = 0;
+      size_t files = 0;
+      for (const Checkpoint& c : parts) bad += verify(c, false), files += c.manifest.files.size();
       if (bad == 0)
-        std::printf("all %zu files verified\n", c.manifest.files.size());
+        std::printf("all %zu files verified\n", files);
       else
         std::printf("%d corrupt file(s)\n", bad);
       return bad == 0 ? 0 : 1;
@@ -233,7 +276,14 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "zero-ckpt: --dtype must be fp32, bf16 or fp16\n");
         return 2;
       }
-      return consolidate(c, dtype, skip_frozen, out);
+      if (parts.size() != 1) {
+        std::fprintf(stderr,
+                     "zero-ckpt: '%s/%s' holds %zu model-parallel parts: consolidate one with --mp-rank R (its params "
+                     "as that rank holds them; merging tensor-parallel splits needs the model's split dims)\n",
+                     dir.c_str(), tag.empty() ? "<latest>" : tag.c_str(), parts.size());
+        return 2;
+      }
+      return consolidate(parts[0], dtype, skip_frozen, out);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "zero-ckpt: %s: %s\n", status_name(e.status()), e.what());

@@ -25,12 +25,17 @@ enum class CheckpointPhase : int64_t {
   kSaveDirectory = 1,      // rank 0 made the temporary directory
   kSaveShards = 2,         // every rank wrote and synced its shard files
   kSaveManifest = 3,       // rank 0 wrote the manifest and moved the directory into place
+  kSaveParts = 4,          // with a model-parallel group: every part's manifest is written (before the move)
   kConsolidatedOpen = 10,  // rank 0 opened the consolidated weights' file
   kConsolidatedDone = 11,  // every unit was gathered and written
   kLoadManifest = 0,       // the call's checks, the manifest, its fit with the registration; the same checkpoint
   kLoadVerify = 1,         // sizes and checksums of every file
   kLoadRead = 2,           // every rank read its element ranges
 };
+
+// The kinds of shard file, in the order of a rank's record of sizes and checksums.
+constexpr int kShardKinds = 4;
+inline constexpr const char* kShardKind[kShardKinds] = {"master", "optimizer", "params", "frozen"};
 
 class Checkpointer {
  public:
@@ -56,6 +61,12 @@ class Checkpointer {
   void require_step_boundary(bool backward_started) const;
   void check_tag(const std::string& tag) const;
   std::unique_ptr<Error> attempt(const std::function<void()>& body) const;
+  static int64_t digest(const std::string& text);
+  int model_parallel_size() const { return guard_.model_parallel() ? guard_.model_parallel()->size() : 1; }
+  int model_parallel_rank() const { return guard_.model_parallel() ? guard_.model_parallel()->rank() : 0; }
+  // Where this rank's part of checkpoint `dir`/`tag` is (the tag's directory, or its mp_rank_XX), checked against
+  // the layout the checkpoint has: a checkpoint of another model-parallel size is ZERO_ERR_MISMATCH naming both.
+  std::string part_to_load(const std::string& dir, const std::string& tag) const;
   void write_shard_files(const std::string& dir, bool with_frozen, std::vector<int64_t>& record);
   bool has_frozen() const;
   void write_consolidated(const std::string& path, uint64_t& bytes, uint64_t& xxh64);

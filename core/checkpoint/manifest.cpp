@@ -16,6 +16,12 @@ namespace ckpt {
 
 using json = nlohmann::json;
 
+std::string model_parallel_dir_name(int model_parallel_rank) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "mp_rank_%02d", model_parallel_rank);
+  return buffer;
+}
+
 std::string shard_file_name(const std::string& kind, int rank, int world_size) {
   char buffer[96];
   std::snprintf(buffer, sizeof buffer, "%s.rank%05d-of-%05d.safetensors", kind.c_str(), rank, world_size);
@@ -96,6 +102,7 @@ std::string Manifest::to_json() const {
                            {"beta2", g.beta2},
                            {"eps", g.eps}});
   if (frozen) j["frozen_params"] = frozen_saved ? "saved" : "excluded";
+  if (model_parallel_size > 1) j["model_parallel"] = {{"size", model_parallel_size}, {"rank", model_parallel_rank}};
   j["units"] = json::array();
   for (const auto& u : units) {
     json entry = {{"index", u.index},
@@ -199,6 +206,10 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
       if (saved != "saved" && saved != "excluded") throw std::runtime_error("frozen_params is '" + saved + "'");
       m.frozen_saved = saved == "saved";
     }
+    if (j.contains("model_parallel")) {
+      m.model_parallel_size = j.at("model_parallel").at("size").get<int>();
+      m.model_parallel_rank = j.at("model_parallel").at("rank").get<int>();
+    }
     for (const json& f : j.at("files")) {
       ManifestFile file;
       file.name = f.at("name").get<std::string>();
@@ -224,6 +235,10 @@ void Manifest::validate() const {
     if (!(std::isfinite(v) && v >= lo && v < hi)) bad(what + " is " + std::to_string(v));
   };
   if (world_size < 1 || world_size > (1 << 24)) bad("world_size is " + std::to_string(world_size));
+  if (model_parallel_size < 1 || model_parallel_size > (1 << 24))
+    bad("model_parallel.size is " + std::to_string(model_parallel_size));
+  if (model_parallel_rank < 0 || model_parallel_rank >= model_parallel_size)
+    bad("model_parallel.rank is " + std::to_string(model_parallel_rank) + " of " + std::to_string(model_parallel_size));
   if (stage < 0 || stage > 3) bad("stage is " + std::to_string(stage));
   if (step < 0) bad("step is " + std::to_string(step));
   if (param_dtype != "fp32" && param_dtype != "bf16" && param_dtype != "fp16") bad("param_dtype is " + param_dtype);

@@ -63,6 +63,9 @@ struct Manifest {
   std::vector<ManifestFile> files;
   // Format 3 with frozen params: whether their bytes were saved ("frozen" files) or left out (exclude_frozen).
   bool frozen_saved = true;
+  // A job with a model-parallel group saves one manifest per model-parallel rank, in TAG/mp_rank_XX; 1 and 0
+  // otherwise (and not written then).
+  int model_parallel_size = 1, model_parallel_rank = 0;
 
   bool has_frozen() const;
 
@@ -83,6 +86,8 @@ std::string tag_problem(const std::string& tag);
 
 // File names inside a checkpoint directory.
 std::string shard_file_name(const std::string& kind, int rank, int world_size);
+// The directory of one model-parallel rank's part inside TAG: "mp_rank_00", "mp_rank_01", ...
+std::string model_parallel_dir_name(int model_parallel_rank);
 
 // Writes `dir`/manifest.json and its checksum, `dir`/manifest.json.xxh64 (the XXH64 of manifest.json's bytes, 16
 // hex digits and a newline), each durably.
