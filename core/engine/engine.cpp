@@ -140,6 +140,7 @@ UnitInfo Engine::unit_info(int unit) const {
 void Engine::finalize() {
   CallScope scope(guard_, "zero_engine_finalize");
   Layout layout;
+  std::vector<char> counted_elsewhere;  // replicated params another model-parallel rank counts in the norm
   {
     // Every call's first exchange is the same fixed-size agreement, so that a rank in another collective call
     // (zero_comm_finalize, say) meets one of the same size and both learn of the divergence; the registration
@@ -178,8 +179,10 @@ void Engine::finalize() {
         if (comm_.failed() || model_parallel_ == nullptr) throw;
         data_parallel_error = std::make_unique<Error>(e);
       }
-      if (model_parallel_ != nullptr)
+      if (model_parallel_ != nullptr) {
         registration_.agree_across_model_parallel(*model_parallel_, config_, comm_.size(), data_parallel_error.get());
+        counted_elsewhere = registration_.replicas_counted_elsewhere(*model_parallel_);
+      }
     } catch (const Error& e) {
       // The exchange itself failed: the collective sequences are apart.
       if (comm_.failed() || (model_parallel_ != nullptr && model_parallel_->failed())) guard_.broken(e);
@@ -200,7 +203,7 @@ void Engine::finalize() {
         NormSettings norm;
         norm.needed_first = config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0;
         norm.widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
-        norm.count_replicated = model_parallel_rank() == 0;
+        norm.counted_elsewhere = counted_elsewhere;
         store_.allocate(registration_.params(), norm);
         FetchPolicy fetch;
         fetch.background_publish = config_.overlap_comm;

@@ -23,8 +23,8 @@ class Unit;
 struct NormSettings {
   bool needed_first = true;  // gradient clipping, or the skip of a non-finite step, decides with the norm
   bool widened = false;      // the reductions run in a dtype narrower than the accumulation dtype
-  // Params replicated across the model-parallel group count here (model-parallel rank 0, or no such group).
-  bool count_replicated = true;
+  // Per param, 1 where another model-parallel rank counts it (a replicated param); empty: every param counts here.
+  std::vector<char> counted_elsewhere;
 };
 
 class NormPlan {

@@ -1,17 +1,19 @@
 /*
- * ZeRO beside tensor parallelism: the ranks form a grid of T tensor-parallel (model-parallel) ranks by D data-parallel
- * ones (world rank r: tensor-parallel rank r % T, data-parallel rank r / T, as Megatron-LM places them). Each rank's
- * engine runs over its data-parallel group, with its model-parallel group given by zero_engine_set_model_parallel,
- * and holds its tensor-parallel part of a Megatron-style transformer layer: a vocab-parallel embedding and head (rows
- * split), column-parallel linears (output rows split, with their biases), row-parallel linears (input columns
- * split), and LayerNorms and row-parallel biases whole on every tensor-parallel rank
- * (ZERO_PARAM_MODEL_PARALLEL_REPLICATED).
+ * ZeRO beside tensor and pipeline parallelism: the ranks form a grid of M = T x P model-parallel ranks (T
+ * tensor-parallel ranks in each of P pipeline stages, tensor-parallel fastest) by D data-parallel ones: world rank r is
+ * model-parallel rank r % M (tensor-parallel rank r % M % T, stage r % M / T) and data-parallel rank r / M. Each
+ * rank's engine runs over its data-parallel group, with its model-parallel group given by
+ * zero_engine_set_model_parallel, and holds its part of a Megatron-style transformer layer: its stage's units (all
+ * four without a pipeline), in them its tensor-parallel part of a vocab-parallel embedding and head (rows split),
+ * column-parallel linears (output rows split, with their biases), row-parallel linears (input columns split), and
+ * LayerNorms and row-parallel biases whole on every tensor-parallel rank (ZERO_PARAM_MODEL_PARALLEL_REPLICATED).
  *
- *   mpirun -np T*D test_model_parallel --tp T --case CASE [--stage S] [--gas G] [--dir DIR]
+ *   mpirun -np T*P*D test_model_parallel --tp T [--pp P] --case CASE [--stage S] [--gas G] [--dir DIR]
  *
  * parity      every rank's part equals, bit for bit, the same elements of a single-process AdamW reference of the
  *             whole model on the whole job's averaged gradients, with clipping engaged on some steps: every rank
- *             clips by the norm of the whole model, its replicated params counted once.
+ *             clips by the norm of the whole model, its replicated params counted once. With a pipeline, the
+ *             micro-steps run as its 1F1B schedule does (the next micro-batch's forward before a backward).
  * overflow    fp16: one tensor-parallel rank of one data-parallel group writes an inf into a replicated param on
  *             one step and into a split param on another; every rank skips exactly those steps, with one loss
  *             scale, and the replicated params stay equal across tensor-parallel ranks.
@@ -58,7 +60,12 @@ static const MpParam kLayer[kParams] = {
     {"head.weight", 2, {kV, kH}, kRows, 3, 0},
 };
 
-static int g_tp = 1, g_tp_rank = 0;
+static int g_tp = 1, g_tp_rank = 0; /* tensor-parallel size and this rank's place */
+static int g_pp = 1, g_pp_rank = 0; /* pipeline stages and this rank's: stage s holds units s*U/P .. (s+1)*U/P-1 */
+
+static int stage_units(void) { return kUnits / g_pp; }
+static int holds(int p) { return kLayer[p].unit / stage_units() == g_pp_rank; }
+static int local_unit(int p) { return kLayer[p].unit - g_pp_rank * stage_units(); }
 static double g_clip = 0.3;
 static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
 
@@ -170,6 +177,8 @@ static void register_layer(zero_engine_t* engine, int32_t* ids, int provide_init
   int32_t group = -1;
   CHECK(zero_engine_add_param_group(&group, engine, &g));
   for (int p = 0; p < kParams; ++p) {
+    ids[p] = -1;
+    if (!holds(p)) continue;
     int64_t shape[2] = {local_extent(p, 0), kLayer[p].ndim == 2 ? local_extent(p, 1) : 0};
     if (shrink && p == 3) shape[0] -= 1;
     float* init = NULL;
@@ -181,28 +190,32 @@ static void register_layer(zero_engine_t* engine, int32_t* ids, int provide_init
     d.name = kLayer[p].name;
     d.ndim = kLayer[p].ndim;
     d.shape = shape;
-    d.unit = kLayer[p].unit;
+    d.unit = local_unit(p);
     d.group = kLayer[p].group;
     d.init_data = init;
     d.init_dtype = ZERO_DTYPE_FP32;
-    d.flags = kLayer[p].split == kWhole ? ZERO_PARAM_MODEL_PARALLEL_REPLICATED : 0;
+    /* Megatron's rule: whatever is not split across tensor-parallel ranks is a duplicate there. */
+    d.flags = kLayer[p].split == kWhole && g_tp > 1 ? ZERO_PARAM_MODEL_PARALLEL_REPLICATED : 0;
     CHECK(zero_engine_add_param(&ids[p], engine, &d));
   }
 }
 
-/* One micro-step of this rank: forward, then backward adding its part of data-parallel rank `dp`'s gradients. With
- * `ref`, the reference adds the whole job's (every data-parallel rank's) for the same micro-step. `poison` >= 0 writes
- * an inf into that param's first local element. */
-static void micro_step(zero_engine_t* engine, const int32_t* ids, int t, int k, int dp, int dp_size, float scale,
-                       Reference* ref, int poison) {
-  for (int u = 0; u < kUnits; ++u) {
+static void forward_pass(zero_engine_t* engine) {
+  for (int u = 0; u < stage_units(); ++u) {
     CHECK(zero_gather(engine, u));
     CHECK(zero_release(engine, u));
   }
-  for (int u = kUnits - 1; u >= 0; --u) {
+}
+
+/* The backward of one micro-step on this rank, adding its part of data-parallel rank `dp`'s gradients. With `ref`,
+ * the reference adds the whole job's (every data-parallel rank's) for the same micro-step. `poison` >= 0 writes an
+ * inf into that param's first local element. */
+static void backward_pass(zero_engine_t* engine, const int32_t* ids, int t, int k, int dp, int dp_size, float scale,
+                          Reference* ref, int poison) {
+  for (int u = stage_units() - 1; u >= 0; --u) {
     CHECK(zero_gather(engine, u));
     for (int p = kParams - 1; p >= 0; --p) {
-      if (kLayer[p].unit != u) continue;
+      if (!holds(p) || local_unit(p) != u) continue;
       float* grad = NULL;
       CHECK(zero_grad_data((void**)&grad, engine, ids[p]));
       for (size_t i = 0; i < local_numel(p); ++i) grad[i] += mp_grad(t, k, dp, p, whole_index(p, i)) * scale;
@@ -218,19 +231,24 @@ static void micro_step(zero_engine_t* engine, const int32_t* ids, int t, int k, 
         for (size_t i = 0; i < whole_numel(p); ++i) ref->g[p][i] += mp_grad(t, k, r, p, i);
 }
 
+static void micro_step(zero_engine_t* engine, const int32_t* ids, int t, int k, int dp, int dp_size, float scale,
+                       Reference* ref, int poison) {
+  forward_pass(engine);
+  backward_pass(engine, ids, t, k, dp, dp_size, scale, ref, poison);
+}
+
 static void expect_parts_equal(zero_engine_t* engine, const int32_t* ids, const Reference* ref, const char* when) {
-  for (int u = 0; u < kUnits; ++u) {
+  for (int u = 0; u < stage_units(); ++u) {
     CHECK(zero_gather(engine, u));
     for (int p = 0; p < kParams; ++p) {
-      if (kLayer[p].unit != u) continue;
+      if (!holds(p) || local_unit(p) != u) continue;
       const float* w = NULL;
       CHECK(zero_param_data((void**)&w, engine, ids[p]));
       for (size_t i = 0; i < local_numel(p); ++i) {
         const float want = ref->w[p][whole_index(p, i)];
         EXPECT(memcmp(&w[i], &want, sizeof want) == 0,
-               "%s: tensor-parallel rank %d: %s[%zu] (whole [%zu]) is %.9g, "
-               "reference %.9g",
-               when, g_tp_rank, kLayer[p].name, i, whole_index(p, i), w[i], want);
+               "%s: tensor-parallel rank %d, pipeline stage %d: %s[%zu] (whole [%zu]) is %.9g, reference %.9g", when,
+               g_tp_rank, g_pp_rank, kLayer[p].name, i, whole_index(p, i), w[i], want);
       }
     }
     CHECK(zero_release(engine, u));
@@ -239,21 +257,24 @@ static void expect_parts_equal(zero_engine_t* engine, const int32_t* ids, const 
 
 typedef struct {
   int world_rank, dp, dp_size;
-  MPI_Comm dp_mpi, mp_mpi;
+  MPI_Comm dp_mpi, mp_mpi, tp_mpi; /* tp_mpi: the tensor-parallel ranks of this rank's pipeline stage */
   zero_comm_t *dp_comm, *mp_comm;
 } Grid;
 
-/* The first `ranks` world ranks as a grid of g_tp x (ranks / g_tp); the others get MPI_COMM_NULL. */
+/* The first `ranks` world ranks as a grid of (g_tp x g_pp) model-parallel ranks (tensor-parallel fastest) by
+ * ranks / (g_tp x g_pp) data-parallel ones; the others get MPI_COMM_NULL. */
 static Grid make_grid(int ranks) {
   Grid g;
   memset(&g, 0, sizeof g);
   MPI_Comm_rank(MPI_COMM_WORLD, &g.world_rank);
-  const int in = g.world_rank < ranks;
-  g_tp_rank = g.world_rank % g_tp;
-  g.dp = g.world_rank / g_tp;
-  g.dp_size = ranks / g_tp;
-  MPI_Comm_split(MPI_COMM_WORLD, in ? g_tp_rank : MPI_UNDEFINED, g.dp, &g.dp_mpi);
-  MPI_Comm_split(MPI_COMM_WORLD, in ? g.dp : MPI_UNDEFINED, g_tp_rank, &g.mp_mpi);
+  const int in = g.world_rank < ranks, mp = g_tp * g_pp, mp_rank = g.world_rank % mp;
+  g_tp_rank = mp_rank % g_tp;
+  g_pp_rank = mp_rank / g_tp;
+  g.dp = g.world_rank / mp;
+  g.dp_size = ranks / mp;
+  MPI_Comm_split(MPI_COMM_WORLD, in ? mp_rank : MPI_UNDEFINED, g.dp, &g.dp_mpi);
+  MPI_Comm_split(MPI_COMM_WORLD, in ? g.dp : MPI_UNDEFINED, mp_rank, &g.mp_mpi);
+  if (in) MPI_Comm_split(g.mp_mpi, g_pp_rank, g_tp_rank, &g.tp_mpi);
   if (in) {
     CHECK(zero_comm_create_mpi(&g.dp_comm, (int64_t)MPI_Comm_c2f(g.dp_mpi)));
     CHECK(zero_comm_create_mpi(&g.mp_comm, (int64_t)MPI_Comm_c2f(g.mp_mpi)));
@@ -269,6 +290,7 @@ static void free_grid(Grid* g) {
   zero_comm_destroy(g->mp_comm);
   MPI_Comm_free(&g->dp_mpi);
   MPI_Comm_free(&g->mp_mpi);
+  MPI_Comm_free(&g->tp_mpi);
 }
 
 static zero_engine_t* make_engine(const Grid* g, int stage, int gas, double clip, int32_t* ids) {
@@ -288,7 +310,15 @@ static int train(zero_engine_t* engine, const int32_t* ids, const Grid* g, Refer
                  int last) {
   int clipped = 0;
   for (int t = first; t <= last; ++t) {
-    for (int k = 0; k < gas; ++k) micro_step(engine, ids, t, k, g->dp, g->dp_size, 1.0f, ref, -1);
+    if (g_pp == 1) {
+      for (int k = 0; k < gas; ++k) micro_step(engine, ids, t, k, g->dp, g->dp_size, 1.0f, ref, -1);
+    } else { /* a pipeline's schedule (1F1B): the next micro-batch's forward before this one's backward */
+      forward_pass(engine);
+      for (int k = 0; k < gas; ++k) {
+        if (k + 1 < gas) forward_pass(engine);
+        backward_pass(engine, ids, t, k, g->dp, g->dp_size, 1.0f, ref, -1);
+      }
+    }
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
     CHECK(zero_step(&info, engine));
     const double norm = reference_step(ref, t, g->dp_size * gas);
@@ -311,9 +341,9 @@ static void case_parity(int world, int stage, int gas) {
   EXPECT(clipped > 0 && clipped < kSteps, "clipping engaged on %d of %d steps", clipped, kSteps);
   if (g.world_rank == 0)
     printf(
-        "model-parallel parity ok: %d tensor-parallel x %d data-parallel ranks, stage %d, gas %d, %d steps (%d "
-        "clipped), every part bit-identical to the whole model's reference\n",
-        g_tp, g.dp_size, stage, gas, kSteps, clipped);
+        "model-parallel parity ok: %d tensor-parallel x %d pipeline x %d data-parallel ranks, stage %d, gas %d, %d "
+        "steps (%d clipped), every part bit-identical to the whole model's reference\n",
+        g_tp, g_pp, g.dp_size, stage, gas, kSteps, clipped);
   zero_engine_destroy(engine);
   free_grid(&g);
 }
@@ -322,14 +352,20 @@ static void case_overflow(int world, int stage) {
   Grid g = make_grid(world);
   int32_t ids[kParams];
   zero_engine_t* engine = make_engine(&g, stage, 1, g_clip, ids);
-  const int poison_rank = world - 1; /* the last tensor-parallel rank of the last data-parallel group */
+  const int poison_rank = world - 1; /* the last model-parallel rank of the last data-parallel group */
+  /* Step 2: a replicated param (counted on the first tensor-parallel rank of its stage only, checked everywhere);
+   * step 4: a split one. */
+  int replicated = -1, split = -1;
+  for (int p = 0; p < kParams; ++p) {
+    if (!holds(p)) continue;
+    if (kLayer[p].split == kWhole && replicated < 0) replicated = p;
+    if (kLayer[p].split != kWhole && split < 0) split = p;
+  }
   int skipped_steps = 0;
   for (int t = 1; t <= 6; ++t) {
     double scale = 0;
     CHECK(zero_loss_scale(&scale, engine));
-    /* Step 2: a replicated LayerNorm weight (counted on model-parallel rank 0 only, checked everywhere); step 4: a
-     * tensor-parallel split weight. */
-    const int poison = g.world_rank != poison_rank ? -1 : t == 2 ? 1 : t == 4 ? 3 : -1;
+    const int poison = g.world_rank != poison_rank ? -1 : t == 2 ? replicated : t == 4 ? split : -1;
     micro_step(engine, ids, t, 0, g.dp, g.dp_size, (float)scale, NULL, poison);
     zero_step_info_t info = ZERO_STEP_INFO_INIT;
     CHECK(zero_step(&info, engine));
@@ -347,15 +383,15 @@ static void case_overflow(int world, int stage) {
     skipped_steps += info.skipped;
   }
   /* The replicated params must be the same bits on every tensor-parallel rank. */
-  for (int u = 0; u < kUnits; ++u) {
+  for (int u = 0; u < stage_units(); ++u) {
     CHECK(zero_gather(engine, u));
     for (int p = 0; p < kParams; ++p) {
-      if (kLayer[p].split != kWhole || kLayer[p].unit != u) continue;
+      if (!holds(p) || kLayer[p].split != kWhole || local_unit(p) != u) continue;
       uint16_t* w = NULL;
       CHECK(zero_param_data((void**)&w, engine, ids[p]));
       uint16_t first[kH];
       memcpy(first, w, sizeof first);
-      MPI_Bcast(first, kH, MPI_UINT16_T, 0, g.mp_mpi);
+      MPI_Bcast(first, kH, MPI_UINT16_T, 0, g.tp_mpi);
       EXPECT(memcmp(first, w, sizeof first) == 0, "%s differs between tensor-parallel ranks", kLayer[p].name);
     }
     CHECK(zero_release(engine, u));
@@ -387,7 +423,8 @@ static void case_finalize_mismatch(int world, const char* which) {
   const char* message = zero_last_error();
   free_init();
   EXPECT(st != ZERO_OK, "%s: finalize succeeded on world rank %d", which, g.world_rank);
-  const int odd_group = g_tp_rank == odd_rank % g_tp; /* the data-parallel group of the odd rank */
+  /* the data-parallel group of the odd rank */
+  const int odd_group = g.world_rank % (g_tp * g_pp) == odd_rank % (g_tp * g_pp);
   if (strcmp(which, "clip-differs") == 0)
     EXPECT(st == ZERO_ERR_MISMATCH && strstr(message, "gradient_clipping") != NULL &&
                strstr(message, "model-parallel rank 1") != NULL,
@@ -410,7 +447,7 @@ static void case_failure(int world, const char* which) {
   Grid g = make_grid(world);
   int32_t ids[kParams];
   zero_engine_t* engine = make_engine(&g, 2, 1, g_clip, ids);
-  const int failing = world == 4 ? 2 : 3; /* data-parallel rank 1 */
+  const int failing = g_tp * g_pp; /* data-parallel rank 1, model-parallel rank 0 */
   micro_step(engine, ids, 1, 0, g.dp, g.dp_size, 1.0f, NULL, -1);
   if (g.world_rank == failing) {
     char spec[64];
@@ -508,6 +545,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--tp") == 0)
       g_tp = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--pp") == 0)
+      g_pp = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--stage") == 0)
       stage = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--gas") == 0)
@@ -521,8 +560,8 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (g_tp < 1 || world % g_tp != 0 || world > 64) {
-    fprintf(stderr, "--tp must divide the rank count (at most 64)\n");
+  if (g_tp < 1 || g_pp < 1 || kUnits % g_pp != 0 || world % (g_tp * g_pp) != 0 || world > 64) {
+    fprintf(stderr, "--tp x --pp must divide the rank count (at most 64), --pp the 4 units\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   if (strcmp(which, "parity") == 0) {

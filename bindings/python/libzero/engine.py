@@ -117,6 +117,7 @@ class Engine:
         *,
         frozen: bool = False,
         dtype: str | None = None,
+        model_parallel_replicated: bool = False,
     ) -> int:
         """Registers a param; returns its id (0, 1, ... in call order). ``unit``: its gather unit (units are
         numbered in forward order). ``init``: initial values (read on rank 0 at finalize; float32 keeps bf16/fp16
@@ -125,7 +126,11 @@ class Engine:
         ``frozen=True``: a param the optimizer does not train (ZERO_PARAM_FROZEN): no gradient, master or optimizer
         state; whole on every rank at stages 0-2, sharded at stage 3. It keeps ``dtype`` ("fp32", "bf16", "fp16",
         "fp64", "int64", "uint8", "int8", "bytes"; by default ``init``'s, else the compute dtype), its bytes never
-        converted."""
+        converted.
+
+        ``model_parallel_replicated=True``: a param every rank of the model-parallel group holds whole and equal
+        (ZERO_PARAM_MODEL_PARALLEL_REPLICATED: a LayerNorm or a row-parallel bias beside tensor-parallel linears),
+        counted once in the gradient norm (:meth:`set_model_parallel`)."""
         dims = [int(shape)] if isinstance(shape, int) else [int(d) for d in shape]
         init_array = None
         init_code = -1
@@ -160,12 +165,25 @@ class Engine:
                     f"{math.prod(dims)}"
                 )
             init_code = code_of_array(init_array, self._param_dtype)
-        pid = int(self._n.add_param(name, dims, int(unit), int(group), init_array, init_code, frozen_code))
+        pid = int(
+            self._n.add_param(
+                name, dims, int(unit), int(group), init_array, init_code, frozen_code, bool(model_parallel_replicated)
+            )
+        )
         self._names.append(name)
         self._ids[name] = pid
         self._inits.append(init_array)
         self._ready.append(0)
         return pid
+
+    def set_model_parallel(self, group: Comm | None) -> None:
+        """ZeRO beside tensor or pipeline parallelism: this engine's communicator is its data-parallel group and
+        ``group`` its model-parallel group (the ranks holding the other parts of the same model replica). The
+        gradient norm, the clip and the non-finite skip then span the whole job, finalize checks the group's
+        settings, and checkpoints keep each model-parallel rank's part apart (``mp_rank_XX``). Before
+        :meth:`finalize`, on every rank; None (or a group of one rank): none."""
+        self._n.set_model_parallel(group._native if group is not None else None)
+        self._model_parallel = group  # kept alive beside the engine's own reference
 
     def finalize(self) -> None:
         """Checks that every rank registered the same params and config, lays out and allocates the shards and

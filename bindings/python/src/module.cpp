@@ -359,6 +359,10 @@ class Engine {
   }
   void abort() { zero_engine_abort(engine_ != nullptr ? engine_ : closing_); }
   void set_num_threads(int32_t threads) { check(zero_engine_set_num_threads(get(), threads), engine_); }
+  // zero_engine_set_model_parallel; None: no model-parallel group.
+  void set_model_parallel(const Comm* group) {
+    check(zero_engine_set_model_parallel(get(), group != nullptr ? group->get() : nullptr), engine_);
+  }
 
   int32_t add_param_group(const std::optional<std::string>& name, double lr, double weight_decay, double beta1,
                           double beta2, double eps) {
@@ -378,9 +382,9 @@ class Engine {
   // `init`: a C-contiguous array of the values (any of the engine's dtypes, named by init_dtype), or None. It is
   // read in finalize on rank 0, so the caller keeps it alive until then (libzero.Engine does).
   // `frozen_dtype`: -2 for a trained param; otherwise the param is frozen (ZERO_PARAM_FROZEN) and kept in that
-  // zero_dtype_t (-1: the compute dtype).
+  // zero_dtype_t (-1: the compute dtype). `replicated`: ZERO_PARAM_MODEL_PARALLEL_REPLICATED.
   int32_t add_param(const std::string& name, const std::vector<int64_t>& shape, int32_t unit, int32_t group,
-                    const py::object& init, int32_t init_dtype, int32_t frozen_dtype) {
+                    const py::object& init, int32_t init_dtype, int32_t frozen_dtype, bool replicated) {
     zero_param_desc_t desc;
     check(zero_param_desc_init(&desc, sizeof desc));
     desc.name = name.c_str();
@@ -392,6 +396,7 @@ class Engine {
       desc.flags = ZERO_PARAM_FROZEN;
       desc.dtype = frozen_dtype;
     }
+    if (replicated) desc.flags |= ZERO_PARAM_MODEL_PARALLEL_REPLICATED;
     if (!init.is_none()) {
       const py::buffer_info info = init.cast<py::buffer>().request();
       desc.init_data = info.ptr;
@@ -496,6 +501,7 @@ class Engine {
     d["param_dtype"] = dtype_name(info.param_dtype);
     d["grad_dtype"] = dtype_name(info.grad_dtype);
     d["frozen"] = (info.flags & ZERO_PARAM_FROZEN) != 0;
+    d["model_parallel_replicated"] = (info.flags & ZERO_PARAM_MODEL_PARALLEL_REPLICATED) != 0;
     return d;
   }
 
@@ -717,6 +723,7 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &Engine::close)
       .def("abort", &Engine::abort)
       .def("set_num_threads", &Engine::set_num_threads)
+      .def("set_model_parallel", &Engine::set_model_parallel, py::arg("group").none(true))
       .def("add_param_group", &Engine::add_param_group)
       .def("add_param", &Engine::add_param)
       .def("finalize", &Engine::finalize)

@@ -293,9 +293,10 @@ enum zero_param_flag {
    * its bytes once (zero_save_options_t.exclude_frozen leaves them out). Whether a param is frozen is fixed at
    * registration: to train it later, register it again in a new engine and load a checkpoint. */
   ZERO_PARAM_FROZEN = 1,
-  /* Since 0.4. A trained param that every rank of the model-parallel group holds whole and equal (a LayerNorm, a
-   * row-parallel linear's bias: Megatron's params without `tensor_model_parallel`): its squares count once in the
-   * gradient norm, on model-parallel rank 0 (zero_engine_set_model_parallel); the other ranks still check it for
+  /* Since 0.4. A trained param that several ranks of the model-parallel group hold whole and equal, under one name
+   * (a LayerNorm, a row-parallel linear's bias: Megatron's params without `tensor_model_parallel`, held by every
+   * tensor-parallel rank of their pipeline stage): its squares count once in the gradient norm, on the lowest
+   * model-parallel rank that registered it (zero_engine_set_model_parallel); the others still check it for
    * non-finite values. Without a model-parallel group it changes nothing. */
   ZERO_PARAM_MODEL_PARALLEL_REPLICATED = 2
 };
