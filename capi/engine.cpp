@@ -105,11 +105,11 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
       zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": desc->" + (d.reserved != 0 ? "reserved" : "reserved2") +
                                            " is not 0 (a field this libzero does not know; initialise the struct "
                                            "with zero_param_desc_init)");
-    const uint32_t known = ZERO_PARAM_FROZEN | ZERO_PARAM_MODEL_PARALLEL_REPLICATED;
+    const uint32_t known = ZERO_PARAM_FROZEN | ZERO_PARAM_MODEL_PARALLEL_DUPLICATE;
     if ((d.flags & ~known) != 0)
       zero::fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": desc->flags has bits this libzero does not know (" +
                                            std::to_string(d.flags) +
-                                           "; ZERO_PARAM_FROZEN is 1, ZERO_PARAM_MODEL_PARALLEL_REPLICATED 2)");
+                                           "; ZERO_PARAM_FROZEN is 1, ZERO_PARAM_MODEL_PARALLEL_DUPLICATE 2)");
     require_arg(d.ndim >= 0 && d.ndim <= ZERO_MAX_NDIM, call, "desc->ndim must be in 0..ZERO_MAX_NDIM (8)");
     require_arg(d.ndim == 0 || d.shape != nullptr, call, "desc->shape is NULL but desc->ndim > 0");
     const bool frozen = (d.flags & ZERO_PARAM_FROZEN) != 0;
@@ -118,7 +118,7 @@ ZERO_API zero_status_t zero_engine_add_param(int32_t* out_param, zero_engine_t* 
     shape.dims.assign(d.shape, d.shape + d.ndim);
     shape.unit = d.unit;
     shape.group = d.group;
-    shape.model_parallel_replicated = (d.flags & ZERO_PARAM_MODEL_PARALLEL_REPLICATED) != 0;
+    shape.model_parallel_duplicate = (d.flags & ZERO_PARAM_MODEL_PARALLEL_DUPLICATE) != 0;
     zero::ParamInit init;
     init.data = d.init_data;
     if (frozen) {

@@ -142,7 +142,7 @@ ZERO_API zero_status_t zero_param_info(zero_param_info_t* out_info, const zero_e
     info.numel = p.numel();
     info.unit = p.unit;
     info.group = p.group;
-    if (p.model_parallel_replicated) info.flags |= ZERO_PARAM_MODEL_PARALLEL_REPLICATED;
+    if (p.model_parallel_duplicate) info.flags |= ZERO_PARAM_MODEL_PARALLEL_DUPLICATE;
     if (p.frozen) {
       info.flags |= ZERO_PARAM_FROZEN;
       info.param_dtype = static_cast<int32_t>(p.stored);

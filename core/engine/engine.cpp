@@ -140,7 +140,6 @@ UnitInfo Engine::unit_info(int unit) const {
 void Engine::finalize() {
   CallScope scope(guard_, "zero_engine_finalize");
   Layout layout;
-  std::vector<char> counted_elsewhere;  // replicated params another model-parallel rank counts in the norm
   {
     // Every call's first exchange is the same fixed-size agreement, so that a rank in another collective call
     // (zero_comm_finalize, say) meets one of the same size and both learn of the divergence; the registration
@@ -179,10 +178,8 @@ void Engine::finalize() {
         if (comm_.failed() || model_parallel_ == nullptr) throw;
         data_parallel_error = std::make_unique<Error>(e);
       }
-      if (model_parallel_ != nullptr) {
+      if (model_parallel_ != nullptr)
         registration_.agree_across_model_parallel(*model_parallel_, config_, comm_.size(), data_parallel_error.get());
-        counted_elsewhere = registration_.replicas_counted_elsewhere(*model_parallel_);
-      }
     } catch (const Error& e) {
       // The exchange itself failed: the collective sequences are apart.
       if (comm_.failed() || (model_parallel_ != nullptr && model_parallel_->failed())) guard_.broken(e);
@@ -203,7 +200,7 @@ void Engine::finalize() {
         NormSettings norm;
         norm.needed_first = config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0;
         norm.widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
-        norm.counted_elsewhere = counted_elsewhere;
+        norm.duplicates_elsewhere = model_parallel_ != nullptr;
         store_.allocate(registration_.params(), norm);
         FetchPolicy fetch;
         fetch.background_publish = config_.overlap_comm;

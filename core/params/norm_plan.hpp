@@ -23,8 +23,8 @@ class Unit;
 struct NormSettings {
   bool needed_first = true;  // gradient clipping, or the skip of a non-finite step, decides with the norm
   bool widened = false;      // the reductions run in a dtype narrower than the accumulation dtype
-  // Per param, 1 where another model-parallel rank counts it (a replicated param); empty: every param counts here.
-  std::vector<char> counted_elsewhere;
+  // Params another model-parallel rank counts (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE, with a model-parallel group).
+  bool duplicates_elsewhere = false;
 };
 
 class NormPlan {

@@ -60,10 +60,10 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params, const NormS
     unit.update_segments = layout_.segments(static_cast<int>(u), up.update_begin, up.update_elems, params);
     unit.norm_segments = layout_.segments(static_cast<int>(u), up.norm_begin, layout_.units[u].shard_elems, params);
     unit.replica_segments.clear();
-    if (!norm.counted_elsewhere.empty()) {
+    if (norm.duplicates_elsewhere) {
       std::vector<ShardSegment> counted;
       for (const ShardSegment& s : unit.norm_segments)
-        (norm.counted_elsewhere[static_cast<size_t>(s.param)] ? unit.replica_segments : counted).push_back(s);
+        (params[s.param].model_parallel_duplicate ? unit.replica_segments : counted).push_back(s);
       unit.norm_segments = std::move(counted);
     }
     unit.start(up.sharded_params(), up.gathered_frozen_offset);

@@ -53,9 +53,6 @@ class Registration {
   // above. Throws on every rank of the group or returns on all.
   void agree_across_model_parallel(EngineComm& group, const Config& config, int data_parallel_size,
                                    const Error* local_error) const;
-  // finalize, with a model-parallel group: per param, 1 where a lower model-parallel rank registered a replicated
-  // param (ZERO_PARAM_MODEL_PARALLEL_REPLICATED) of the same name and counts it in the norm. Collective over `group`.
-  std::vector<char> replicas_counted_elsewhere(EngineComm& group) const;
 
  private:
   std::vector<GroupSpec> groups_;

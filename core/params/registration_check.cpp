@@ -2,7 +2,6 @@
 // would otherwise issue collectives of different sizes or counts and hang, or silently train different replicas;
 // instead every rank exchanges fixed-size digests first and, on a difference, every rank learns which param,
 // group or config key differs and what each side has.
-#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <sstream>
@@ -24,7 +23,7 @@ std::string describe(const ParamShape& p) {
   for (size_t i = 0; i < p.dims.size(); ++i) os << (i ? ", " : "") << p.dims[i];
   os << "] unit " << p.unit << " group " << p.group;
   if (p.frozen) os << " frozen " << stored_name(p.stored);
-  if (p.model_parallel_replicated) os << " replicated across model-parallel ranks";
+  if (p.model_parallel_duplicate) os << " (a model-parallel duplicate)";
   return os.str();
 }
 
@@ -176,31 +175,6 @@ void Registration::agree_across_model_parallel(EngineComm& group, const Config& 
            d.on_root + " and model-parallel rank " + std::to_string(d.rank) + " has " + d.on_rank +
            " (the config, the param groups and the data-parallel size must be the same on every "
            "rank of the job)");
-}
-
-// A param replicated across model-parallel ranks is held by some of them: by all with tensor parallelism alone, by
-// the tensor-parallel ranks of its pipeline stage beside pipeline parallelism. Each is counted in the norm on the
-// lowest model-parallel rank that registered one of its name, so every rank exchanges the names' digests.
-std::vector<char> Registration::replicas_counted_elsewhere(EngineComm& group) const {
-  std::vector<uint64_t> mine;
-  for (const auto& p : params_)
-    if (p.model_parallel_replicated && !p.frozen) mine.push_back(fnv1a(p.name));
-  const char* label = "zero_engine_finalize: the model-parallel ranks' replicated params";
-  std::vector<int64_t> counts(static_cast<size_t>(group.size()), 0);
-  counts[static_cast<size_t>(group.rank())] = static_cast<int64_t>(mine.size());
-  group.control_all_gather(counts.data(), sizeof(int64_t), label);
-  std::vector<uint64_t> lower;  // digests registered by lower model-parallel ranks
-  for (int r = 0; r < group.size(); ++r) {
-    std::vector<uint64_t> theirs = r == group.rank() ? mine : std::vector<uint64_t>(static_cast<size_t>(counts[r]));
-    if (!theirs.empty()) group.control_broadcast(theirs.data(), theirs.size() * sizeof(uint64_t), r, label);
-    if (r < group.rank()) lower.insert(lower.end(), theirs.begin(), theirs.end());
-  }
-  std::sort(lower.begin(), lower.end());
-  std::vector<char> elsewhere(params_.size(), 0);
-  for (size_t p = 0; p < params_.size(); ++p)
-    if (params_[p].model_parallel_replicated && !params_[p].frozen)
-      elsewhere[p] = std::binary_search(lower.begin(), lower.end(), fnv1a(params_[p].name)) ? 1 : 0;
-  return elsewhere;
 }
 
 }  // namespace zero

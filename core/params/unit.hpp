@@ -36,8 +36,9 @@ class Unit {
   Buffer state[2];  // fp32 optimizer state of what this rank updates
   std::vector<ShardSegment> update_segments;  // what the optimizer updates, relative to UnitPlan::update_begin
   std::vector<ShardSegment> norm_segments;    // what this rank adds to the norm, relative to UnitPlan::norm_begin
-  // Runs of replicated params (ZERO_PARAM_MODEL_PARALLEL_REPLICATED) another model-parallel rank counts in the norm:
-  // left out of norm_segments here, checked for non-finite values; relative to UnitPlan::norm_begin.
+  // Runs of params another model-parallel rank counts in the norm (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE, with a
+  // model-parallel group): left out of norm_segments here, checked for non-finite values; relative to
+  // UnitPlan::norm_begin.
   std::vector<ShardSegment> replica_segments;
 
   // At finalize: full params are resident, sharded ones start as this rank's shard. A gathered buffer of a sharded

@@ -36,8 +36,8 @@ struct ParamShape {
   // ZERO_PARAM_FROZEN: stored as bytes of `stored` elements beside the unit's trained params, never converted.
   bool frozen = false;
   StoredType stored = StoredType::kF32;
-  // ZERO_PARAM_MODEL_PARALLEL_REPLICATED: whole and equal on every model-parallel rank; counted once in the norm.
-  bool model_parallel_replicated = false;
+  // ZERO_PARAM_MODEL_PARALLEL_DUPLICATE: another model-parallel rank's copy counts in the norm, not this one.
+  bool model_parallel_duplicate = false;
   size_t numel() const;  // SIZE_MAX when the product overflows (or an extent is negative)
 };
 

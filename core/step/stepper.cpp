@@ -67,8 +67,8 @@ double Stepper::local_sum_squares(ParameterStore& store, const std::function<con
       sum_sq += parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size, grad_size, s.numel,
                                      threads_, norm_scratch_.data());
   }
-  // Params replicated across the model-parallel group are counted on its rank 0; here they only say whether they are
-  // finite, so that an overflow on any rank skips the step everywhere.
+  // Duplicates of params another model-parallel rank counts only say here whether they are finite, so that an
+  // overflow on any rank skips the step everywhere.
   for (int u = 0; u < store.num_units(); ++u) {
     const std::vector<ShardSegment>& replicas = store.unit(u).replica_segments;
     if (replicas.empty()) continue;

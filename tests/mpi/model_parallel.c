@@ -6,7 +6,8 @@
  * zero_engine_set_model_parallel, and holds its part of a Megatron-style transformer layer: its stage's units (all
  * four without a pipeline), in them its tensor-parallel part of a vocab-parallel embedding and head (rows split),
  * column-parallel linears (output rows split, with their biases), row-parallel linears (input columns split), and
- * LayerNorms and row-parallel biases whole on every tensor-parallel rank (ZERO_PARAM_MODEL_PARALLEL_REPLICATED).
+ * LayerNorms and row-parallel biases whole on every tensor-parallel rank (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE on
+ * tensor-parallel ranks other than 0).
  *
  *   mpirun -np T*P*D test_model_parallel --tp T [--pp P] --case CASE [--stage S] [--gas G] [--dir DIR]
  *
@@ -194,8 +195,8 @@ static void register_layer(zero_engine_t* engine, int32_t* ids, int provide_init
     d.group = kLayer[p].group;
     d.init_data = init;
     d.init_dtype = ZERO_DTYPE_FP32;
-    /* Megatron's rule: whatever is not split across tensor-parallel ranks is a duplicate there. */
-    d.flags = kLayer[p].split == kWhole && g_tp > 1 ? ZERO_PARAM_MODEL_PARALLEL_REPLICATED : 0;
+    /* Megatron's rule: what is not split across tensor-parallel ranks counts on the first of them. */
+    d.flags = kLayer[p].split == kWhole && g_tp_rank > 0 ? ZERO_PARAM_MODEL_PARALLEL_DUPLICATE : 0;
     CHECK(zero_engine_add_param(&ids[p], engine, &d));
   }
 }
@@ -353,7 +354,7 @@ static void case_overflow(int world, int stage) {
   int32_t ids[kParams];
   zero_engine_t* engine = make_engine(&g, stage, 1, g_clip, ids);
   const int poison_rank = world - 1; /* the last model-parallel rank of the last data-parallel group */
-  /* Step 2: a replicated param (counted on the first tensor-parallel rank of its stage only, checked everywhere);
+  /* Step 2: a replicated param (counted on the first tensor-parallel rank of its stage, checked everywhere);
    * step 4: a split one. */
   int replicated = -1, split = -1;
   for (int p = 0; p < kParams; ++p) {

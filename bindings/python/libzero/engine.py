@@ -117,7 +117,7 @@ class Engine:
         *,
         frozen: bool = False,
         dtype: str | None = None,
-        model_parallel_replicated: bool = False,
+        model_parallel_duplicate: bool = False,
     ) -> int:
         """Registers a param; returns its id (0, 1, ... in call order). ``unit``: its gather unit (units are
         numbered in forward order). ``init``: initial values (read on rank 0 at finalize; float32 keeps bf16/fp16
@@ -128,9 +128,9 @@ class Engine:
         "fp64", "int64", "uint8", "int8", "bytes"; by default ``init``'s, else the compute dtype), its bytes never
         converted.
 
-        ``model_parallel_replicated=True``: a param every rank of the model-parallel group holds whole and equal
-        (ZERO_PARAM_MODEL_PARALLEL_REPLICATED: a LayerNorm or a row-parallel bias beside tensor-parallel linears),
-        counted once in the gradient norm (:meth:`set_model_parallel`)."""
+        ``model_parallel_duplicate=True``: this rank's copy of a param another model-parallel rank holds whole and
+        counts in the gradient norm (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE: a LayerNorm or a row-parallel bias on
+        tensor-parallel ranks other than 0, Megatron's rule), left out of the norm here (:meth:`set_model_parallel`)."""
         dims = [int(shape)] if isinstance(shape, int) else [int(d) for d in shape]
         init_array = None
         init_code = -1
@@ -167,7 +167,7 @@ class Engine:
             init_code = code_of_array(init_array, self._param_dtype)
         pid = int(
             self._n.add_param(
-                name, dims, int(unit), int(group), init_array, init_code, frozen_code, bool(model_parallel_replicated)
+                name, dims, int(unit), int(group), init_array, init_code, frozen_code, bool(model_parallel_duplicate)
             )
         )
         self._names.append(name)

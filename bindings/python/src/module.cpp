@@ -382,9 +382,9 @@ class Engine {
   // `init`: a C-contiguous array of the values (any of the engine's dtypes, named by init_dtype), or None. It is
   // read in finalize on rank 0, so the caller keeps it alive until then (libzero.Engine does).
   // `frozen_dtype`: -2 for a trained param; otherwise the param is frozen (ZERO_PARAM_FROZEN) and kept in that
-  // zero_dtype_t (-1: the compute dtype). `replicated`: ZERO_PARAM_MODEL_PARALLEL_REPLICATED.
+  // zero_dtype_t (-1: the compute dtype). `duplicate`: ZERO_PARAM_MODEL_PARALLEL_DUPLICATE.
   int32_t add_param(const std::string& name, const std::vector<int64_t>& shape, int32_t unit, int32_t group,
-                    const py::object& init, int32_t init_dtype, int32_t frozen_dtype, bool replicated) {
+                    const py::object& init, int32_t init_dtype, int32_t frozen_dtype, bool duplicate) {
     zero_param_desc_t desc;
     check(zero_param_desc_init(&desc, sizeof desc));
     desc.name = name.c_str();
@@ -396,7 +396,7 @@ class Engine {
       desc.flags = ZERO_PARAM_FROZEN;
       desc.dtype = frozen_dtype;
     }
-    if (replicated) desc.flags |= ZERO_PARAM_MODEL_PARALLEL_REPLICATED;
+    if (duplicate) desc.flags |= ZERO_PARAM_MODEL_PARALLEL_DUPLICATE;
     if (!init.is_none()) {
       const py::buffer_info info = init.cast<py::buffer>().request();
       desc.init_data = info.ptr;
@@ -501,7 +501,7 @@ class Engine {
     d["param_dtype"] = dtype_name(info.param_dtype);
     d["grad_dtype"] = dtype_name(info.grad_dtype);
     d["frozen"] = (info.flags & ZERO_PARAM_FROZEN) != 0;
-    d["model_parallel_replicated"] = (info.flags & ZERO_PARAM_MODEL_PARALLEL_REPLICATED) != 0;
+    d["model_parallel_duplicate"] = (info.flags & ZERO_PARAM_MODEL_PARALLEL_DUPLICATE) != 0;
     return d;
   }
 

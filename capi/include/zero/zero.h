@@ -249,7 +249,7 @@ ZERO_API zero_status_t zero_engine_set_num_threads(zero_engine_t* engine, int32_
  * zero_engine_finalize checks that the group's ranks have the same config, param groups and data-parallel size;
  * zero_step, finalize and checkpoints agree over both groups, so a failure on any rank of the job is an error on
  * every rank; checkpoints keep each model-parallel rank's files apart (mp_rank_XX, docs/checkpoint-format.md).
- * Params that every model-parallel rank holds whole are marked ZERO_PARAM_MODEL_PARALLEL_REPLICATED. A group of
+ * Params that every model-parallel rank holds whole are marked ZERO_PARAM_MODEL_PARALLEL_DUPLICATE on the copies that are not counted. A group of
  * one rank, or NULL, means none. Every rank of the job calls it, before zero_engine_finalize, with groups that form
  * a grid with the data-parallel ones (every model-parallel group has one rank of every data-parallel group). The
  * engine keeps its own reference to `mp_comm`, which may be shared with other engines and the framework. Local. */
@@ -293,12 +293,14 @@ enum zero_param_flag {
    * its bytes once (zero_save_options_t.exclude_frozen leaves them out). Whether a param is frozen is fixed at
    * registration: to train it later, register it again in a new engine and load a checkpoint. */
   ZERO_PARAM_FROZEN = 1,
-  /* Since 0.4. A trained param that several ranks of the model-parallel group hold whole and equal, under one name
-   * (a LayerNorm, a row-parallel linear's bias: Megatron's params without `tensor_model_parallel`, held by every
-   * tensor-parallel rank of their pipeline stage): its squares count once in the gradient norm, on the lowest
-   * model-parallel rank that registered it (zero_engine_set_model_parallel); the others still check it for
-   * non-finite values. Without a model-parallel group it changes nothing. */
-  ZERO_PARAM_MODEL_PARALLEL_REPLICATED = 2
+  /* Since 0.4. This rank's copy of a trained param that several model-parallel ranks hold whole and equal (a
+   * LayerNorm or a row-parallel linear's bias, held by every tensor-parallel rank of its pipeline stage), on every
+   * rank but the one that counts it: left out of the gradient norm here, so that the whole job's norm counts it once
+   * (zero_engine_set_model_parallel), and still checked for non-finite values. Megatron-LM's rule marks the params
+   * without `tensor_model_parallel` on tensor-parallel ranks other than 0. The flag is per rank, not per param: only
+   * the caller knows which ranks hold a copy (a pipeline stage's ranks, not the whole group). Without a
+   * model-parallel group it changes nothing. */
+  ZERO_PARAM_MODEL_PARALLEL_DUPLICATE = 2
 };
 
 /* A parameter to register. */
