@@ -47,11 +47,11 @@ def initialize(
     param outside them is refused) or a list of param-group dicts, whose hyper-parameters override the config's
     optimizer block for their params, as DeepSpeed builds its optimizer. ``training_data``: a dataset, returned as
     a DataLoader of ``train_micro_batch_size_per_gpu`` with a DistributedSampler over the data-parallel ranks.
-    ``mpu`` (model parallelism) is not supported yet and is refused."""
+    ``mpu``: the model-parallel unit of a tensor- or pipeline-parallel job (``get_data_parallel_group``,
+    ``get_model_parallel_group``, ``get_tensor_model_parallel_rank`` or ``get_model_parallel_rank``): ZeRO runs over
+    the data-parallel group, the gradient norm and skip over the whole job (docs/python.md)."""
     if model is None:
         raise ValueError("deepspeed.initialize needs model=")
-    if mpu is not None:
-        raise NotImplementedError("libzero does not take an mpu (tensor/pipeline parallel groups) yet")
     del dist_init_required  # libzero.torch picks its communicator (torch.distributed when initialised)
     if config is None:
         config = config_params
@@ -65,7 +65,7 @@ def initialize(
             cfg = json.loads(config_text(config))
             del cfg["optimizer"]
             config = cfg
-    engine = _initialize(model, config, comm=comm, optimizer=optimizer, lr_scheduler=lr_scheduler)
+    engine = _initialize(model, config, comm=comm, optimizer=optimizer, lr_scheduler=lr_scheduler, mpu=mpu)
     loader = None
     if training_data is not None:
         loader = _loader(training_data, config, engine, collate_fn)

@@ -38,6 +38,7 @@ from .config import engine_config, optimizer_block
 from .engine import TorchEngine
 from .gathered import GatheredParameters
 from .loading import StateDictLike
+from .model_parallel import duplicate_rule, group_comm, refuse_unknown_layout, resolve_groups
 from .process_group import ProcessGroupComm, default_comm
 from .stage3 import Stage3Engine
 from .units import default_units
@@ -67,6 +68,11 @@ def initialize(
     units: Callable[[str, torch.nn.Parameter], Hashable] | None = None,
     state_dict: StateDictLike | None = None,
     lr_scheduler: Any = None,
+    *,
+    dp_group: Any = None,
+    mp_group: Any = None,
+    mpu: Any = None,
+    model_parallel_duplicate: Callable[[str, torch.nn.Parameter], bool] | None = None,
 ) -> TorchEngine:
     """Trains ``model`` with libzero as ``config`` says (a DeepSpeed config: dict, JSON text or path). Without an
     ``optimizer`` block the hyper-parameters come from ``optimizer`` (AdamW, Adam, Adagrad, SGD), as DeepSpeed takes a
@@ -83,13 +89,31 @@ def initialize(
     ``lr_scheduler``: a torch scheduler of ``optimizer`` (when the config has no ``scheduler`` block), stepped after
     every optimizer step taken, its rates handed to the engine (DeepSpeed's client scheduler).
 
+    Tensor and pipeline parallelism (docs/python.md, "ZeRO with tensor and pipeline parallelism"): ``dp_group`` and
+    ``mp_group`` (torch.distributed groups or libzero communicators), or DeepSpeed's ``mpu``: the engine runs over
+    the data-parallel group, and the gradient norm, clip and non-finite skip span the model-parallel one. A param
+    without Megatron's ``tensor_model_parallel`` attribute is a duplicate on tensor-parallel ranks other than 0 (left
+    out of the norm there); ``model_parallel_duplicate(name, param)`` decides instead.
+
     Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below (``libzero.deepspeed.initialize``
     returns DeepSpeed's 4-tuple instead)."""
-    comm = comm if comm is not None else default_comm()
+    groups_mp = resolve_groups(comm, dp_group, mp_group, mpu)
+    if groups_mp is None:
+        refuse_unknown_layout(model, comm)
+        comm = comm if comm is not None else default_comm()
+    else:
+        comm = group_comm(groups_mp.dp)
     cfg, groups = engine_config(config, optimizer)
     engine = Engine(cfg, comm)
+    if groups_mp is not None:
+        try:
+            engine.set_model_parallel(group_comm(groups_mp.mp))
+        except BaseException:
+            engine.close()
+            raise
     # The stage as the engine read it (libzero's parser, its defaults and spellings), not as the config text says.
     cls = Stage3Engine if int(engine.info["stage"]) == 3 else TorchEngine
     out = cls.__new__(cls)  # not cls(...): that would create a second engine
-    out._start(model, engine, units, groups, state_dict, optimizer, lr_scheduler, "scheduler" in cfg)
+    out._start(model, engine, units, groups, state_dict, optimizer, lr_scheduler, "scheduler" in cfg,
+               duplicate_rule(groups_mp, model_parallel_duplicate))
     return out

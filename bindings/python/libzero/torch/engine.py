@@ -68,11 +68,14 @@ class TorchEngine(LearningRates, torch.nn.Module):
         optimizer: torch.optim.Optimizer | None = None,
         lr_scheduler: Any = None,
         config_scheduler: bool = False,
+        duplicate: Callable[[str, torch.nn.Parameter], bool] | None = None,
     ) -> None:
-        """Takes ``engine`` over (closing it if the model cannot be set up)."""
+        """Takes ``engine`` over (closing it if the model cannot be set up). ``duplicate(name, param)``: this rank's
+        copy is one another model-parallel rank counts in the norm (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE)."""
         torch.nn.Module.__init__(self)
         self.module = model
         self.engine = engine
+        self._duplicate = duplicate if duplicate is not None else (lambda name, p: False)
         self._state_dict = state_dict
         try:
             if lr_scheduler is not None and config_scheduler:
@@ -139,7 +142,8 @@ class TorchEngine(LearningRates, torch.nn.Module):
                 value = p.detach() if dtype == p.dtype or trained else p.detach().to(dtype)
                 init = host_values(value, self._dtype) if trained else host_bytes(value)
             if trained:
-                self.engine.add_param(name, tuple(p.shape), unit=u, group=group_of.get(id(p), 0), init=init)
+                self.engine.add_param(name, tuple(p.shape), unit=u, group=group_of.get(id(p), 0), init=init,
+                                      model_parallel_duplicate=self._duplicate(name, p))
             else:
                 self.engine.add_param(name, engine_shape(p.shape, dtype), unit=u, init=init, frozen=True,
                                       dtype=stored_type(dtype))

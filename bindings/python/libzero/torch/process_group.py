@@ -139,7 +139,7 @@ def _shm_nodes_comm(dist: Any, group: Any, ranks_per_node: int, machines: list) 
     import uuid
 
     name = [f"libzero-{uuid.uuid4().hex}" if dist.get_rank(group) == 0 else None]
-    dist.broadcast_object_list(name, src=0, group=group)
+    dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     listener = Comm.listener(_listen_address(dist, group, machines))
     addresses: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(addresses, listener.address, group=group)
@@ -154,7 +154,7 @@ def _shm_comm(dist: Any, group: Any) -> Comm:
     import uuid
 
     name = [f"libzero-{uuid.uuid4().hex}" if dist.get_rank(group) == 0 else None]
-    dist.broadcast_object_list(name, src=0, group=group)
+    dist.broadcast_object_list(name, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     timeout = float(os.environ.get("ZERO_TORCH_JOIN_TIMEOUT_S", "300"))
     return Comm.shm(name[0], dist.get_rank(group), dist.get_world_size(group), timeout)
 
