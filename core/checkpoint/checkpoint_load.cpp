@@ -121,8 +121,12 @@ void Checkpointer::load(const std::string& dir, const std::string& tag_in, bool 
             guard_.fail(ZERO_ERR_CHECKPOINT_CORRUPT, std::string("the manifest of '") + path + "' lists no " + kind +
                                                          " file for rank " + std::to_string(r));
     });
+    // The parts of a model-parallel job differ in their manifests, not in the save they come from.
+    const std::string save = m.tag + '\0' + std::to_string(m.step) + '\0' + std::to_string(m.world_size) + '\0' +
+                             exact_decimal(m.loss_scale) + '\0' + std::to_string(m.scaler_iteration);
     first.agree(static_cast<int64_t>(CheckpointPhase::kLoadManifest), 0, first.failed() ? 0 : digest(manifest_text),
-                explain_difference("loads '" + path + "' (step " + std::to_string(m.step) + ")"), true);
+                explain_difference("loads '" + path + "' (step " + std::to_string(m.step) + ")"), true,
+                first.failed() ? 0 : digest(save));
 
     // 2. Sizes and checksums, each rank verifying every world-th file, before anything is read.
     std::unique_ptr<Error> error = attempt([&] {

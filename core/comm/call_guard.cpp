@@ -41,13 +41,13 @@ bool spans_model_parallel(CallKind kind) {
          kind == CallKind::kLoadCheckpoint;
 }
 
-// What model-parallel ranks must agree on: the call, its phase or step, and for zero_step its micro-steps and
-// inputs. Sizes of the rank's part of the model (finalize's element count) and a load's manifest (one per
-// model-parallel rank) differ across the group by design.
+// What model-parallel ranks must agree on: the call, its phase or step, for zero_step its micro-steps, and its
+// inputs. Sizes of the rank's part of the model (finalize's element count) differ across the group by design, and a
+// load's manifests (one per part) do: for a load the parts compare what comes from the one save (shared_check).
 CallTag model_parallel_tag(const CallTag& tag) {
-  CallTag out{tag.kind, tag.id, 0, 0};
+  CallTag out{tag.kind, tag.id, 0, tag.check, 0};
   if (tag.kind == CallKind::kStep) out.count = tag.count;
-  if (tag.kind != CallKind::kLoadCheckpoint) out.check = tag.check;
+  if (tag.kind == CallKind::kLoadCheckpoint) out.check = tag.shared_check;
   return out;
 }
 

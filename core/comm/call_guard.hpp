@@ -125,10 +125,11 @@ class CollectiveCall {
   bool failed() const { return local_ != nullptr; }
   // The agreement on which call every rank makes: `id` and `count` as CallTag names them, `check` a digest of
   // inputs that must be equal on every rank (explained by `explain` when they are not). With `share_status` the
-  // other ranks report the failed rank's own status (a checkpoint is the same news for every rank).
+  // other ranks report the failed rank's own status (a checkpoint is the same news for every rank). `shared_check`:
+  // CallTag's.
   void agree(int64_t id, int64_t count = 0, int64_t check = 0, const EngineComm::ExplainCheck& explain = {},
-             bool share_status = false) {
-    guard_.agree(CallTag{kind_, id, count, check}, local_.get(), explain, share_status);
+             bool share_status = false, int64_t shared_check = 0) {
+    guard_.agree(CallTag{kind_, id, count, check, shared_check}, local_.get(), explain, share_status);
     agreed_ = true;
   }
   // The data; a failure breaks the engine.

@@ -56,6 +56,9 @@ struct CallTag {
   int64_t id = -1;    // unit, bucket, micro-step or step number (kind-specific)
   int64_t count = 0;  // elements the call moves
   int64_t check = 0;  // a digest of other inputs that must agree (zero_step: the learning rates)
+  // What the model-parallel group compares instead of `check` where its parts' inputs differ by design (a load's
+  // manifests: one per part, of one save).
+  int64_t shared_check = 0;
 };
 
 std::string describe_call(const CallTag& tag);

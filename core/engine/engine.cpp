@@ -179,7 +179,8 @@ void Engine::finalize() {
         data_parallel_error = std::make_unique<Error>(e);
       }
       if (model_parallel_ != nullptr)
-        registration_.agree_across_model_parallel(*model_parallel_, config_, comm_.size(), data_parallel_error.get());
+        registration_.agree_across_model_parallel(*model_parallel_, config_, comm_.size(), comm_.rank(),
+                                                  data_parallel_error.get());
     } catch (const Error& e) {
       // The exchange itself failed: the collective sequences are apart.
       if (comm_.failed() || (model_parallel_ != nullptr && model_parallel_->failed())) guard_.broken(e);
@@ -200,7 +201,7 @@ void Engine::finalize() {
         NormSettings norm;
         norm.needed_first = config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0;
         norm.widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
-        norm.duplicates_elsewhere = model_parallel_ != nullptr;
+        norm.leave_out_duplicates = model_parallel_ != nullptr;
         store_.allocate(registration_.params(), norm);
         FetchPolicy fetch;
         fetch.background_publish = config_.overlap_comm;

@@ -19,7 +19,7 @@ NormPlan::NormPlan(const Plan& plan, const Layout& layout, const std::vector<Uni
   for (size_t u = 0; u < n_units; ++u) {
     const Unit& unit = units[u];
     const UnitPlan& up = plan.units[u];
-    for (const auto* segments : {&unit.norm_segments, &unit.replica_segments})
+    for (const auto* segments : {&unit.norm_segments, &unit.uncounted_segments})
       for (const ShardSegment& s : *segments)
         largest_segment_blocks_ = std::max(largest_segment_blocks_, sum_squares_blocks(s.numel));
     bool same = up.update_in_grads == up.norm_in_grads && unit.update_segments.size() == unit.norm_segments.size();

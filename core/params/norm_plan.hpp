@@ -23,8 +23,9 @@ class Unit;
 struct NormSettings {
   bool needed_first = true;  // gradient clipping, or the skip of a non-finite step, decides with the norm
   bool widened = false;      // the reductions run in a dtype narrower than the accumulation dtype
-  // Params another model-parallel rank counts (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE, with a model-parallel group).
-  bool duplicates_elsewhere = false;
+  // With a model-parallel group: the params marked ZERO_PARAM_MODEL_PARALLEL_DUPLICATE, which another rank counts,
+  // are left out of this rank's norm.
+  bool leave_out_duplicates = false;
 };
 
 class NormPlan {

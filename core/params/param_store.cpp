@@ -59,11 +59,11 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params, const NormS
     for (int s = 0; s < 2; ++s) allocate_placed(unit.state[s], up.state[s], allocators_, "the optimizer state");
     unit.update_segments = layout_.segments(static_cast<int>(u), up.update_begin, up.update_elems, params);
     unit.norm_segments = layout_.segments(static_cast<int>(u), up.norm_begin, layout_.units[u].shard_elems, params);
-    unit.replica_segments.clear();
-    if (norm.duplicates_elsewhere) {
+    unit.uncounted_segments.clear();
+    if (norm.leave_out_duplicates) {
       std::vector<ShardSegment> counted;
       for (const ShardSegment& s : unit.norm_segments)
-        (params[s.param].model_parallel_duplicate ? unit.replica_segments : counted).push_back(s);
+        (params[s.param].model_parallel_duplicate ? unit.uncounted_segments : counted).push_back(s);
       unit.norm_segments = std::move(counted);
     }
     unit.start(up.sharded_params(), up.gathered_frozen_offset);

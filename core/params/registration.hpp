@@ -49,10 +49,11 @@ class Registration {
   // rank's failure so far (or null): it reaches every rank (ZERO_ERR_REMOTE on the others). Returns the layout.
   Layout agree_across_ranks(EngineComm& comm, const Config& config, const Error* local_error) const;
   // finalize, with a model-parallel group: its ranks check that they step alike (the config, the param groups and
-  // `data_parallel_size`); a difference is ZERO_ERR_MISMATCH naming the setting and both values. `local_error` as
-  // above. Throws on every rank of the group or returns on all.
+  // `data_parallel_size`) and form a grid with the data-parallel groups (one `data_parallel_rank`); a difference is
+  // ZERO_ERR_MISMATCH naming the setting and both values. `local_error` as above. Throws on every rank of the group or
+  // returns on all.
   void agree_across_model_parallel(EngineComm& group, const Config& config, int data_parallel_size,
-                                   const Error* local_error) const;
+                                   int data_parallel_rank, const Error* local_error) const;
 
  private:
   std::vector<GroupSpec> groups_;

@@ -143,12 +143,16 @@ Layout Registration::agree_across_ranks(EngineComm& comm, const Config& config, 
 
 // The model-parallel group's ranks hold different params (their parts of the model) but take one step together:
 // what changes a step (the config, the param groups, the data-parallel size that averages the gradients) must be
-// the same on all of them. `local` is this rank's failure so far (its data-parallel group's registration), carried
-// to the group so that no rank waits for it.
+// the same on all of them, and so must their data-parallel rank (the groups form a grid). `local` is this rank's
+// failure so far (its data-parallel group's registration), carried to the group so that no rank waits for it.
 void Registration::agree_across_model_parallel(EngineComm& group, const Config& config, int data_parallel_size,
-                                               const Error* local) const {
+                                               int data_parallel_rank, const Error* local) const {
   std::vector<std::string> text = result_settings(config);
   text.push_back("the data-parallel size = " + std::to_string(data_parallel_size));
+  // One replica's parts hold the same data-parallel rank: otherwise the norm's partial sums would be added in a
+  // different order on different ranks (and a model-parallel communicator over the data-parallel ranks would count
+  // every gradient N times).
+  text.push_back("the data-parallel rank = " + std::to_string(data_parallel_rank));
   for (const auto& g : groups_) text.push_back("param group " + describe(g));
   uint64_t digest = 0;
   for (const auto& t : text) digest = fnv1a(t, digest ^ 0x9e3779b97f4a7c15ull);
@@ -173,8 +177,8 @@ void Registration::agree_across_model_parallel(EngineComm& group, const Config& 
        "zero_engine_finalize: the model-parallel ranks of one model replica must step alike, "
        "but model-parallel rank 0 has " +
            d.on_root + " and model-parallel rank " + std::to_string(d.rank) + " has " + d.on_rank +
-           " (the config, the param groups and the data-parallel size must be the same on every "
-           "rank of the job)");
+           " (the config, the param groups and the data-parallel size must be the same on every rank of the job, and a "
+           "model-parallel group's ranks must have one data-parallel rank: the groups form a grid)");
 }
 
 }  // namespace zero

@@ -39,7 +39,7 @@ class Unit {
   // Runs of params another model-parallel rank counts in the norm (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE, with a
   // model-parallel group): left out of norm_segments here, checked for non-finite values; relative to
   // UnitPlan::norm_begin.
-  std::vector<ShardSegment> replica_segments;
+  std::vector<ShardSegment> uncounted_segments;
 
   // At finalize: full params are resident, sharded ones start as this rank's shard. A gathered buffer of a sharded
   // unit holds its frozen bytes from `gathered_frozen_offset` on.

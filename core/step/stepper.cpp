@@ -70,11 +70,11 @@ double Stepper::local_sum_squares(ParameterStore& store, const std::function<con
   // Duplicates of params another model-parallel rank counts only say here whether they are finite, so that an
   // overflow on any rank skips the step everywhere.
   for (int u = 0; u < store.num_units(); ++u) {
-    const std::vector<ShardSegment>& replicas = store.unit(u).replica_segments;
-    if (replicas.empty()) continue;
+    const std::vector<ShardSegment>& uncounted = store.unit(u).uncounted_segments;
+    if (uncounted.empty()) continue;
     const KernelTable& table = kernels(store.unit(u).grads.space(), isa_);
     const char* g = static_cast<const char*>(store.norm_grads(u));
-    for (const ShardSegment& s : replicas) {
+    for (const ShardSegment& s : uncounted) {
       const double sq = parallel_sum_squares(table.sum_squares[grad_index], g + s.shard_offset * grad_size, grad_size,
                                              s.numel, threads_, norm_scratch_.data());
       if (!std::isfinite(sq)) sum_sq += sq;

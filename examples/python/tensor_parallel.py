@@ -107,21 +107,32 @@ class _GatherFromTensorParallel(torch.autograd.Function):
         return grad.chunk(size, dim=-1)[rank].contiguous(), None
 
 
-def _split(param: nn.Parameter, dim: int) -> nn.Parameter:
-    """Marks a param split along ``dim`` across tensor-parallel ranks, as Megatron does."""
+def _split(param: nn.Parameter, dim: int, stride: int = 1) -> nn.Parameter:
+    """Marks a param split along ``dim`` across tensor-parallel ranks, as Megatron does; with ``stride`` the whole
+    param stacks that many blocks along ``dim`` (qkv: q, k and v), each split alike."""
     param.tensor_model_parallel = True
     param.partition_dim = dim
+    param.partition_stride = stride
     return param
+
+
+def part_of(value: torch.Tensor, param: nn.Parameter, size: int, rank: int) -> torch.Tensor:
+    """This rank's part of a whole param's ``value``: its slice of each stride block along ``partition_dim``."""
+    if not getattr(param, "tensor_model_parallel", False):
+        return value
+    dim, stride = param.partition_dim, getattr(param, "partition_stride", 1)
+    blocks = value.chunk(stride, dim=dim)
+    return torch.cat([block.chunk(size, dim=dim)[rank] for block in blocks], dim=dim)
 
 
 class ColumnParallelLinear(nn.Module):
     """y = x A^T + b with A's rows (the outputs) split: each rank computes its part of the outputs."""
 
-    def __init__(self, inputs: int, outputs: int, group, size: int) -> None:
+    def __init__(self, inputs: int, outputs: int, group, size: int, stride: int = 1) -> None:
         super().__init__()
         self.group = group
-        self.weight = _split(nn.Parameter(torch.empty(outputs // size, inputs)), 0)
-        self.bias = _split(nn.Parameter(torch.zeros(outputs // size)), 0)
+        self.weight = _split(nn.Parameter(torch.empty(outputs // size, inputs)), 0, stride)
+        self.bias = _split(nn.Parameter(torch.zeros(outputs // size)), 0, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is not None:
@@ -170,7 +181,7 @@ class Block(nn.Module):
         super().__init__()
         self.heads = heads // size  # this rank's attention heads
         self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.qkv = ColumnParallelLinear(width, 3 * width, group, size)
+        self.qkv = ColumnParallelLinear(width, 3 * width, group, size, stride=3)  # q, k, v of this rank's heads
         self.proj = RowParallelLinear(width, width, group, size)
         self.up = ColumnParallelLinear(width, 4 * width, group, size)
         self.down = RowParallelLinear(4 * width, width, group, size)
@@ -230,15 +241,12 @@ def _size(model: TensorParallelGPT) -> int:
 
 
 def load_part(model: TensorParallelGPT, whole: dict[str, torch.Tensor]) -> None:
-    """Each param takes its tensor-parallel part of the whole model's value (its ``partition_dim`` slice)."""
+    """Each param takes its tensor-parallel part of the whole model's value (``part_of``)."""
     size = _size(model)
     rank = dist.get_rank(model.group) if model.group is not None else 0
     with torch.no_grad():
         for name, p in model.named_parameters():
-            value = whole[name]
-            if getattr(p, "tensor_model_parallel", False):
-                value = value.chunk(size, dim=p.partition_dim)[rank]
-            p.copy_(value)
+            p.copy_(part_of(whole[name], p, size, rank))
 
 
 def main() -> None:

@@ -27,16 +27,21 @@
  * step-fails  a rank's zero_step fails its checks: every rank gets the error (ZERO_ERR_REMOTE elsewhere) before data
  *             moves, and the next zero_step trains on every rank (needs the test hooks).
  * norm-fails  a rank fails in the model-parallel exchange of the norm: every rank's zero_step fails, none hangs.
+ * save-fails  the last part's manifest cannot be written: every rank's save fails, `latest` keeps the previous
+ *             checkpoint, nothing is left behind; then one part's shard is truncated: every rank's load fails
+ *             (needs the test hooks).
  * checkpoint  T x D ranks save (one directory per model-parallel rank); then the same weights are loaded by a grid
  *             of T x 1 ranks (the lower world ranks), which go on training equal to the reference with D = 1; a load
  *             by a job with another model-parallel size is refused naming both sizes.
  *
  * Gradients are small multiples of 2^-10 (exact sums in any order), as in tests/mpi/parity.c.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L /* setenv, truncate */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -539,6 +544,50 @@ static void case_checkpoint(int world, int stage, const char* dir) {
         g_tp, world / g_tp, g_tp);
 }
 
+/* A save whose last part cannot write its manifest fails on every rank and leaves the previous checkpoint named; a
+ * load of a checkpoint with one corrupt part fails on every rank. Needs the test hooks. */
+static void case_save_fails(int world, const char* dir) {
+  Grid g = make_grid(world);
+  int32_t ids[kParams];
+  zero_engine_t* engine = make_engine(&g, 2, 1, g_clip, ids);
+  micro_step(engine, ids, 1, 0, g.dp, g.dp_size, 1.0f, NULL, -1);
+  zero_step_info_t info = ZERO_STEP_INFO_INIT;
+  CHECK(zero_step(&info, engine));
+  CHECK(zero_save_checkpoint(engine, dir, "good"));
+  const int last_part = g_tp * g_pp - 1; /* its data-parallel rank 0 writes its manifest */
+  if (g.world_rank == last_part) setenv("ZERO_TEST_FAIL", "save.manifest-enospc:0", 1);
+  zero_status_t st = zero_save_checkpoint(engine, dir, "bad");
+  unsetenv("ZERO_TEST_FAIL");
+  EXPECT(st != ZERO_OK, "world rank %d: the save succeeded", g.world_rank);
+  printf("world rank %d: save-fails: %s: %s\n", g.world_rank, zero_status_string(st), zero_last_error());
+  MPI_Barrier(MPI_COMM_WORLD);
+  char path[512], latest[64] = "";
+  if (g.world_rank == 0) {
+    snprintf(path, sizeof path, "%s/bad", dir);
+    FILE* f = fopen(path, "r");
+    EXPECT(f == NULL, "%s exists after a failed save", path);
+    snprintf(path, sizeof path, "%s/.tmp.bad", dir);
+    f = fopen(path, "r");
+    EXPECT(f == NULL, "%s was left behind", path);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    f = fopen(path, "r");
+    EXPECT(f != NULL && fgets(latest, sizeof latest, f) != NULL && strcmp(latest, "good\n") == 0,
+           "latest says '%s', expected good", latest);
+    fclose(f);
+    /* One part's shard, truncated. */
+    snprintf(path, sizeof path, "%s/good/mp_rank_%02d/master.rank00000-of-%05d.safetensors", dir, last_part, g.dp_size);
+    EXPECT(truncate(path, 100) == 0, "cannot truncate %s", path);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  st = zero_load_checkpoint(engine, dir, "good");
+  printf("world rank %d: corrupt part: %s: %s\n", g.world_rank, zero_status_string(st), zero_last_error());
+  EXPECT(st == ZERO_ERR_CHECKPOINT_CORRUPT, "world rank %d: loading a corrupt part: %s", g.world_rank,
+         zero_status_string(st));
+  zero_engine_destroy(engine);
+  free_grid(&g);
+  if (g.world_rank == 0) printf("model-parallel save and load failures ok: every rank failed, latest kept\n");
+}
+
 int main(int argc, char** argv) {
   int stage = 2, gas = 1;
   const char* which = "parity";
@@ -573,6 +622,8 @@ int main(int argc, char** argv) {
   } else if (strcmp(which, "clip-differs") == 0 || strcmp(which, "layout-differs") == 0 ||
              strcmp(which, "missing-group") == 0) {
     case_finalize_mismatch(world, which);
+  } else if (strcmp(which, "save-fails") == 0 && dir != NULL) {
+    case_save_fails(world, dir);
   } else if (strcmp(which, "checkpoint") == 0 && dir != NULL) {
     case_checkpoint(world, stage, dir);
   } else if (strcmp(which, "step-fails") == 0 || strcmp(which, "norm-fails") == 0) {

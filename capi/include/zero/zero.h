@@ -246,13 +246,16 @@ ZERO_API zero_status_t zero_engine_set_num_threads(zero_engine_t* engine, int32_
  * group, the ranks holding the other parts of the same model replica (the same data-parallel rank in every tensor
  * and pipeline position; Megatron's model-parallel group). With it, zero_step sums the gradient norm's squares over
  * both groups and takes the same clip factor and the same non-finite skip on every rank of the job;
- * zero_engine_finalize checks that the group's ranks have the same config, param groups and data-parallel size;
- * zero_step, finalize and checkpoints agree over both groups, so a failure on any rank of the job is an error on
- * every rank; checkpoints keep each model-parallel rank's files apart (mp_rank_XX, docs/checkpoint-format.md).
- * Params that every model-parallel rank holds whole are marked ZERO_PARAM_MODEL_PARALLEL_DUPLICATE on the copies that are not counted. A group of
- * one rank, or NULL, means none. Every rank of the job calls it, before zero_engine_finalize, with groups that form
- * a grid with the data-parallel ones (every model-parallel group has one rank of every data-parallel group). The
- * engine keeps its own reference to `mp_comm`, which may be shared with other engines and the framework. Local. */
+ * zero_engine_finalize checks that the group's ranks have the same config, param groups, data-parallel size and
+ * data-parallel rank (the groups form a grid: every model-parallel group has one rank of every data-parallel group);
+ * the agreements of finalize, zero_step and checkpoints span both groups, so a failure on any rank before data moves
+ * is an error on every rank of the job, and a failure after data moved aborts both communicators (the failed rank's
+ * groups fail at once, the other ranks in their next call that spans them; an abort also reaches every other engine
+ * and user of `mp_comm`, as it does of the engine's own communicator); checkpoints keep each model-parallel rank's
+ * part apart (TAG/mp_rank_XX, docs/checkpoint-format.md). A param that several model-parallel ranks hold whole is
+ * marked ZERO_PARAM_MODEL_PARALLEL_DUPLICATE on every rank but the one that counts it. A group of one rank, or NULL,
+ * means none. Every rank of the job calls it before zero_engine_finalize. The engine keeps its own reference to
+ * `mp_comm`, which may be shared with other engines and the framework. Local. */
 ZERO_API zero_status_t zero_engine_set_model_parallel(zero_engine_t* engine, zero_comm_t* mp_comm);
 
 /* A hyper-parameter value meaning "inherit from the config's optimizer.params". */

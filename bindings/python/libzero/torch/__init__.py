@@ -38,7 +38,13 @@ from .config import engine_config, optimizer_block
 from .engine import TorchEngine
 from .gathered import GatheredParameters
 from .loading import StateDictLike
-from .model_parallel import duplicate_rule, group_comm, refuse_unknown_layout, resolve_groups
+from .model_parallel import (
+    duplicate_rule,
+    group_comm,
+    refuse_unknown_layout,
+    refuse_unsupported_params,
+    resolve_groups,
+)
 from .process_group import ProcessGroupComm, default_comm
 from .stage3 import Stage3Engine
 from .units import default_units
@@ -71,6 +77,7 @@ def initialize(
     *,
     dp_group: Any = None,
     mp_group: Any = None,
+    tp_group: Any = None,
     mpu: Any = None,
     model_parallel_duplicate: Callable[[str, torch.nn.Parameter], bool] | None = None,
 ) -> TorchEngine:
@@ -90,24 +97,33 @@ def initialize(
     every optimizer step taken, its rates handed to the engine (DeepSpeed's client scheduler).
 
     Tensor and pipeline parallelism (docs/python.md, "ZeRO with tensor and pipeline parallelism"): ``dp_group`` and
-    ``mp_group`` (torch.distributed groups or libzero communicators), or DeepSpeed's ``mpu``: the engine runs over
-    the data-parallel group, and the gradient norm, clip and non-finite skip span the model-parallel one. A param
-    without Megatron's ``tensor_model_parallel`` attribute is a duplicate on tensor-parallel ranks other than 0 (left
-    out of the norm there); ``model_parallel_duplicate(name, param)`` decides instead.
+    ``mp_group`` with ``tp_group`` (torch.distributed groups or libzero communicators), or DeepSpeed's ``mpu``: the
+    engine runs over the data-parallel group, and the gradient norm, clip and non-finite skip span the model-parallel
+    one. A param without Megatron's ``tensor_model_parallel`` attribute is a duplicate on tensor-parallel ranks other
+    than 0 (left out of the norm there), as is one marked ``shared``; ``model_parallel_duplicate(name, param)``
+    decides instead. ``dp_group`` alone: ZeRO over that group, without model parallelism.
 
     Returns a :class:`Stage3Engine` at stage 3, a :class:`TorchEngine` below (``libzero.deepspeed.initialize``
     returns DeepSpeed's 4-tuple instead)."""
-    groups_mp = resolve_groups(comm, dp_group, mp_group, mpu)
+    groups_mp = resolve_groups(comm, dp_group, mp_group, tp_group, mpu)
+    mp_comm = None
     if groups_mp is None:
+        if dp_group is not None:
+            comm = group_comm(dp_group)
         refuse_unknown_layout(model, comm)
         comm = comm if comm is not None else default_comm()
     else:
+        duplicate = duplicate_rule(groups_mp, model_parallel_duplicate)
+        refuse_unsupported_params(model)
+        # Both communicators before the engine: building one may be collective over the whole job (a gloo twin of an
+        # NCCL group), and a rank whose engine creation failed would leave the others in it.
         comm = group_comm(groups_mp.dp)
+        mp_comm = group_comm(groups_mp.mp)
     cfg, groups = engine_config(config, optimizer)
     engine = Engine(cfg, comm)
-    if groups_mp is not None:
+    if mp_comm is not None:
         try:
-            engine.set_model_parallel(group_comm(groups_mp.mp))
+            engine.set_model_parallel(mp_comm)
         except BaseException:
             engine.close()
             raise
@@ -115,5 +131,5 @@ def initialize(
     cls = Stage3Engine if int(engine.info["stage"]) == 3 else TorchEngine
     out = cls.__new__(cls)  # not cls(...): that would create a second engine
     out._start(model, engine, units, groups, state_dict, optimizer, lr_scheduler, "scheduler" in cfg,
-               duplicate_rule(groups_mp, model_parallel_duplicate))
+               duplicate_rule(None, model_parallel_duplicate) if mp_comm is None else duplicate)
     return out

@@ -80,26 +80,33 @@ def _rank(group: GroupLike) -> int:
 
 class ModelParallel:
     """The groups of a job with model parallelism, as ``initialize`` resolved them: ``dp`` and ``mp`` (groups as the
-    caller gave them), ``tensor_rank`` (the rank among the tensor-parallel copies of a param: Megatron's
-    tensor-parallel rank)."""
+    caller gave them), ``tensor_rank`` (this rank's place among the tensor-parallel copies of a param: Megatron's
+    tensor-parallel rank; None when nothing said it)."""
 
-    def __init__(self, dp: GroupLike, mp: GroupLike, tensor_rank: int) -> None:
+    def __init__(self, dp: GroupLike, mp: GroupLike, tensor_rank: int | None) -> None:
         self.dp, self.mp, self.tensor_rank = dp, mp, tensor_rank
 
 
-def resolve_groups(comm: Comm | None, dp_group: GroupLike, mp_group: GroupLike, mpu: Any) -> ModelParallel | None:
+def resolve_groups(
+    comm: Comm | None, dp_group: GroupLike, mp_group: GroupLike, tp_group: GroupLike, mpu: Any
+) -> ModelParallel | None:
     """The data- and model-parallel groups from ``initialize``'s arguments, checked; None without model parallelism.
     ``mpu``: DeepSpeed's (Megatron's) object, asked for ``get_data_parallel_group``, ``get_model_parallel_group`` and
-    the tensor-parallel rank (``get_tensor_model_parallel_rank``, else ``get_model_parallel_rank``)."""
-    tensor_rank = None
+    the tensor-parallel rank (``get_tensor_model_parallel_rank``; ``get_model_parallel_rank`` where the mpu has no
+    pipeline, whose model-parallel group is then tensor-parallel). ``tp_group``: the tensor-parallel group, whose rank
+    says which copies of a whole param count."""
+    tensor_rank = _rank(tp_group) if tp_group is not None else None
     if mpu is not None:
-        if dp_group is not None or mp_group is not None:
-            raise ValueError("pass either mpu= or dp_group=/mp_group=, not both")
+        if dp_group is not None or mp_group is not None or tp_group is not None:
+            raise ValueError("pass either mpu= or dp_group=/mp_group=/tp_group=, not both")
         dp_group = _call(mpu, "get_data_parallel_group")
         mp_group = _call(mpu, "get_model_parallel_group")
         if dp_group is None or mp_group is None:
             raise ValueError("mpu= needs get_data_parallel_group() and get_model_parallel_group() (DeepSpeed's mpu)")
-        tensor_rank = _call(mpu, "get_tensor_model_parallel_rank", "get_model_parallel_rank")
+        tensor_rank = _call(mpu, "get_tensor_model_parallel_rank")
+        pipeline = _call(mpu, "get_pipeline_model_parallel_world_size", "get_pipe_parallel_world_size")
+        if tensor_rank is None and (pipeline is None or int(pipeline) == 1):
+            tensor_rank = _call(mpu, "get_model_parallel_rank")
         for name, group in (("data", dp_group), ("model", mp_group)):
             said = _call(mpu, f"get_{name}_parallel_world_size")
             if said is not None and int(said) != _size(group):
@@ -110,6 +117,8 @@ def resolve_groups(comm: Comm | None, dp_group: GroupLike, mp_group: GroupLike, 
     if mp_group is None:
         if dp_group is not None and comm is not None:
             raise ValueError("pass either comm= or dp_group=, not both")
+        if tp_group is not None:
+            raise ValueError("tp_group= needs mp_group= (and dp_group=)")
         return None
     if dp_group is None:
         raise ValueError(
@@ -125,20 +134,48 @@ def resolve_groups(comm: Comm | None, dp_group: GroupLike, mp_group: GroupLike, 
                 f"({_size(mp_group)} ranks) do not make up the job's {world} ranks: the model-parallel group holds "
                 "every tensor and pipeline part of one model replica, the data-parallel group the replicas"
             )
-    return ModelParallel(dp_group, mp_group, int(tensor_rank) if tensor_rank is not None else _rank(mp_group))
+    return ModelParallel(dp_group, mp_group, int(tensor_rank) if tensor_rank is not None else None)
 
 
 def duplicate_rule(
     groups: ModelParallel | None, duplicate: Callable[[str, torch.nn.Parameter], bool] | None
 ) -> Callable[[str, torch.nn.Parameter], bool]:
     """Which params are this rank's uncounted copies (ZERO_PARAM_MODEL_PARALLEL_DUPLICATE): ``duplicate`` where given;
-    with model parallelism Megatron's rule, the params without ``tensor_model_parallel`` on tensor-parallel ranks
-    other than 0; none without."""
+    with model parallelism Megatron's rule (``param_is_not_tensor_parallel_duplicate`` and ``param_is_not_shared``):
+    the params without ``tensor_model_parallel`` on tensor-parallel ranks other than 0, and those marked ``shared``
+    (a tied embedding's copy on the last pipeline stage); none without."""
     if duplicate is not None:
         return duplicate
-    if groups is None or groups.tensor_rank == 0:
+    if groups is None:
         return lambda name, p: False
-    return lambda name, p: not getattr(p, TENSOR_PARALLEL_ATTRIBUTE, False)
+    if groups.tensor_rank is None:
+        raise ValueError(
+            "with mp_group= libzero must know which copies of a whole param count in the norm: pass tp_group= (the "
+            "tensor-parallel group: its rank 0's copies count), model_parallel_duplicate=, or an mpu with "
+            "get_tensor_model_parallel_rank()"
+        )
+    if groups.tensor_rank == 0:
+        return lambda name, p: bool(getattr(p, "shared", False))
+    return lambda name, p: bool(getattr(p, "shared", False)) or not getattr(p, TENSOR_PARALLEL_ATTRIBUTE, False)
+
+
+def refuse_unsupported_params(model: torch.nn.Module) -> None:
+    """Megatron's params whose gradients it reduces after backward, which libzero takes during backward: a sequence-
+    parallel LayerNorm's (summed over tensor-parallel ranks by finalize_model_grads) and an expert's (allreduce=False:
+    reduced over its own expert-data-parallel group). Trained through libzero, their copies would drift apart."""
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if getattr(p, "sequence_parallel", False):
+            raise ValueError(
+                f"{name!r} has sequence_parallel=True: Megatron sums its gradient over the tensor-parallel ranks after "
+                "backward, and libzero takes gradients during backward; train without sequence parallelism"
+            )
+        if getattr(p, "allreduce", True) is False:
+            raise ValueError(
+                f"{name!r} has allreduce=False (an expert of a mixture of experts): its gradient is reduced over its "
+                "own expert-data-parallel group, which libzero does not take yet"
+            )
 
 
 def refuse_unknown_layout(model: torch.nn.Module, comm: Comm | None) -> None:
