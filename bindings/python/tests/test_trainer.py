@@ -29,8 +29,11 @@ SAMPLES = 13 * WORLD  # 13 per rank: 7 micro-batches of 2, so each epoch's last 
 
 def model(lora: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
+    # No key-value cache in training: transformers 4.57 builds the attention mask otherwise with the cache on, and
+    # gradient checkpointing turns it off, so the two runs of test_gradient_checkpointing_trains_to_the_same_bits would
+    # take different attention kernels where torch picks its flash kernel for one of them (an AVX-512 machine here).
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=64, max_position_embeddings=32)
+                                   num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, use_cache=False)
     m = transformers.LlamaForCausalLM(cfg)
     if lora:
         m = peft.get_peft_model(m, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
