@@ -45,11 +45,11 @@ std::unique_ptr<Error> Checkpointer::attempt(const std::function<void()>& body) 
 // On a difference in what every rank must agree on (where it saves, which checkpoint it loaded), every rank learns
 // each rank's `what`.
 EngineComm::ExplainCheck Checkpointer::explain_difference(const std::string& what) {
-  return [this, what]() {
+  return [this, what](EngineComm& ranks) {
     std::string text = guard_.label("the ranks do not agree on the checkpoint:");
-    for (int r = 0; r < comm_.size(); ++r)
-      text += (r ? "; " : " ") + std::string("rank ") + std::to_string(r) + " " +
-              comm_.broadcast_text(what, r, guard_.label("what each rank has"));
+    for (int r = 0; r < ranks.size(); ++r)
+      text += (r ? "; " : " ") + ranks.rank_name() + " " + std::to_string(r) + " " +
+              ranks.broadcast_text(what, r, guard_.label("what each rank has"));
     return text + ". Every rank must save to the same directory and tag, and load the same checkpoint.";
   };
 }

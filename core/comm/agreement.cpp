@@ -123,7 +123,7 @@ void EngineComm::agree(const std::string& call, const CallTag& tag, const Error*
   const bool same_call =
       v[kSeq] == -v[kSeqNeg] && v[kKind] == -v[kKindNeg] && v[kId] == -v[kIdNeg] && v[kCount] == -v[kCountNeg];
   if (same_call && v[kCheck] == -v[kCheckNeg]) return;
-  if (same_call && explain_check) fail(ZERO_ERR_MISMATCH, explain_check());
+  if (same_call && explain_check) fail(ZERO_ERR_MISMATCH, explain_check(*this));
 
   // Which rank calls what: everyone's tag, for one message that every rank prints alike.
   int64_t mine[5] = {sequence, static_cast<int64_t>(tag.kind), tag.id, tag.count, tag.check};

@@ -73,7 +73,7 @@ void CallGuard::agree(const CallTag& tag, const Error* local, const EngineComm::
   }
   if (!both) return;
   try {
-    model_parallel_->agree(call(), model_parallel_tag(tag), data_parallel_error.get(), {}, share_status);
+    model_parallel_->agree(call(), model_parallel_tag(tag), data_parallel_error.get(), explain, share_status);
   } catch (const Divergence& e) {
     broken(e);
   } catch (const Error& e) {

@@ -159,7 +159,8 @@ class EngineComm {
   // message (it runs on every rank and may use control collectives). With `share_status`
   // the other ranks throw the failed rank's own status instead of ZERO_ERR_REMOTE (checkpoint files: a corrupt
   // or unwritable checkpoint is the same news for every rank).
-  using ExplainCheck = std::function<std::string()>;
+  // Run by every rank of the group whose `check` values differ (the data-parallel group, or the model-parallel one).
+  using ExplainCheck = std::function<std::string(EngineComm& ranks)>;
   void agree(const std::string& call_name, const CallTag& tag, const Error* local_error,
              const ExplainCheck& explain_check = {}, bool share_status = false);
 

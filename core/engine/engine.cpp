@@ -155,15 +155,15 @@ void Engine::finalize() {
     // A rank without the model-parallel group its data-parallel peers have would wait in no exchange of theirs:
     // the group's size is part of the arrival, so the peers all fail here, before any model-parallel exchange.
     const int64_t mp_size = model_parallel_size();
-    auto explain_groups = [&] {
-      std::vector<int64_t> sizes(static_cast<size_t>(comm_.size()));
-      sizes[static_cast<size_t>(comm_.rank())] = mp_size;
-      comm_.control_all_gather(sizes.data(), sizeof(int64_t), guard_.label("the ranks' model-parallel groups"));
+    auto explain_groups = [&](EngineComm& ranks) {
+      std::vector<int64_t> sizes(static_cast<size_t>(ranks.size()));
+      sizes[static_cast<size_t>(ranks.rank())] = mp_size;
+      ranks.control_all_gather(sizes.data(), sizeof(int64_t), guard_.label("the ranks' model-parallel groups"));
       std::string text =
           "the ranks have different model-parallel groups (zero_engine_set_model_parallel; every rank of the job "
           "calls it, a data-parallel group's ranks with groups of one size):";
-      for (int r = 0; r < comm_.size(); ++r)
-        text += std::string(r ? "," : "") + " rank " + std::to_string(r) + " " +
+      for (int r = 0; r < ranks.size(); ++r)
+        text += std::string(r ? "," : "") + " " + ranks.rank_name() + " " + std::to_string(r) + " " +
                 (sizes[r] == 1 ? std::string("none") : "size " + std::to_string(sizes[r]));
       return text;
     };

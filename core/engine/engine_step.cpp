@@ -53,21 +53,22 @@ StepResult Engine::step(const StepOptions& options) {
   // What must be equal on every rank: the options, then each group's learning rate.
   std::vector<double> agreed{static_cast<double>(options.partial_window), static_cast<double>(options.loss_averaged)};
   for (const GroupSpec& g : groups) agreed.push_back(g.base_lr);
-  auto explain = [&]() {
-    std::vector<double> all(agreed.size() * static_cast<size_t>(comm_.size()));
-    std::memcpy(all.data() + agreed.size() * comm_.rank(), agreed.data(), agreed.size() * sizeof(double));
-    comm_.control_all_gather(all.data(), agreed.size() * sizeof(double),
+  // Run by the group whose ranks differ: the data-parallel one, or the model-parallel one.
+  auto explain = [&](EngineComm& ranks) {
+    std::vector<double> all(agreed.size() * static_cast<size_t>(ranks.size()));
+    std::memcpy(all.data() + agreed.size() * ranks.rank(), agreed.data(), agreed.size() * sizeof(double));
+    ranks.control_all_gather(all.data(), agreed.size() * sizeof(double),
                              guard_.label("the ranks' step options and learning rates"));
     auto differs = [&](size_t k) {
-      for (int r = 1; r < comm_.size(); ++r)
+      for (int r = 1; r < ranks.size(); ++r)
         if (all[agreed.size() * r + k] != all[k]) return true;
       return false;
     };
     auto by_rank = [&](size_t k, bool flag) {
       std::string text;
-      for (int r = 0; r < comm_.size(); ++r) {
+      for (int r = 0; r < ranks.size(); ++r) {
         const double v = all[agreed.size() * r + k];
-        text += (r ? ", rank " : " rank ") + std::to_string(r) + " " +
+        text += (r ? ", " : " ") + ranks.rank_name() + " " + std::to_string(r) + " " +
                 (flag ? std::to_string(static_cast<int>(v)) : exact_decimal(v));
       }
       return text;

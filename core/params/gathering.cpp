@@ -237,11 +237,11 @@ void ParameterStore::release_modified(int unit, int modifier_rank, bool micro_st
     const UnitLayout& ul = layout_.units[unit];
     bytes = static_cast<int64_t>(ul.padded_elems * dtype_size(plan_.compute_dtype) + ul.frozen_padded_bytes);
   });
-  call.agree(unit, bytes, modifier_rank, [&] {
+  call.agree(unit, bytes, modifier_rank, [&](EngineComm& ranks) {
     std::string text = guard_.label("the ranks name different modifier ranks for " + unit_name(unit) + ":");
-    for (int r = 0; r < comm_.size(); ++r)
+    for (int r = 0; r < ranks.size(); ++r)
       text += (r ? "; " : " ") + std::string("rank ") + std::to_string(r) + " names " +
-              comm_.broadcast_text(std::to_string(modifier_rank), r, guard_.label("each rank's modifier rank"));
+              ranks.broadcast_text(std::to_string(modifier_rank), r, guard_.label("each rank's modifier rank"));
     return text + ". Every rank must name the same one.";
   });
   call.move([&] {

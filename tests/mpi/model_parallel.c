@@ -24,6 +24,8 @@
  *             another size (ZERO_ERR_MISMATCH on its data-parallel group, ZERO_ERR_REMOTE elsewhere); one rank without
  *             the model-parallel group (ZERO_ERR_MISMATCH on its data-parallel group; its model-parallel partners,
  *             who wait for it in an exchange it never joins, get an error by the timeout at the latest).
+ * lr-differs  the tensor-parallel ranks set different learning rates: zero_step is ZERO_ERR_MISMATCH on every rank,
+ *             naming each model-parallel rank's rate, and the engine trains once they agree.
  * step-fails  a rank's zero_step fails its checks: every rank gets the error (ZERO_ERR_REMOTE elsewhere) before data
  *             moves, and the next zero_step trains on every rank (needs the test hooks).
  * norm-fails  a rank fails in the model-parallel exchange of the norm: every rank's zero_step fails, none hangs.
@@ -544,6 +546,28 @@ static void case_checkpoint(int world, int stage, const char* dir) {
         g_tp, world / g_tp, g_tp);
 }
 
+/* The tensor-parallel ranks set different learning rates: zero_step fails on every rank before data moves, naming
+ * each model-parallel rank's rate, and trains once they agree. */
+static void case_lr_differs(int world) {
+  Grid g = make_grid(world);
+  int32_t ids[kParams];
+  zero_engine_t* engine = make_engine(&g, 2, 1, g_clip, ids);
+  micro_step(engine, ids, 1, 0, g.dp, g.dp_size, 1.0f, NULL, -1);
+  CHECK(zero_set_lr(engine, 0, g_tp_rank == 1 ? 0.02 : 0.01));
+  zero_step_info_t info = ZERO_STEP_INFO_INIT;
+  const zero_status_t st = zero_step(&info, engine);
+  const char* message = zero_last_error();
+  printf("world rank %d: lr-differs: %s: %s\n", g.world_rank, zero_status_string(st), message);
+  EXPECT(st == ZERO_ERR_MISMATCH && strstr(message, "learning rates") != NULL &&
+             strstr(message, "model-parallel rank 1 0.02") != NULL,
+         "world rank %d: %s: %s", g.world_rank, zero_status_string(st), message);
+  CHECK(zero_set_lr(engine, 0, 0.01));
+  CHECK(zero_step(&info, engine));
+  EXPECT(info.step == 1 && !info.skipped, "the step after agreeing: step %lld", (long long)info.step);
+  zero_engine_destroy(engine);
+  free_grid(&g);
+}
+
 /* A save whose last part cannot write its manifest fails on every rank and leaves the previous checkpoint named; a
  * load of a checkpoint with one corrupt part fails on every rank. Needs the test hooks. */
 static void case_save_fails(int world, const char* dir) {
@@ -622,6 +646,8 @@ int main(int argc, char** argv) {
   } else if (strcmp(which, "clip-differs") == 0 || strcmp(which, "layout-differs") == 0 ||
              strcmp(which, "missing-group") == 0) {
     case_finalize_mismatch(world, which);
+  } else if (strcmp(which, "lr-differs") == 0) {
+    case_lr_differs(world);
   } else if (strcmp(which, "save-fails") == 0 && dir != NULL) {
     case_save_fails(world, dir);
   } else if (strcmp(which, "checkpoint") == 0 && dir != NULL) {
