@@ -33,6 +33,16 @@
     }                                                                                \
   } while (0)
 
+/* A 64-bit integer hash: the tests' gradients and values, reproducible on every rank. */
+static inline uint64_t test_mix(uint64_t h) {
+  h ^= h >> 17;
+  h *= 0xed5ad4bbu;
+  h ^= h >> 11;
+  h *= 0xac4c1b51u;
+  h ^= h >> 15;
+  return h;
+}
+
 /* Eight params of uneven sizes in three units and two groups: some smaller than any rank count, several not
  * divisible by 3 or 4, so shard boundaries cut through params and padding differs per rank count. */
 enum { kNumParams = 8, kNumUnits = 3 };

@@ -29,9 +29,11 @@
  * step-fails  a rank's zero_step fails its checks: every rank gets the error (ZERO_ERR_REMOTE elsewhere) before data
  *             moves, and the next zero_step trains on every rank (needs the test hooks).
  * norm-fails  a rank fails in the model-parallel exchange of the norm: every rank's zero_step fails, none hangs.
+ * finalize-fails  one rank cannot allocate in finalize: every rank fails, and finalize again trains (test hooks).
  * save-fails  the last part's manifest cannot be written: every rank's save fails, `latest` keeps the previous
- *             checkpoint, nothing is left behind; then one part's shard is truncated: every rank's load fails
- *             (needs the test hooks).
+ *             checkpoint, nothing is left behind; the last part loading another save than the others is
+ *             ZERO_ERR_MISMATCH everywhere; then one part's shard is truncated: every rank's load fails (needs the
+ *             test hooks).
  * checkpoint  T x D ranks save (one directory per model-parallel rank); then the same weights are loaded by a grid
  *             of T x 1 ranks (the lower world ranks), which go on training equal to the reference with D = 1; a load
  *             by a job with another model-parallel size is refused naming both sizes.
@@ -92,19 +94,11 @@ static size_t whole_index(int p, size_t i) {
   return row * (size_t)kLayer[p].shape[1] + (size_t)g_tp_rank * cols + col;
 }
 
-static uint64_t mix(uint64_t h) {
-  h ^= h >> 17;
-  h *= 0xed5ad4bbu;
-  h ^= h >> 11;
-  h *= 0xac4c1b51u;
-  h ^= h >> 15;
-  return h;
-}
 /* What data-parallel rank `dp` adds to whole element i of param p in micro-step k of step t; every tensor-parallel
  * rank computes the same value for an element it holds. */
 static float mp_grad(int t, int k, int dp, int p, size_t i) {
-  uint64_t common = mix((uint64_t)t * 1000003u ^ (uint64_t)p * 15485863u ^ (uint64_t)i * 2654435761u);
-  uint64_t own = mix(common ^ ((uint64_t)k * 7919u + 1) * 104729u ^ (uint64_t)(dp + 1) * 0x9e3779b97f4a7c15u);
+  uint64_t common = test_mix((uint64_t)t * 1000003u ^ (uint64_t)p * 15485863u ^ (uint64_t)i * 2654435761u);
+  uint64_t own = test_mix(common ^ ((uint64_t)k * 7919u + 1) * 104729u ^ (uint64_t)(dp + 1) * 0x9e3779b97f4a7c15u);
   int v = (int)(common % 17) - 8 + (int)(own % 9) - 4;
   return (float)ldexp(v * (t % 3 + 1), -10);
 }
@@ -568,6 +562,34 @@ static void case_lr_differs(int world) {
   free_grid(&g);
 }
 
+/* One rank cannot allocate its buffers in finalize: every rank of the job fails (ZERO_ERR_REMOTE elsewhere), and a
+ * second finalize succeeds everywhere (the failure was agreed before data moved). Needs the test hooks. */
+static void case_finalize_fails(int world) {
+  Grid g = make_grid(world);
+  char config[1024];
+  make_config(config, sizeof config, 2, 1, g_clip, 60.0);
+  zero_engine_t* engine = NULL;
+  CHECK(zero_engine_create(&engine, config, g.dp_comm));
+  CHECK(zero_engine_set_model_parallel(engine, g.mp_comm));
+  int32_t ids[kParams];
+  register_layer(engine, ids, g.dp == 0, 0);
+  const int failing = g_tp * g_pp; /* data-parallel rank 1, model-parallel rank 0 */
+  if (g.world_rank == failing) setenv("ZERO_TEST_FAIL", "finalize.alloc:1", 1);
+  const zero_status_t st = zero_engine_finalize(engine);
+  unsetenv("ZERO_TEST_FAIL");
+  printf("world rank %d: finalize-fails: %s: %s\n", g.world_rank, zero_status_string(st), zero_last_error());
+  EXPECT(st == (g.world_rank == failing ? ZERO_ERR_OUT_OF_MEMORY : ZERO_ERR_REMOTE), "world rank %d: %s", g.world_rank,
+         zero_status_string(st));
+  CHECK(zero_engine_finalize(engine));
+  free_init();
+  micro_step(engine, ids, 1, 0, g.dp, g.dp_size, 1.0f, NULL, -1);
+  zero_step_info_t info = ZERO_STEP_INFO_INIT;
+  CHECK(zero_step(&info, engine));
+  zero_engine_destroy(engine);
+  free_grid(&g);
+  if (g.world_rank == 0) printf("model-parallel finalize failure ok: every rank heard it, the retry trained\n");
+}
+
 /* A save whose last part cannot write its manifest fails on every rank and leaves the previous checkpoint named; a
  * load of a checkpoint with one corrupt part fails on every rank. Needs the test hooks. */
 static void case_save_fails(int world, const char* dir) {
@@ -578,6 +600,9 @@ static void case_save_fails(int world, const char* dir) {
   zero_step_info_t info = ZERO_STEP_INFO_INIT;
   CHECK(zero_step(&info, engine));
   CHECK(zero_save_checkpoint(engine, dir, "good"));
+  micro_step(engine, ids, 2, 0, g.dp, g.dp_size, 1.0f, NULL, -1);
+  CHECK(zero_step(&info, engine));
+  CHECK(zero_save_checkpoint(engine, dir, "good2"));
   const int last_part = g_tp * g_pp - 1; /* its data-parallel rank 0 writes its manifest */
   if (g.world_rank == last_part) setenv("ZERO_TEST_FAIL", "save.manifest-enospc:0", 1);
   zero_status_t st = zero_save_checkpoint(engine, dir, "bad");
@@ -595,15 +620,21 @@ static void case_save_fails(int world, const char* dir) {
     EXPECT(f == NULL, "%s was left behind", path);
     snprintf(path, sizeof path, "%s/latest", dir);
     f = fopen(path, "r");
-    EXPECT(f != NULL && fgets(latest, sizeof latest, f) != NULL && strcmp(latest, "good\n") == 0,
-           "latest says '%s', expected good", latest);
+    EXPECT(f != NULL && fgets(latest, sizeof latest, f) != NULL && strcmp(latest, "good2\n") == 0,
+           "latest says '%s', expected good2", latest);
     fclose(f);
     /* One part's shard, truncated. */
-    snprintf(path, sizeof path, "%s/good/mp_rank_%02d/master.rank00000-of-%05d.safetensors", dir, last_part, g.dp_size);
+    snprintf(path, sizeof path, "%s/good2/mp_rank_%02d/master.rank00000-of-%05d.safetensors", dir, last_part,
+             g.dp_size);
     EXPECT(truncate(path, 100) == 0, "cannot truncate %s", path);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  st = zero_load_checkpoint(engine, dir, "good");
+  /* The parts of one load must come from one save: the last part loading another tag is refused everywhere. */
+  st = zero_load_checkpoint(engine, dir, g.world_rank % (g_tp * g_pp) == last_part ? "good" : "good2");
+  printf("world rank %d: parts of two saves: %s: %s\n", g.world_rank, zero_status_string(st), zero_last_error());
+  EXPECT(st == ZERO_ERR_MISMATCH, "world rank %d: loading parts of two saves: %s", g.world_rank,
+         zero_status_string(st));
+  st = zero_load_checkpoint(engine, dir, "good2");
   printf("world rank %d: corrupt part: %s: %s\n", g.world_rank, zero_status_string(st), zero_last_error());
   EXPECT(st == ZERO_ERR_CHECKPOINT_CORRUPT, "world rank %d: loading a corrupt part: %s", g.world_rank,
          zero_status_string(st));
@@ -646,6 +677,8 @@ int main(int argc, char** argv) {
   } else if (strcmp(which, "clip-differs") == 0 || strcmp(which, "layout-differs") == 0 ||
              strcmp(which, "missing-group") == 0) {
     case_finalize_mismatch(world, which);
+  } else if (strcmp(which, "finalize-fails") == 0) {
+    case_finalize_fails(world);
   } else if (strcmp(which, "lr-differs") == 0) {
     case_lr_differs(world);
   } else if (strcmp(which, "save-fails") == 0 && dir != NULL) {

@@ -98,22 +98,13 @@ static void record_norm_log(void* user_data, int32_t level, int32_t rank, const 
   log->steps_folded_all += strstr(message, log->all_units) != NULL;
 }
 
-static uint64_t mix(uint64_t h) {
-  h ^= h >> 17;
-  h *= 0xed5ad4bbu;
-  h ^= h >> 11;
-  h *= 0xac4c1b51u;
-  h ^= h >> 15;
-  return h;
-}
-
 /* The gradient rank `rank` adds to element i of param p in micro-step k of step t: a multiple of 2^-10. A part
  * shared by all ranks and micro-steps keeps the averaged norm near 0.13 x (t % 3 + 1) whatever N and the
  * accumulation, so a clip at 0.25 engages on some steps and not on others; a per-rank part makes the ranks
  * disagree, as real data-parallel gradients do. */
 static float test_grad(int t, int k, int rank, int p, size_t i) {
-  uint64_t common = mix((uint64_t)t * 1000003u ^ (uint64_t)p * 15485863u ^ (uint64_t)i * 2654435761u);
-  uint64_t own = mix(common ^ ((uint64_t)k * 7919u + 1) * 104729u ^ (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15u);
+  uint64_t common = test_mix((uint64_t)t * 1000003u ^ (uint64_t)p * 15485863u ^ (uint64_t)i * 2654435761u);
+  uint64_t own = test_mix(common ^ ((uint64_t)k * 7919u + 1) * 104729u ^ (uint64_t)(rank + 1) * 0x9e3779b97f4a7c15u);
   /* In 16-bit modes |sum over ranks and micro-steps| <= 16 x 4 x 3 = 192 < 2^8: exact in bf16's 8 bits. */
   int v = g_dtype == ZERO_DTYPE_FP32 ? (int)(common % 17) - 8 + (int)(own % 9) - 4
                                      : (int)(common % 7) - 3 + (int)(own % 3) - 1;
