@@ -14,6 +14,7 @@
 
 #include "cuda/launch_table.hpp"
 #include "kernels/kernels.hpp"
+#include "kernels/step_element.hpp"
 #include "numeric/dtype.hpp"
 
 namespace zero {
@@ -36,7 +37,9 @@ void launch_step(OptimizerKind kind, DType grad, CopyMode copy, const LaunchTabl
 // on the CPU: blocks of kSumBlockElems, each in 16 fp64 lanes and the fixed tree, the block sums added in block
 // order. `scratch` is device memory of at least sum_squares_scratch_doubles(n) doubles; the result is written to
 // device memory at `result`.
-size_t sum_squares_scratch_doubles(size_t n);
+inline size_t sum_squares_scratch_doubles(size_t n) {
+  return sum_squares_blocks(n) * (kernel_detail::kSquareLanes + 1);
+}
 void launch_sum_squares(DType grad, const void* device_grad, size_t n, double* scratch, double* result, void* stream);
 
 // Gradient conversions with the CPU kernels' bits (kernels/kernels.hpp): narrow fp32 -> 16-bit, widen 16-bit -> fp32,

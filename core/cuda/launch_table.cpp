@@ -30,8 +30,12 @@ LaunchTable plan_step_launches(OptimizerKind kind, const KernelArgs* segments, s
       it = variants.end() - 1;
     }
     std::vector<StepChunk>& out = chunks[static_cast<size_t>(it - variants.begin())];
-    for (size_t begin = 0; begin < a.n; begin += chunk_elems)
-      out.push_back({static_cast<uint32_t>(s), static_cast<uint32_t>(std::min(chunk_elems, a.n - begin)), begin});
+    for (size_t begin = 0; begin < a.n;) {
+      const uint64_t to_boundary = (uint64_t{1} << 32) - ((a.first_index + begin) & 0xffffffffu);
+      const size_t count = static_cast<size_t>(std::min<uint64_t>({chunk_elems, a.n - begin, to_boundary}));
+      out.push_back({static_cast<uint32_t>(s), static_cast<uint32_t>(count), begin});
+      begin += count;
+    }
   }
   for (size_t v = 0; v < variants.size(); ++v) {
     table.launches.push_back({variants[v], table.chunks.size(), chunks[v].size()});

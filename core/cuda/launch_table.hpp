@@ -4,9 +4,9 @@
 // variant; every other optimizer has one). The table is computed on the host when the segments are laid out, so a
 // step is one upload of the segments' per-step scalars and one launch per variant — usually exactly one.
 //
-// Every element's result depends only on its own streams and its segment's scalars (the norm is its own pass), so
-// the split changes no bits: tests/unit/launch_table_test.cpp steps a table's chunks one by one on the CPU with the
-// shared element step and compares with one pass per segment.
+// Every element's result depends only on its own streams, its segment's scalars (the norm is its own pass) and its
+// global index, so the split changes no bits: tests/unit/launch_table_test.cpp steps a table's chunks one by one on the
+// CPU with the shared element step and compares with one pass per segment.
 #pragma once
 
 #include <cstddef>
@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "kernels/kernels.hpp"
+#include "numeric/dtype.hpp"
+#include "numeric/host_device.hpp"
 
 namespace zero {
 namespace cuda {
@@ -35,10 +37,18 @@ struct LaunchTable {
   std::vector<StepLaunch> launches;  // in order of their variant's first segment
 };
 
+// The stochastic-rounding seed of a chunk's elements, as the CPU's parallel_step keys them (kernels/dispatch.cpp):
+// the step's seed mixed with the high 32 bits of the element's global index. A chunk never crosses a multiple of
+// 2^32 of the global index, so one seed serves the whole chunk.
+ZERO_HD inline uint32_t chunk_seed(const KernelArgs& segment, const StepChunk& chunk) {
+  return sr_index_seed(segment.s.seed, segment.first_index + chunk.begin);
+}
+
 // The default: 16 elements per thread for 256 threads.
 constexpr size_t kDefaultChunkElems = 4096;
 
-// Segments with n == 0 take no chunk. chunk_elems must be in [1, 2^32); a segment count must fit in 32 bits.
+// Segments with n == 0 take no chunk; a chunk ends at every multiple of 2^32 of the global index (chunk_seed).
+// chunk_elems must be in [1, 2^32); a segment count must fit in 32 bits.
 LaunchTable plan_step_launches(OptimizerKind kind, const KernelArgs* segments, size_t count,
                                size_t chunk_elems = kDefaultChunkElems);
 

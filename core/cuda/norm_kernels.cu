@@ -58,8 +58,6 @@ unsigned grid_for(size_t threads) { return static_cast<unsigned>((threads + kThr
 
 }  // namespace
 
-size_t sum_squares_scratch_doubles(size_t n) { return sum_squares_blocks(n) * (kSquareLanes + 1); }
-
 void launch_sum_squares(DType grad, const void* device_grad, size_t n, double* scratch, double* result, void* stream) {
   cudaStream_t s = as_stream(stream);
   const size_t blocks = sum_squares_blocks(n);

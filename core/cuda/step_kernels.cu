@@ -24,7 +24,8 @@ constexpr int kThreads = 256;
 template <OptimizerKind K, DType G, CopyMode C, int kSgd>
 __global__ void __launch_bounds__(kThreads) step_chunks(const KernelArgs* segments, const StepChunk* chunks) {
   const StepChunk chunk = chunks[blockIdx.x];
-  const KernelArgs a = segments[chunk.segment];
+  KernelArgs a = segments[chunk.segment];
+  a.s.seed = chunk_seed(a, chunk);
   ElementV::D no_norm{};  // the norm is its own pass on the GPU (launch_sum_squares)
   for (uint32_t j = threadIdx.x; j < chunk.count; j += kThreads)
     kernel_detail::step_vector<ElementV, K, G>(a, chunk.begin + j, no_norm, 0,

@@ -98,15 +98,28 @@ TEST(LaunchTable, EveryElementIsInOneChunkAndEachVariantHasALaunch) {
   EXPECT_EQ(1u, adam.launches.size());
 }
 
+// Segments 3 and 5 start 300 elements before a multiple of 2^32 and past one: the CPU keys stochastic rounding by
+// the global index's high bits (parallel_step splits a run there); the chunks end there and take chunk_seed.
 TEST(LaunchTable, SteppingTheChunksOneByOneGivesTheBitsOfOnePassPerSegment) {
   const std::vector<size_t> sizes = {5, 4097, 1, 10000, 3, 777};
   std::vector<Streams> whole, chunked;
   std::vector<KernelArgs> a = sgd_segments(whole, sizes), b = sgd_segments(chunked, sizes);
+  for (std::vector<KernelArgs>* v : {&a, &b}) {
+    (*v)[3].first_index = (uint64_t{1} << 32) - 300;
+    (*v)[5].first_index = (uint64_t{3} << 32) + 5;
+  }
   const StepKernel* table = kernel_table_scalar().step[static_cast<int>(OptimizerKind::kSgd)][2];
   const int copy = static_cast<int>(CopyMode::kBf16Stochastic);
-  for (const KernelArgs& s : a) table[copy](s);
+  for (const KernelArgs& s : a) parallel_step(table[copy], s, 1);
   const cuda::LaunchTable t = cuda::plan_step_launches(OptimizerKind::kSgd, b.data(), b.size(), 1000);
-  for (const cuda::StepChunk& ch : t.chunks) table[copy](sub_run(b[ch.segment], ch.begin, ch.count));
+  for (const cuda::StepChunk& ch : t.chunks) {
+    const KernelArgs& segment = b[ch.segment];
+    const uint64_t first = segment.first_index + ch.begin, last = first + ch.count - 1;
+    ASSERT_EQ(first >> 32, last >> 32) << "a chunk crosses a multiple of 2^32";
+    KernelArgs part = sub_run(segment, ch.begin, ch.count);
+    part.s.seed = cuda::chunk_seed(segment, ch);
+    table[copy](part);
+  }
   for (size_t s = 0; s < sizes.size(); ++s) {
     EXPECT_EQ(whole[s].master, chunked[s].master) << s;
     EXPECT_EQ(whole[s].s0, chunked[s].s0) << s;
