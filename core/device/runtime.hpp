@@ -37,6 +37,14 @@ class Event {
   virtual ~Event() = default;
 };
 
+// The CUDA module (libzero-cuda.so.1) is built from the same sources as libzero and hands back a Runtime object: the
+// loader passes this version and the layout of the structs that cross (device/cuda_module.hpp), and the module
+// refuses a mismatch rather than misread them.
+constexpr uint32_t kRuntimeInterfaceVersion = 1;
+constexpr uint64_t runtime_interface_layout() {
+  return (uint64_t{sizeof(KernelArgs)} << 32) | (uint64_t{sizeof(cuda::StepChunk)} << 16) | sizeof(StepScalars);
+}
+
 // Device memory allocations are aligned to this (CUDA's pools give 256 bytes; the emulator the same).
 constexpr size_t kDeviceAlignment = 256;
 

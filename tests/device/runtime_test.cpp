@@ -1,10 +1,13 @@
-// The host emulator of the device runtime (core/device/emulator.hpp): its kernels give the CPU's bits whatever the
-// streams' timing, its device memory faults when the host touches it and is checked at every use, its memory is
-// stream-ordered, and its happens-before checker finds the bugs it exists for — a missing event, a buffer reused
-// before its last use is ordered, a host read of pinned memory the device is still writing — and stays silent when
-// events order the same accesses.
+// The device runtime (core/device/runtime.hpp). The first half runs on every runtime this machine has — the host
+// emulator (two seeds of its random delays) and, where a GPU and the CUDA module are, CUDA: copies, stream-ordered
+// pools, and the kernels against the CPU's bits. The second half is the emulator's own: its device memory faults
+// when the host touches it and is checked at every use, released memory is reused in stream order, and its
+// happens-before checker finds the bugs it exists for — a missing event, a buffer reused before its last use is
+// ordered, a host read of pinned memory the device is still writing — and stays silent when events order the same
+// accesses.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -12,6 +15,7 @@
 
 #include "cuda/device_kernels.hpp"
 #include "cuda/launch_table.hpp"
+#include "device/cuda_module.hpp"
 #include "device/emulator.hpp"
 #include "device/stream_pool.hpp"
 #include "kernels/kernels.hpp"
@@ -40,14 +44,14 @@ std::unique_ptr<Emulator> emulator(uint64_t seed = 1, bool throw_on_race = true)
 
 // Device memory holding `values`, uploaded on `stream` (from pageable memory: complete on return).
 template <class T>
-T* upload(Emulator& rt, Stream& stream, const std::vector<T>& values) {
+T* upload(device::Runtime& rt, Stream& stream, const std::vector<T>& values) {
   auto* p = static_cast<T*>(rt.allocate(values.size() * sizeof(T), stream));
   rt.copy(p, values.data(), values.size() * sizeof(T), stream);
   return p;
 }
 
 template <class T>
-std::vector<T> download(Emulator& rt, Stream& stream, const T* p, size_t n) {
+std::vector<T> download(device::Runtime& rt, Stream& stream, const T* p, size_t n) {
   std::vector<T> out(n);
   rt.copy(out.data(), p, n * sizeof(T), stream);
   return out;
@@ -62,8 +66,38 @@ std::string what_of(const std::function<void()>& body) {
   return "";
 }
 
-TEST(DeviceEmulator, CopiesAndZeroingThroughPinnedMemory) {
-  auto rt = emulator();
+// ---- On every runtime.
+
+class OnEachRuntime : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() != "cuda") {
+      rt_ = emulator(GetParam() == "emulator_seed1" ? 1 : 2);
+      return;
+    }
+    try {
+      rt_ = device::open_cuda_runtime();
+    } catch (const Error& e) {
+      // The GPU check sets it: there, a runtime that does not open is a failure, not a skip.
+      if (std::getenv("ZERO_TEST_REQUIRE_DEVICE") != nullptr) FAIL() << e.what();
+      GTEST_SKIP() << e.what();
+    }
+  }
+  void TearDown() override {
+    if (auto* e = dynamic_cast<Emulator*>(rt_.get())) {
+      const std::vector<std::string> races = e->races();
+      EXPECT_TRUE(races.empty()) << races.front();
+      EXPECT_EQ(0u, e->live_device_bytes()) << "device memory left allocated";
+    }
+  }
+  std::unique_ptr<device::Runtime> rt_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Runtimes, OnEachRuntime, ::testing::Values("emulator_seed1", "emulator_seed2", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+TEST_P(OnEachRuntime, CopiesAndZeroingThroughPinnedMemory) {
+  device::Runtime* rt = rt_.get();
   {
     auto s = rt->create_stream("copy");
     auto done = rt->create_event();
@@ -83,54 +117,6 @@ TEST(DeviceEmulator, CopiesAndZeroingThroughPinnedMemory) {
     rt->release(d, *s);
     rt->release_pinned(pinned);
   }
-  EXPECT_TRUE(rt->races().empty());
-  EXPECT_EQ(0u, rt->live_device_bytes());
-}
-
-TEST(DeviceEmulatorDeathTest, TheHostCannotTouchDeviceMemory) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        auto rt = emulator();
-        auto s = rt->create_stream("s");
-        auto* d = static_cast<volatile float*>(rt->allocate(64, *s));
-        d[3] = 1.0f;  // a host write through a device pointer
-      },
-      "");
-}
-
-TEST(DeviceEmulator, UsesOutsideLiveAllocationsAreErrors) {
-  auto rt = emulator();
-  auto s = rt->create_stream("s");
-  std::vector<float> host(100);
-  auto* d = static_cast<float*>(rt->allocate(100 * 4, *s));
-  // The pool rounds the allocation up to 512 bytes; the 400 asked for are what may be used.
-  EXPECT_NE(std::string::npos, what_of([&] { rt->copy(host.data(), d, 404, *s); }).find("4 bytes past the end"));
-  rt->release(d, *s);
-  EXPECT_NE(std::string::npos, what_of([&] { rt->copy(host.data(), d, 4, *s); }).find("not allocated"));
-  EXPECT_NE(std::string::npos, what_of([&] { rt->release(d, *s); }).find("not a live device allocation"));
-  // A kernel given host memory.
-  EXPECT_NE(std::string::npos,
-            what_of([&] { rt->widen(DType::kBF16, host.data(), host.data() + 60, 10, *s); }).find("not device memory"));
-}
-
-// Memory released on one stream and allocated on another: the new user's work runs after the release (the pool's
-// ordering), and sees the poison the release left, never a half-written block.
-TEST(DeviceEmulator, ReleasedMemoryIsReusedInStreamOrderAndPoisoned) {
-  auto rt = emulator(7);
-  auto a = rt->create_stream("a"), b = rt->create_stream("b");
-  std::vector<uint32_t> ones(4096, 1u);
-  for (int round = 0; round < 20; ++round) {
-    uint32_t* p = upload(*rt, *a, ones);
-    rt->fill_zero(p, 4096 * 4, *a);
-    rt->release(p, *a);
-    auto* q = static_cast<uint32_t*>(rt->allocate(4096 * 4, *b));
-    ASSERT_EQ(p, q) << "the freed block was not reused";
-    const std::vector<uint32_t> seen = download(*rt, *b, q, 4096);
-    for (uint32_t v : seen) ASSERT_EQ(0xffffffffu, v);
-    rt->release(q, *b);
-  }
-  EXPECT_TRUE(rt->races().empty());
 }
 
 struct StepCase {
@@ -140,16 +126,17 @@ struct StepCase {
 };
 
 // One segment per size; segment 1 runs across element 2^32 (stochastic rounding is keyed by the index's high bits).
-TEST(DeviceEmulator, TheStepGivesTheCpuBitsWhateverTheTiming) {
+TEST_P(OnEachRuntime, TheStepGivesTheCpuBits) {
   const std::vector<size_t> sizes = {4099, 1, 70000, 0, 333};
   const StepCase cases[] = {{OptimizerKind::kAdamW, DType::kBF16, CopyMode::kBf16Stochastic},
                             {OptimizerKind::kAdamW, DType::kF32, CopyMode::kNone},
                             {OptimizerKind::kSgd, DType::kF16, CopyMode::kFp16Rne},
                             {OptimizerKind::kLion, DType::kBF16, CopyMode::kBf16Rne}};
   for (const StepCase& c : cases) {
-    for (uint64_t seed : {1u, 2u}) {
-      SCOPED_TRACE(std::string(optimizer_name(c.kind)) + " seed " + std::to_string(seed));
-      auto rt = emulator(seed);
+    {
+      SCOPED_TRACE(optimizer_name(c.kind));
+      device::Runtime* rt = rt_.get();
+      const uint64_t seed = 1;
       auto upload_stream = rt->create_stream("upload"), compute = rt->create_stream("compute");
       auto uploaded = rt->create_event(), stepped = rt->create_event();
       std::mt19937 rng(static_cast<uint32_t>(seed));
@@ -242,13 +229,12 @@ TEST(DeviceEmulator, TheStepGivesTheCpuBitsWhateverTheTiming) {
         }
       }
       for (void* p : device_buffers) rt->release(p, *upload_stream);
-      EXPECT_TRUE(rt->races().empty());
     }
   }
 }
 
-TEST(DeviceEmulator, NormAndConversionsGiveTheCpuBits) {
-  auto rt = emulator(3);
+TEST_P(OnEachRuntime, NormAndConversionsGiveTheCpuBits) {
+  device::Runtime* rt = rt_.get();
   auto s = rt->create_stream("s");
   const size_t n = 3 * kSumBlockElems + 777;
   std::mt19937 rng(5);
@@ -285,8 +271,96 @@ TEST(DeviceEmulator, NormAndConversionsGiveTheCpuBits) {
   EXPECT_EQ(narrowed, download(*rt, *s, dn, n));
   EXPECT_EQ(widened, download(*rt, *s, dw, n));
   EXPECT_EQ(summed, download(*rt, *s, df, n));
-  EXPECT_TRUE(rt->races().empty());
   for (void* p : {static_cast<void*>(df), static_cast<void*>(dn), static_cast<void*>(dw)}) rt->release(p, *s);
+}
+
+// Three streams take turns with two pooled buffers: each writes its value into the buffer it got and narrows it
+// into its own output. Only the pool's last-use events order one stream's use after another's.
+TEST_P(OnEachRuntime, PooledBuffersPassBetweenStreamsOrderedByTheirLastUse) {
+  device::Runtime* rt = rt_.get();
+  std::vector<std::unique_ptr<Stream>> streams;
+  for (int k = 0; k < 3; ++k) streams.push_back(rt->create_stream("user " + std::to_string(k)));
+  auto ready = rt->create_event();
+  constexpr size_t n = 4096;
+  std::vector<float*> values;
+  std::vector<uint16_t*> outputs;
+  for (int v = 0; v < 3; ++v) values.push_back(upload(*rt, *streams[0], std::vector<float>(n, 1.0f + v)));
+  for (int k = 0; k < 3; ++k) outputs.push_back(static_cast<uint16_t*>(rt->allocate(n * 2, *streams[0])));
+  rt->record(*ready, *streams[0]);
+  for (auto& s : streams) rt->wait(*s, *ready);
+  {
+    device::StreamBufferPool pool(*rt, n * 4);
+    pool.reserve(2, *streams[0]);
+    std::vector<void*> held(3, nullptr);
+    for (int i = 0; i < 60; ++i) {
+      const int k = i % 3;
+      if (held[k] == nullptr) held[k] = pool.acquire(*streams[k]);
+      rt->copy(held[k], values[static_cast<size_t>(i % 3)], n * 4, *streams[k]);
+      rt->narrow(DType::kBF16, outputs[static_cast<size_t>(k)], static_cast<float*>(held[k]), n, *streams[k]);
+      pool.give_back(held[k], *streams[k]);
+      held[k] = nullptr;
+    }
+    for (int k = 0; k < 3; ++k) {
+      const std::vector<uint16_t> out =
+          download(*rt, *streams[static_cast<size_t>(k)], outputs[static_cast<size_t>(k)], n);
+      EXPECT_EQ(float_to_bf16_rne(1.0f + static_cast<float>(k)), out[n - 1]) << k;
+    }
+    pool.clear(*streams[0]);
+  }
+  for (int k = 0; k < 3; ++k) {
+    rt->record(*ready, *streams[static_cast<size_t>(k)]);
+    rt->wait(*streams[0], *ready);
+  }
+  for (float* p : values) rt->release(p, *streams[0]);
+  for (uint16_t* p : outputs) rt->release(p, *streams[0]);
+}
+
+// ---- The emulator's own.
+
+TEST(DeviceEmulatorDeathTest, TheHostCannotTouchDeviceMemory) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto rt = emulator();
+        auto s = rt->create_stream("s");
+        auto* d = static_cast<volatile float*>(rt->allocate(64, *s));
+        d[3] = 1.0f;  // a host write through a device pointer
+      },
+      "");
+}
+
+TEST(DeviceEmulator, UsesOutsideLiveAllocationsAreErrors) {
+  auto rt = emulator();
+  auto s = rt->create_stream("s");
+  std::vector<float> host(100);
+  auto* d = static_cast<float*>(rt->allocate(100 * 4, *s));
+  // The pool rounds the allocation up to 512 bytes; the 400 asked for are what may be used.
+  EXPECT_NE(std::string::npos, what_of([&] { rt->copy(host.data(), d, 404, *s); }).find("4 bytes past the end"));
+  rt->release(d, *s);
+  EXPECT_NE(std::string::npos, what_of([&] { rt->copy(host.data(), d, 4, *s); }).find("not allocated"));
+  EXPECT_NE(std::string::npos, what_of([&] { rt->release(d, *s); }).find("not a live device allocation"));
+  // A kernel given host memory.
+  EXPECT_NE(std::string::npos,
+            what_of([&] { rt->widen(DType::kBF16, host.data(), host.data() + 60, 10, *s); }).find("not device memory"));
+}
+
+// Memory released on one stream and allocated on another: the new user's work runs after the release (the pool's
+// ordering), and sees the poison the release left, never a half-written block.
+TEST(DeviceEmulator, ReleasedMemoryIsReusedInStreamOrderAndPoisoned) {
+  auto rt = emulator(7);
+  auto a = rt->create_stream("a"), b = rt->create_stream("b");
+  std::vector<uint32_t> ones(4096, 1u);
+  for (int round = 0; round < 20; ++round) {
+    uint32_t* p = upload(*rt, *a, ones);
+    rt->fill_zero(p, 4096 * 4, *a);
+    rt->release(p, *a);
+    auto* q = static_cast<uint32_t*>(rt->allocate(4096 * 4, *b));
+    ASSERT_EQ(p, q) << "the freed block was not reused";
+    const std::vector<uint32_t> seen = download(*rt, *b, q, 4096);
+    for (uint32_t v : seen) ASSERT_EQ(0xffffffffu, v);
+    rt->release(q, *b);
+  }
+  EXPECT_TRUE(rt->races().empty());
 }
 
 // ---- The planted bugs. Each runs twice: with the event the checker is silent; without it, it names the race at
@@ -371,48 +445,6 @@ TEST(DeviceEmulator, AHostReadOfPinnedMemoryBeforeTheCopyIsOrderedIsARace) {
     rt->release(d, *s);
     rt->release_pinned(pinned);
   }
-}
-
-// Three streams take turns with two pooled buffers: each writes its value into the buffer it got and narrows it
-// into its own output. Only the pool's last-use events order one stream's use after another's.
-TEST(DeviceEmulator, PooledBuffersPassBetweenStreamsOrderedByTheirLastUse) {
-  auto rt = emulator(19);
-  std::vector<std::unique_ptr<Stream>> streams;
-  for (int k = 0; k < 3; ++k) streams.push_back(rt->create_stream("user " + std::to_string(k)));
-  auto ready = rt->create_event();
-  constexpr size_t n = 4096;
-  std::vector<float*> values;
-  std::vector<uint16_t*> outputs;
-  for (int v = 0; v < 3; ++v) values.push_back(upload(*rt, *streams[0], std::vector<float>(n, 1.0f + v)));
-  for (int k = 0; k < 3; ++k) outputs.push_back(static_cast<uint16_t*>(rt->allocate(n * 2, *streams[0])));
-  rt->record(*ready, *streams[0]);
-  for (auto& s : streams) rt->wait(*s, *ready);
-  {
-    device::StreamBufferPool pool(*rt, n * 4);
-    pool.reserve(2, *streams[0]);
-    std::vector<void*> held(3, nullptr);
-    for (int i = 0; i < 60; ++i) {
-      const int k = i % 3;
-      if (held[k] == nullptr) held[k] = pool.acquire(*streams[k]);
-      rt->copy(held[k], values[static_cast<size_t>(i % 3)], n * 4, *streams[k]);
-      rt->narrow(DType::kBF16, outputs[static_cast<size_t>(k)], static_cast<float*>(held[k]), n, *streams[k]);
-      pool.give_back(held[k], *streams[k]);
-      held[k] = nullptr;
-    }
-    for (int k = 0; k < 3; ++k) {
-      const std::vector<uint16_t> out =
-          download(*rt, *streams[static_cast<size_t>(k)], outputs[static_cast<size_t>(k)], n);
-      EXPECT_EQ(float_to_bf16_rne(1.0f + static_cast<float>(k)), out[n - 1]) << k;
-    }
-    pool.clear(*streams[0]);
-  }
-  EXPECT_TRUE(rt->races().empty());
-  for (int k = 0; k < 3; ++k) {
-    rt->record(*ready, *streams[static_cast<size_t>(k)]);
-    rt->wait(*streams[0], *ready);
-  }
-  for (float* p : values) rt->release(p, *streams[0]);
-  for (uint16_t* p : outputs) rt->release(p, *streams[0]);
 }
 
 // A stale table: the launch table was planned from segments the device copy does not hold. The kernel fails on its
