@@ -19,12 +19,12 @@ arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | h
 echo "== building with CUDA for sm_$arch"
 cmake -S . -B build/cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
-cmake --build build/cuda -j "$(nproc)" --target test_gpu_kernels test_gpu_memory test_gpu_offload zero_unit_tests \
+cmake --build build/cuda -j "$(nproc)" --target test_gpu_kernels test_device_runtime zero_cuda_module test_gpu_offload zero_unit_tests \
   bench_gpu_kernels bench_offload_pipeline
 echo "== GPU tests (they must run: a skip here is a failure)"
 log=$(mktemp)
 ./build/cuda/tests/test_gpu_kernels 2>&1 | tee "$log"
-./build/cuda/tests/test_gpu_memory 2>&1 | tee -a "$log"
+ZERO_TEST_REQUIRE_DEVICE=1 ZERO_CUDA_MODULE=$PWD/build/cuda/libzero-cuda.so.1 ./build/cuda/tests/test_device_runtime 2>&1 | tee -a "$log"
 ./build/cuda/tests/test_gpu_offload 2>&1 | tee -a "$log"
 if grep -q "SKIPPED" "$log"; then echo "gpu-check: GPU tests skipped on a GPU machine"; exit 1; fi
 ./build/cuda/tests/zero_unit_tests --gtest_filter='LaunchTable.*:Kernels.*:OffloadPipeline.*:DevicePlan.*' --gtest_brief=1

@@ -1,5 +1,5 @@
-// The memory operations on device memory, a space the CPU cannot address. Core code has no CUDA headers: the
-// CUDA build provides them (cuda/device_memory.hpp, cuda::register_device_memory()), and until it has,
+// The memory operations on device memory, a space the CPU cannot address. The device runtime provides them
+// (device/device_memory.hpp, device::install_device_memory()), and until it has,
 // copy_bytes, fill_zero and element_ops (memory/ops.hpp) fail on device memory with ZERO_ERR_UNSUPPORTED.
 #pragma once
 
