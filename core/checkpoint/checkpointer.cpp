@@ -152,7 +152,8 @@ void Checkpointer::write_shard_files(const std::string& dir, bool with_frozen, s
         "frozen", frozen_tensors,
         [&](ckpt::SafetensorsWriter& w) {
           for (int u = 0; u < units; ++u)
-            if (layout.units[u].has_frozen()) w.write(store_.frozen_shard(u), layout.units[u].frozen_shard_bytes);
+            if (layout.units[u].has_frozen())
+              store_.read_frozen_shard(u, [&](const void* p, size_t n) { w.write(p, n); });
         },
         3);
   }
@@ -186,11 +187,14 @@ void Checkpointer::write_consolidated(const std::string& path, uint64_t& bytes, 
     store_.gather(u);
     if (comm_.rank() == 0 && !error)
       error = attempt([&] {
+        const MemorySpace space = store_.gathered_space(u);
+        auto write = [&](const void* p, size_t n) { w->write(p, n); };
         for (int p : layout.units[u].params)
-          w->write(static_cast<char*>(store_.gathered(u)) + layout.params[p].offset * compute_size,
-                   layout.params[p].numel * compute_size);
+          store_.sink_bytes(space, static_cast<char*>(store_.gathered(u)) + layout.params[p].offset * compute_size,
+                            layout.params[p].numel * compute_size, write);
         for (int p : layout.units[u].frozen_params)
-          w->write(static_cast<char*>(store_.gathered_frozen(u)) + layout.params[p].offset, layout.params[p].bytes);
+          store_.sink_bytes(space, static_cast<char*>(store_.gathered_frozen(u)) + layout.params[p].offset,
+                            layout.params[p].bytes, write);
       });
     store_.release(u);
   }

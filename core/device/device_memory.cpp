@@ -95,13 +95,14 @@ class PinnedAllocator final : public Allocator {
 
 // ---- The memory layer's device operations: queued on the context's stream, complete when they return.
 
-std::shared_ptr<DeviceContext> g_context;  // set by install_device_memory before any use, as the ops table
+std::weak_ptr<DeviceContext> g_context;  // set by install_device_memory before any use, as the ops table
 std::mutex g_context_mu;
 
 std::shared_ptr<DeviceContext> context() {
   std::lock_guard<std::mutex> lock(g_context_mu);
-  if (!g_context) fail(ZERO_ERR_UNSUPPORTED, "device memory: no device runtime is installed");
-  return g_context;
+  std::shared_ptr<DeviceContext> c = g_context.lock();
+  if (!c) fail(ZERO_ERR_UNSUPPORTED, "device memory: no device runtime is installed (its engine is gone)");
+  return c;
 }
 
 void device_copy(void* dst, const void* src, size_t bytes) {
@@ -118,23 +119,31 @@ void device_fill_zero(void* p, size_t bytes) {
 
 [[noreturn]] void unsupported(const std::string& what) {
   fail(ZERO_ERR_UNSUPPORTED, what +
-                                 " on device memory is refused: the device runs fp32 <-> bf16/fp16 conversions "
-                                 "and accumulation into fp32 between separate buffers, which is all the engine's "
-                                 "device paths ask of it");
+                                 " on device memory is refused: the device runs fp32 <-> bf16/fp16 conversions and "
+                                 "accumulation into fp32 (of a separate source), which is all the engine asks of it");
 }
 
+// The kernels convert every element at once, so source and destination must not overlap: a conversion in place
+// (the reductions' narrowing into the communication dtype and widening back) goes through a scratch buffer of the
+// destination's size from the stream-ordered pool, then a copy into place.
 void device_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
   if (n == 0) return;
   if (dst_type == src_type) return dst == src ? void() : device_copy(dst, src, n * dtype_size(dst_type));
-  if (ranges_overlap(dst, n * dtype_size(dst_type), src, n * dtype_size(src_type)))
-    unsupported("an in-place conversion");
-  auto c = context();
-  if (src_type == DType::kF32) {
-    c->runtime().narrow(dst_type, dst, static_cast<const float*>(src), n, c->stream());
-  } else if (dst_type == DType::kF32) {
-    c->runtime().widen(src_type, static_cast<float*>(dst), src, n, c->stream());
-  } else {
+  if (src_type != DType::kF32 && dst_type != DType::kF32)
     unsupported(std::string("a conversion from ") + dtype_name(src_type) + " to " + dtype_name(dst_type));
+  auto c = context();
+  Runtime& rt = c->runtime();
+  const size_t dst_bytes = n * dtype_size(dst_type);
+  const bool in_place = ranges_overlap(dst, dst_bytes, src, n * dtype_size(src_type));
+  void* out = in_place ? rt.allocate(dst_bytes, c->stream()) : dst;
+  if (src_type == DType::kF32) {
+    rt.narrow(dst_type, out, static_cast<const float*>(src), n, c->stream());
+  } else {
+    rt.widen(src_type, static_cast<float*>(out), src, n, c->stream());
+  }
+  if (in_place) {
+    rt.copy(dst, out, dst_bytes, c->stream());
+    rt.release(out, c->stream());
   }
   c->finish("a conversion on the device");
 }
@@ -200,13 +209,12 @@ void install_allocators(Allocators& allocators, const std::shared_ptr<DeviceCont
   allocators.set(MemorySpace::kPinnedHost, make_pinned_allocator(context));
 }
 
-void install_device_memory(std::shared_ptr<DeviceContext> context) {
-  const bool installing = context != nullptr;
+void install_device_memory(const std::shared_ptr<DeviceContext>& context) {
   {
     std::lock_guard<std::mutex> lock(g_context_mu);
-    g_context = std::move(context);
+    g_context = context;
   }
-  set_device_memory_ops(installing ? &kDeviceOps : nullptr);
+  set_device_memory_ops(context ? &kDeviceOps : nullptr);
 }
 
 }  // namespace device

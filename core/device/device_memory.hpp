@@ -47,7 +47,9 @@ void install_allocators(Allocators& allocators, const std::shared_ptr<DeviceCont
 
 // Makes copy_bytes, fill_zero and element_ops work on device memory through `context` (memory/device_ops.hpp), for
 // the whole process (one device per process, as CUDA's current device). Null removes them.
-void install_device_memory(std::shared_ptr<DeviceContext> context);
+// The process keeps a weak reference: once the context's owners (an engine, its buffers) are gone, device memory's
+// operations fail clearly until another context is installed.
+void install_device_memory(const std::shared_ptr<DeviceContext>& context);
 
 }  // namespace device
 }  // namespace zero

@@ -40,9 +40,36 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
   }
 }
 
-// The CPU engine keeps its model states in host memory; offload to "nvme" moves some of them to a file.
+// The CPU engine keeps its model states in host memory, a device engine in device memory; offload to "nvme" moves
+// some of them to a file.
 PlanSpec Engine::plan_spec() const {
-  return plan_spec_for(config_, config_.stage, comm_.size(), comm_.rank(), MemorySpace::kHost);
+  return plan_spec_for(config_, config_.stage, comm_.size(), comm_.rank(),
+                       device_ ? MemorySpace::kDevice : MemorySpace::kHost);
+}
+
+void Engine::set_device(std::shared_ptr<device::Runtime> runtime) {
+  CallScope scope(guard_, "zero_engine_set_device");
+  guard_.require(CallGuard::State::kRegistering);
+  if (runtime == nullptr) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "no device runtime");
+  device_ = std::make_shared<device::DeviceContext>(std::move(runtime), config_.timeout_s);
+  device::install_device_memory(device_);
+  device::install_allocators(store_.allocators(), device_);
+  stepper_.use_device(device_);
+  store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
+}
+
+// What the device engine does not run yet: refused at finalize, on the rank that has it, before anything moves.
+void Engine::check_device_config() const {
+  if (!device_) return;
+  const std::string on = "the device engine (" + device_->runtime().describe() + ")";
+  if (comm_.size() > 1)
+    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs one rank per job so far: its collectives over a device "
+                                           "communicator (NCCL) or a host-staged one are not built yet");
+  if (model_parallel_ != nullptr) guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs without a model-parallel group so far");
+  if (config_.offload.nvme() || config_.offload.params_nvme() ||
+      config_.offload.optimizer == OffloadConfig::Device::kCpu || config_.offload.params == OffloadConfig::Device::kCpu)
+    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " keeps every model state in device memory so far: offload_optimizer and "
+                                           "offload_param (cpu or nvme) are not built for it yet");
 }
 
 void Engine::set_num_threads(int threads) {
@@ -147,6 +174,7 @@ void Engine::finalize() {
     CollectiveCall arrival(guard_, CallKind::kFinalize);
     arrival.check([&] {
       guard_.require(CallGuard::State::kRegistering);
+      check_device_config();
       if (config_.require_deterministic && !comm_.backend().capabilities().deterministic_sums)
         guard_.fail(ZERO_ERR_UNSUPPORTED,
                     "the config asks for libzero.deterministic, but this communicator does not sum in rank order (a "
@@ -202,6 +230,7 @@ void Engine::finalize() {
         norm.needed_first = config_.skip_nonfinite_steps || config_.gradient_clipping > 0.0;
         norm.widened = dtype_size(config_.comm_dtype) < dtype_size(config_.grad_accum_dtype);
         norm.leave_out_duplicates = model_parallel_ != nullptr;
+        norm.on_device = device_ != nullptr;
         store_.allocate(registration_.params(), norm);
         FetchPolicy fetch;
         fetch.background_publish = config_.overlap_comm;

@@ -18,6 +18,7 @@
 #include "comm/call_guard.hpp"
 #include "comm/engine_comm.hpp"
 #include "config/config.hpp"
+#include "device/device_memory.hpp"
 #include "grads/grad_reducer.hpp"
 #include "params/param_store.hpp"
 #include "params/registration.hpp"
@@ -39,6 +40,12 @@ class Engine {
   int add_param(ParamShape shape, ParamInit init);
   // The allocator of a memory space (experimental zero_engine_set_allocator). Before finalize.
   void set_allocator(MemorySpace space, std::shared_ptr<Allocator> allocator);
+  // A device engine (experimental zero_engine_set_device): the model states in the runtime's device memory, the
+  // norm and the step on the device. Before finalize; one runtime per process (device memory's operations are the
+  // process's, as CUDA's current device is).
+  void set_device(std::shared_ptr<device::Runtime> runtime);
+  // The device engine's context (its runtime and the stream its work is ordered on); null for the CPU engine.
+  const std::shared_ptr<device::DeviceContext>& device() const { return device_; }
   // The model-parallel group beside this data-parallel one (zero_engine_set_model_parallel); null or one rank: none.
   void set_model_parallel(std::shared_ptr<Communicator> group);
   void finalize();
@@ -92,6 +99,7 @@ class Engine {
 
  private:
   void check_window() const;
+  void check_device_config() const;
   void check_param(int param) const;
   void check_trained(int param) const;
   void settle_fetches();
@@ -102,6 +110,7 @@ class Engine {
   MemoryStats planned_memory() const;  // inside a CallScope
 
   Config config_;
+  std::shared_ptr<device::DeviceContext> device_;  // before the parts that keep device buffers: it outlives them
   EngineComm comm_;
   std::unique_ptr<EngineComm> model_parallel_;  // null without a model-parallel group
   CallGuard guard_;

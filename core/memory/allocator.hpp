@@ -52,6 +52,7 @@ class Allocators {
   void set(MemorySpace space, std::shared_ptr<Allocator> allocator);
   // Throws ZERO_ERR_UNSUPPORTED naming the space when it has no allocator in this build.
   const std::shared_ptr<Allocator>& get(MemorySpace space, const char* what) const;
+  bool has(MemorySpace space) const { return by_space_[static_cast<int>(space)] != nullptr; }
 
  private:
   std::array<std::shared_ptr<Allocator>, kNumMemorySpaces> by_space_;

@@ -77,11 +77,16 @@ void ParameterStore::broadcast_initial_values(const Registration& registration, 
                       guard_.label("rank 0's initial values of unit " + std::to_string(u) +
                                    (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : "")));
       size_t lo = std::max(begin, own), hi = std::min(end, own_end);
-      if (lo < hi && on_nvme) {  // this rank's shard goes to the params file
+      if (lo < hi && (on_nvme || !host_addressable(up.params.space))) {
+        // Rounded on the host, then to the params file, or copied to device memory.
         rounded.resize((hi - lo) * dtype_size(compute_dtype));
         element_ops(MemorySpace::kHost)
             .round_from_f32(rounded.data(), compute_dtype, staging.data() + (lo - begin), hi - lo);
-        nvme_params_->write(static_cast<int>(u), 0, lo - own, rounded.data(), hi - lo);
+        if (on_nvme) {
+          nvme_params_->write(static_cast<int>(u), 0, lo - own, rounded.data(), hi - lo);
+        } else {
+          copy_bytes(up.params.space, unit.params.at(lo - own), MemorySpace::kHost, rounded.data(), rounded.size());
+        }
       } else if (lo < hi) {
         ops.round_from_f32(unit.params.at(lo - own), compute_dtype, staging.data() + (lo - begin), hi - lo);
       }

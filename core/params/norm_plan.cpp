@@ -30,7 +30,8 @@ NormPlan::NormPlan(const Plan& plan, const Layout& layout, const std::vector<Uni
     }
     update_covers_norm = update_covers_norm && same;
   }
-  in_update_ = update_covers_norm && !settings.needed_first;
+  in_update_ = update_covers_norm && !settings.needed_first && !settings.on_device;
+  if (settings.on_device) return;
 
   // Folding into the reduction pays where zero_step would otherwise read the norm's shard in a pass of its own:
   // where the norm is needed first, or where the optimizer pass cannot sum it (a rank that updates more than its

@@ -7,7 +7,7 @@
 //    accumulation of the window's last micro-step at stages 2-3, the widening after a narrower communication dtype
 //    at stages 0-1) sums them block by block from cache — and stage 0 at N > 1 always, since its optimizer pass
 //    updates more than the rank's norm shard;
-//  - else a pass of its own before the update (Stepper::local_sum_squares).
+//  - else a pass of its own before the update (Stepper::local_sum_squares) — always on a device.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +26,9 @@ struct NormSettings {
   // With a model-parallel group: the params marked ZERO_PARAM_MODEL_PARALLEL_DUPLICATE, which another rank counts,
   // are left out of this rank's norm.
   bool leave_out_duplicates = false;
+  // The gradients are in device memory: the norm is a device pass of its own (the device's fused step and its
+  // reductions do not sum squares as they go).
+  bool on_device = false;
 };
 
 class NormPlan {

@@ -120,6 +120,10 @@ class ParameterStore {
   // A gathered unit's full params and full frozen bytes (null when it is not gathered, or has none).
   void* gathered(int unit) const { return units_[unit].view(); }
   void* gathered_frozen(int unit) const { return units_[unit].frozen_view(); }
+  // Where those views' bytes are.
+  MemorySpace gathered_space(int unit) const {
+    return units_[unit].sharded() ? gathered_pool_.space() : units_[unit].params.space();
+  }
   UnitInfo unit_info(int unit) const;
   // Every unit whose plan publishes after the step: all-gathers the shards this rank updated (collective). With
   // FetchPolicy::background_publish they are started and complete at the unit's zero_gather (or settle()).
@@ -173,7 +177,11 @@ class ParameterStore {
   void write_params_shard(int u, const void* values);
   // The frozen bytes: this rank's shard [rank * S, (rank + 1) * S) of unit u's, as checkpoints store them; and the
   // range this rank keeps (its shard, or the whole unit's where they are whole), which a load sets.
-  const void* frozen_shard(int u) const;
+  void read_frozen_shard(int u, const std::function<void(const void*, size_t bytes)>& sink) const;
+  // `bytes` at `p` in `space`, handed to `sink` where the host can read them (device memory in pieces through a
+  // bounce buffer).
+  void sink_bytes(MemorySpace space, const void* p, size_t bytes,
+                  const std::function<void(const void*, size_t bytes)>& sink) const;
   size_t frozen_kept_begin(int u) const;
   size_t frozen_kept_bytes(int u) const { return units_[u].frozen.size(); }
   void write_frozen_kept(int u, const void* bytes);

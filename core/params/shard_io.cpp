@@ -148,8 +148,11 @@ void ParameterStore::read_shard(int u, ShardKind kind, const std::function<void(
   }
   const std::optional<int> array = file_array(kind);
   if (!array) {  // in memory
+    const Unit& unit = units_[u];
+    const Buffer& buffer = kind == ShardKind::kMaster ? (unit.master.empty() ? unit.params : unit.master)
+                                                      : unit.state[kind == ShardKind::kState1];
     const float* base = kind == ShardKind::kMaster ? master(u) : units_[u].state[kind == ShardKind::kState1].f32();
-    sink(base + offset, n * sizeof(float));
+    sink_bytes(buffer.space(), base + offset, n * sizeof(float), sink);
     return;
   }
   std::vector<float> piece(std::min(n, kOffloadPieceElems));
@@ -184,7 +187,7 @@ void ParameterStore::read_params_shard(int u, const std::function<void(const voi
   const UnitPlan& up = plan_.units[u];
   const size_t n = layout_.units[u].shard_elems, esize = dtype_size(plan_.compute_dtype);
   if (!params_on_nvme(u)) {
-    sink(units_[u].params.at(up.sharded_params() ? 0 : up.norm_begin), n * esize);
+    sink_bytes(units_[u].params.space(), units_[u].params.at(up.sharded_params() ? 0 : up.norm_begin), n * esize, sink);
     return;
   }
   std::vector<char> piece(std::min(n, kOffloadPieceElems) * esize);
@@ -195,11 +198,31 @@ void ParameterStore::read_params_shard(int u, const std::function<void(const voi
   }
 }
 
-const void* ParameterStore::frozen_shard(int u) const {
-  return units_[u].frozen.data() == nullptr
-             ? nullptr
-             : static_cast<const char*>(units_[u].frozen.data()) +
-                   (plan_.units[u].sharded_params() ? 0 : comm_.rank() * layout_.units[u].frozen_shard_bytes);
+void ParameterStore::read_frozen_shard(int u, const std::function<void(const void*, size_t bytes)>& sink) const {
+  const Buffer& frozen = units_[u].frozen;
+  if (frozen.data() == nullptr) return;
+  const size_t shard = layout_.units[u].frozen_shard_bytes;
+  sink_bytes(frozen.space(),
+             static_cast<const char*>(frozen.data()) + (plan_.units[u].sharded_params() ? 0 : comm_.rank() * shard),
+             shard, sink);
+}
+
+// Device memory goes through a pinned bounce buffer (where this build has pinned memory; else host memory), a piece
+// at a time: a file writer never sees a pointer the host cannot read.
+void ParameterStore::sink_bytes(MemorySpace space, const void* p, size_t bytes,
+                                const std::function<void(const void*, size_t bytes)>& sink) const {
+  if (host_addressable(space)) return sink(p, bytes);
+  constexpr size_t kPieceBytes = size_t{4} << 20;
+  Buffer bounce;
+  const MemorySpace bounce_space =
+      allocators_.has(MemorySpace::kPinnedHost) ? MemorySpace::kPinnedHost : MemorySpace::kHost;
+  bounce.allocate(bounce_space, std::min(bytes, kPieceBytes), DType::kU8,
+                  allocators_.get(bounce_space, "a checkpoint's bounce buffer"));
+  for (size_t done = 0; done < bytes; done += kPieceBytes) {
+    const size_t n = std::min(kPieceBytes, bytes - done);
+    copy_bytes(bounce_space, bounce.data(), space, static_cast<const char*>(p) + done, n);
+    sink(bounce.data(), n);
+  }
 }
 
 size_t ParameterStore::frozen_kept_begin(int u) const {

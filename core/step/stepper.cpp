@@ -35,6 +35,7 @@ void Stepper::set_threads(int requested) { threads_ = requested > 0 ? requested 
 
 void Stepper::allocate(const ParameterStore& store, size_t groups) {
   norm_scratch_.assign(store.norm_plan().largest_segment_blocks(), 0.0);
+  if (device_context_ && !device_pass_) device_pass_ = std::make_unique<DevicePass>(device_context_);
   step_scalars_.resize(groups);
   if (log_enabled(ZERO_LOG_DEBUG))
     log_message(ZERO_LOG_DEBUG, rank_,
@@ -52,6 +53,7 @@ double Stepper::norm_from(double sum_sq, const StepDecision& decision) {
 // but sums only its shard: the same sums as stages 1-3). Squares of small multiples of 2^-10 and their sums are
 // exact in fp64, so for those the norm does not depend on how shards split the sum.
 double Stepper::local_sum_squares(ParameterStore& store, const std::function<const double*(int)>& folded) {
+  if (device_pass_) return device_sum_squares(store);
   const size_t grad_size = dtype_size(config_.grad_accum_dtype);
   const int grad_index = static_cast<int>(config_.grad_accum_dtype);
   double sum_sq = 0.0;
@@ -80,6 +82,27 @@ double Stepper::local_sum_squares(ParameterStore& store, const std::function<con
       if (!std::isfinite(sq)) sum_sq += sq;
     }
   }
+  return sum_sq;
+}
+
+// The same sums on the device, every run's in one queue and one host wait; added on the host in the CPU's order.
+double Stepper::device_sum_squares(ParameterStore& store) {
+  const size_t grad_size = dtype_size(config_.grad_accum_dtype);
+  std::vector<std::pair<const void*, size_t>> counted, uncounted;
+  for (int u = 0; u < store.num_units(); ++u) {
+    const char* g = static_cast<const char*>(store.norm_grads(u));
+    for (const ShardSegment& s : store.unit(u).norm_segments)
+      counted.push_back({g + s.shard_offset * grad_size, s.numel});
+    for (const ShardSegment& s : store.unit(u).uncounted_segments)
+      uncounted.push_back({g + s.shard_offset * grad_size, s.numel});
+  }
+  std::vector<std::pair<const void*, size_t>> runs = counted;
+  runs.insert(runs.end(), uncounted.begin(), uncounted.end());
+  const std::vector<double> sums = device_pass_->sums_of_squares(config_.grad_accum_dtype, runs);
+  double sum_sq = 0.0;
+  for (size_t i = 0; i < counted.size(); ++i) sum_sq += sums[i];
+  for (size_t i = counted.size(); i < sums.size(); ++i)
+    if (!std::isfinite(sums[i])) sum_sq += sums[i];
   return sum_sq;
 }
 
@@ -142,6 +165,7 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
   }
   const int grad_index = static_cast<int>(config_.grad_accum_dtype);
   const size_t grad_size = dtype_size(config_.grad_accum_dtype), compute_size = dtype_size(config_.compute_dtype);
+  std::vector<KernelArgs> device_segments;  // a device engine's runs
   // One run of one group's elements [lo, hi) of unit u's updated range; `master`, `state0`, `state1` point at
   // element lo.
   auto run = [&](int u, const UpdateView& view, const ShardSegment& s, size_t lo, size_t hi, float* master,
@@ -158,6 +182,11 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
     a.n = hi - lo;
     a.first_index = view.first_index + lo;
     a.s = step_scalars_[s.group];
+    if (device_pass_) {  // queued below, all runs in one launch
+      a.clear_grad = false;
+      device_segments.push_back(a);
+      return;
+    }
     if (sum_sq != nullptr) a.block_sums = norm_scratch_.data();
     parallel_step(kernels(view.space, isa_)
                       .step[static_cast<int>(config_.optimizer.kind)][grad_index][static_cast<int>(copy_mode())],
@@ -202,6 +231,12 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
           view.state[0] == nullptr ? nullptr : view.state[0] + s.shard_offset,
           view.state[1] == nullptr ? nullptr : view.state[1] + s.shard_offset);
     store.end_copy(u);
+  }
+  if (device_pass_) {
+    // Params in device memory are their own copy buffers (begin_copy and end_copy move nothing there), so the
+    // pass may run after them. The step completes before zero_step returns.
+    device_pass_->step(config_.optimizer.kind, config_.grad_accum_dtype, copy_mode(), device_segments, clear_grads);
+    device_context_->finish("the optimizer step");
   }
 }
 

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "device/device_memory.hpp"
 #include "kernels/kernels.hpp"
 #include "params/param_store.hpp"
 #include "params/registration.hpp"
+#include "step/device_pass.hpp"
 #include "step/loss_scaler.hpp"
 
 namespace zero {
@@ -46,6 +48,8 @@ class Stepper {
  public:
   Stepper(const Config& config, int rank, int ranks_on_node);
 
+  // A device engine: the norm and the update run on the device through `context` (before allocate).
+  void use_device(std::shared_ptr<device::DeviceContext> context) { device_context_ = std::move(context); }
   // finalize: the scratch of the norm and the per-group scalars.
   void allocate(const ParameterStore& store, size_t groups);
   // This rank's sum of squares of its shard of the reduced gradients, in fp64 (also the overflow test: an inf or
@@ -80,6 +84,7 @@ class Stepper {
 
  private:
   CopyMode copy_mode() const;
+  double device_sum_squares(ParameterStore& store);
 
   const Config& config_;
   Isa isa_;
@@ -88,6 +93,8 @@ class Stepper {
   int threads_ = 1;                        // optimizer threads per rank
   std::vector<StepScalars> step_scalars_;  // per group, reused
   std::vector<double> norm_scratch_;       // block sums of the norm (parallel_sum_squares or the optimizer pass)
+  std::shared_ptr<device::DeviceContext> device_context_;  // a device engine's
+  std::unique_ptr<DevicePass> device_pass_;                // the norm and the update on the device
   LossScaler scaler_;
   int64_t steps_ = 0;          // optimizer steps taken (skipped ones excluded)
   int consecutive_skips_ = 0;  // skipped steps in a row that count toward giving up (account())

@@ -1,7 +1,7 @@
 // The engine's buffers on a device runtime (core/device/device_memory.hpp), on each runtime: buffers from the
 // stream-ordered pool and pinned memory through Buffer and the allocators, zeroed and copied both ways through
-// memory/ops.hpp, the element kernels on device memory with the CPU's bits (special values included), and clear
-// errors for what the device does not do.
+// memory/ops.hpp, the element kernels on device memory with the CPU's bits (special values included; in place
+// too), and clear errors for what the device does not do.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -156,14 +156,38 @@ TEST_P(DeviceMemory, ElementOpsOnTheDeviceHaveTheCpusBits) {
   EXPECT_EQ(0, std::memcmp(got.data(), acc.data(), n * 4)) << "fp32 accumulate into zero";
 }
 
+// The reductions narrow a gradient buffer into the communication dtype in place (front to back on the CPU), and
+// widen it back (back to front): on the device both go through a scratch buffer, with the same bits.
+TEST_P(DeviceMemory, ConversionsInPlaceHaveTheCpusBits) {
+  const size_t n = 70001;
+  const std::vector<float> f = values(n, 11);
+  for (DType half : {DType::kBF16, DType::kF16}) {
+    std::vector<char> host(n * 4);
+    std::memcpy(host.data(), f.data(), n * 4);
+    element_ops(kHost).convert(host.data(), half, host.data(), DType::kF32, n);  // narrowed into the front half
+    Buffer d;
+    d.allocate(kDev, n, DType::kF32, device_allocator());
+    copy_bytes(kDev, d.data(), kHost, f.data(), n * 4);
+    element_ops(kDev).convert(d.data(), half, d.data(), DType::kF32, n);
+    std::vector<char> got(n * 2);
+    copy_bytes(kHost, got.data(), kDev, d.data(), n * 2);
+    EXPECT_EQ(0, std::memcmp(got.data(), host.data(), n * 2)) << dtype_name(half) << " narrowed in place";
+    element_ops(kHost).convert(host.data(), DType::kF32, host.data(), half, n);  // widened back in place
+    element_ops(kDev).convert(d.data(), DType::kF32, d.data(), half, n);
+    got.resize(n * 4);
+    copy_bytes(kHost, got.data(), kDev, d.data(), n * 4);
+    EXPECT_EQ(0, std::memcmp(got.data(), host.data(), n * 4)) << dtype_name(half) << " widened in place";
+  }
+}
+
 TEST_P(DeviceMemory, WhatTheDeviceDoesNotDoIsAClearError) {
   Buffer b;
   b.allocate(kDev, 4096, DType::kU8, device_allocator());
   void* p = b.data();
   const ElementOps& dev = element_ops(kDev);
   try {
-    dev.convert(p, DType::kBF16, p, DType::kF32, 512);  // in place
-    FAIL() << "an in-place conversion on the device was accepted";
+    dev.convert(p, DType::kBF16, p, DType::kF16, 512);
+    FAIL() << "a conversion between two 16-bit dtypes on the device was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), ZERO_ERR_UNSUPPORTED);
   }

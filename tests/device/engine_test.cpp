@@ -1,0 +1,162 @@
+// The device engine at one rank against the CPU engine, bit for bit: the same params, gradients and config trained
+// on both — every stage, fp32 and bf16 (fp32 master, bf16 communication: the narrowing in place on the device, and
+// stochastic rounding keyed by the global index), AdamW with clipping engaged and SGD with Nesterov momentum, two
+// micro-steps per step, a frozen param, a unit larger than a block of the norm — then the params read back and the
+// checkpoints' files compared byte for byte. On each runtime (the emulator everywhere; CUDA where a GPU is): on the
+// emulator, the engine's device memory faults if the host touches it and its checker fails the test on an access no
+// event orders.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/single_communicator.hpp"
+#include "engine/engine.hpp"
+#include "numeric/dtype.hpp"
+#include "runtimes.hpp"
+#include "util/error.hpp"
+
+namespace zero {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Param {
+  ParamShape shape;
+  std::vector<float> init;
+};
+
+std::vector<Param> model() {
+  std::vector<Param> params = {{{"a", {7}, 0, 0}, {}},       {{"b", {3, 5}, 0, 1}, {}},    {{"w", {64, 33}, 1, 0}, {}},
+                               {{"frozen", {10}, 1, 0}, {}}, {{"big", {70000}, 2, 0}, {}}, {{"one", {1}, 3, 1}, {}}};
+  params[3].shape.frozen = true;
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> k(-64, 64);
+  for (Param& p : params) {
+    p.init.resize(p.shape.numel());
+    for (float& v : p.init) v = static_cast<float>(k(rng)) / 64.0f;
+  }
+  return params;
+}
+
+// Dyadic gradients (multiples of 2^-8), the same for every engine: sums over micro-steps are exact.
+std::vector<float> gradient(int step, int micro, int param, size_t n) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 * step + 10 * micro + param));
+  std::uniform_int_distribution<int> k(-512, 512);
+  std::vector<float> g(n);
+  for (float& v : g) v = static_cast<float>(k(rng)) / 256.0f;
+  return g;
+}
+
+struct Trained {
+  std::vector<std::vector<char>> params;                         // each param's bytes as zero_param_data shows them
+  std::vector<std::pair<std::string, std::vector<char>>> files;  // the checkpoint's files, by relative path
+};
+
+std::vector<char> read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Host <-> engine memory: memcpy for the CPU engine, the runtime's copies on the engine's stream for a device engine.
+void to_engine(Engine& e, void* dst, const void* src, size_t bytes) {
+  if (!e.device()) return void(std::memcpy(dst, src, bytes));
+  e.device()->runtime().copy(dst, src, bytes, e.device()->stream());
+}
+void from_engine(Engine& e, void* dst, const void* src, size_t bytes) {
+  if (!e.device()) return void(std::memcpy(dst, src, bytes));
+  e.device()->runtime().copy(dst, src, bytes, e.device()->stream());
+}
+
+Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtime, const fs::path& dir) {
+  Engine e(parse_config(config, 1), make_single_communicator());
+  if (runtime) e.set_device(std::move(runtime));
+  e.add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
+  const std::vector<Param> params = model();
+  for (const Param& p : params) e.add_param(p.shape, ParamInit{p.init.data(), DType::kF32});
+  e.finalize();
+  if (e.device() && e.plan().space != MemorySpace::kDevice)
+    fail(ZERO_ERR_INTERNAL, "the device engine plans host memory");
+  const size_t grad_size = dtype_size(e.config().grad_accum_dtype);
+  for (int step = 1; step <= 3; ++step) {
+    for (int micro = 0; micro < 2; ++micro) {
+      for (size_t p = 0; p < params.size(); ++p) {
+        if (params[p].shape.frozen) continue;
+        const int param = static_cast<int>(p);
+        const size_t n = params[p].init.size();
+        const std::vector<float> g = gradient(step, micro, param, n);
+        // The framework adds into the gradient buffer (fp32 accumulation in these configs).
+        if (grad_size != 4) fail(ZERO_ERR_INTERNAL, "the test adds fp32 gradients");
+        std::vector<float> sum(n);
+        void* dst = e.grad_data(param);
+        from_engine(e, sum.data(), dst, n * 4);
+        for (size_t i = 0; i < n; ++i) sum[i] += g[i];
+        to_engine(e, dst, sum.data(), n * 4);
+        e.grad_ready(param);
+      }
+      e.backward_end();
+    }
+    e.step();
+  }
+  Trained out;
+  const size_t compute_size = dtype_size(e.config().compute_dtype);
+  for (int u = 0; u < e.num_units(); ++u) e.gather(u);
+  for (size_t p = 0; p < params.size(); ++p) {
+    const size_t bytes = params[p].init.size() * (params[p].shape.frozen ? 4 : compute_size);
+    out.params.emplace_back(bytes);
+    from_engine(e, out.params.back().data(), e.param_data(static_cast<int>(p)), bytes);
+  }
+  for (int u = 0; u < e.num_units(); ++u) e.release(u);
+  fs::remove_all(dir);
+  e.save_checkpoint(dir.string(), "t");
+  for (const auto& entry : fs::recursive_directory_iterator(dir / "t"))
+    if (entry.is_regular_file())
+      out.files.emplace_back(fs::relative(entry.path(), dir).string(), read_file(entry.path()));
+  std::sort(out.files.begin(), out.files.end());
+  fs::remove_all(dir);
+  return out;
+}
+
+class DeviceEngine : public testing_device::OnEachRuntime {};
+INSTANTIATE_TEST_SUITE_P(Runtimes, DeviceEngine, testing_device::kEachRuntime, testing_device::runtime_name);
+
+TEST_P(DeviceEngine, TrainsAsTheCpuEngineBitForBit) {
+  const std::string adamw =
+      R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}, "gradient_clipping": 0.5)";
+  const std::string sgd = R"("optimizer": {"type": "SGD", "params": {"lr": 0.01, "momentum": 0.9, "nesterov": true}})";
+  const std::vector<std::pair<std::string, std::string>> configs = {
+      {"fp32 AdamW", adamw},
+      {"bf16 AdamW", adamw + R"(, "bf16": {"enabled": true, "stochastic_rounding": true, "stochastic_rounding_seed": 7},
+                            "data_types": {"grad_accum_dtype": "fp32"})"},
+      {"fp32 SGD", sgd}};
+  const fs::path root = fs::temp_directory_path() / ("libzero-device-engine-" + std::to_string(::getpid()));
+  for (const auto& [name, body] : configs) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(name + ", stage " + std::to_string(stage));
+      const std::string config = "{" + body + R"(, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": )" +
+                                 std::to_string(stage) +
+                                 R"(, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 5000}})";
+      const Trained cpu = train(config, nullptr, root / "cpu");
+      const Trained dev = train(config, rt_, root / "device");
+      ASSERT_EQ(cpu.params.size(), dev.params.size());
+      for (size_t p = 0; p < cpu.params.size(); ++p) EXPECT_TRUE(cpu.params[p] == dev.params[p]) << "param " << p;
+      ASSERT_EQ(cpu.files.size(), dev.files.size());
+      for (size_t f = 0; f < cpu.files.size(); ++f) {
+        EXPECT_EQ(cpu.files[f].first, dev.files[f].first);
+        EXPECT_TRUE(cpu.files[f].second == dev.files[f].second) << cpu.files[f].first << " differs";
+      }
+    }
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace zero
