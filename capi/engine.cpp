@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "config/config.hpp"
+#include "device/select.hpp"
 #include "guard.hpp"
 #include "util/struct_io.hpp"
 
@@ -309,6 +310,24 @@ ZERO_API zero_status_t zero_engine_set_allocator(zero_engine_t* engine, zero_mem
                                                        "zero_allocator_t", "zero_allocator_init");
     require_arg(a.alloc != nullptr && a.free != nullptr, call, "the allocator's alloc or free callback is NULL");
     e.set_allocator(s, std::make_shared<zero::CallbackAllocator>(s, a.alloc, a.free, a.user_data));
+  });
+}
+
+ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char* device) {
+  const char* call = "zero_engine_set_device";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::Engine& e = engine_of(engine, call);
+    require_arg(device != nullptr, call, "device is NULL");
+    e.set_device(zero::device::runtime_named(device));
+  });
+}
+
+ZERO_API zero_status_t zero_engine_copy(zero_engine_t* engine, void* dst, const void* src, size_t n_bytes) {
+  const char* call = "zero_engine_copy";
+  return guard(call, handle_or_null(engine), [&] {
+    zero::Engine& e = engine_of(engine, call);
+    require_arg(n_bytes == 0 || (dst != nullptr && src != nullptr), call, "dst or src is NULL");
+    e.copy(dst, src, n_bytes);
   });
 }
 

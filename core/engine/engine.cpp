@@ -3,6 +3,7 @@
 #include "engine/engine.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "plan/plan_spec.hpp"
 #include "util/error.hpp"
@@ -56,6 +57,17 @@ void Engine::set_device(std::shared_ptr<device::Runtime> runtime) {
   device::install_allocators(store_.allocators(), device_);
   stepper_.use_device(device_);
   store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
+}
+
+void Engine::copy(void* dst, const void* src, size_t bytes) {
+  CallScope scope(guard_, "zero_engine_copy");
+  if (ranges_overlap(dst, bytes, src, bytes)) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "the ranges overlap");
+  if (!device_) {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+    return;
+  }
+  device_->runtime().copy(dst, src, bytes, device_->stream());
+  device_->finish("a copy to or from the engine's device memory");
 }
 
 // What the device engine does not run yet: refused at finalize, on the rank that has it, before anything moves.

@@ -46,6 +46,9 @@ class Engine {
   void set_device(std::shared_ptr<device::Runtime> runtime);
   // The device engine's context (its runtime and the stream its work is ordered on); null for the CPU engine.
   const std::shared_ptr<device::DeviceContext>& device() const { return device_; }
+  // zero_engine_copy: host memory and the engine's (device memory of a device engine), ordered after the engine's
+  // work, complete on return.
+  void copy(void* dst, const void* src, size_t bytes);
   // The model-parallel group beside this data-parallel one (zero_engine_set_model_parallel); null or one rank: none.
   void set_model_parallel(std::shared_ptr<Communicator> group);
   void finalize();

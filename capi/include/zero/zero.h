@@ -781,6 +781,21 @@ typedef struct zero_window_info {
 ZERO_API zero_status_t zero_window_info_init(zero_window_info_t* info, size_t struct_size);
 ZERO_API zero_status_t zero_engine_window(zero_window_info_t* out_info, const zero_engine_t* engine);
 
+/* A device engine: the engine's model states (params, gradients, fp32 master, optimizer state, buckets, gathered
+ * units) in device memory, and its gradient norm and optimizer step on the device, with the CPU engine's bits.
+ * `device` is "cuda" (the current CUDA device, through the libzero-cuda.so.1 module of a -DZERO_CUDA=ON build), or
+ * "emulator" (libzero's host emulator of a device: a test tool, not a device, that runs the device engine on the
+ * CPU, faults when the host touches device memory and fails on an access no stream order or event orders). Before
+ * zero_engine_finalize; finalize refuses, on the rank that has it, what the device engine does not run yet (more
+ * than one rank, a model-parallel group, offload). zero_param_data and zero_grad_data then return device memory:
+ * read and write it with zero_engine_copy (or the framework's own device copies, completed before the engine's
+ * next call). The engine's work is complete when each call returns. Local. */
+ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char* device);
+
+/* Copies `n_bytes` from `src` to `dst`, each in host memory or in the engine's memory (device memory of a device
+ * engine), ordered after the engine's work and complete on return; the ranges must not overlap. Local. */
+ZERO_API zero_status_t zero_engine_copy(zero_engine_t* engine, void* dst, const void* src, size_t n_bytes);
+
 #endif /* ZERO_EXPERIMENTAL_API */
 
 #ifdef __cplusplus
