@@ -322,6 +322,11 @@ ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char*
   });
 }
 
+ZERO_API zero_status_t zero_engine_set_stream(zero_engine_t* engine, void* stream) {
+  const char* call = "zero_engine_set_stream";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).set_stream(stream); });
+}
+
 ZERO_API zero_status_t zero_engine_copy(zero_engine_t* engine, void* dst, const void* src, size_t n_bytes) {
   const char* call = "zero_engine_copy";
   return guard(call, handle_or_null(engine), [&] {

@@ -20,9 +20,13 @@ namespace {
 class CudaStream final : public device::Stream {
  public:
   CudaStream() { check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+  explicit CudaStream(cudaStream_t external) : stream(external), owned(false) {}
   // cudaStreamDestroy returns at once; the work already queued still runs to completion.
-  ~CudaStream() override { cudaStreamDestroy(stream); }
+  ~CudaStream() override {
+    if (owned) cudaStreamDestroy(stream);
+  }
   cudaStream_t stream = nullptr;
+  bool owned = true;
 };
 
 class CudaEvent final : public device::Event {
@@ -32,8 +36,8 @@ class CudaEvent final : public device::Event {
   cudaEvent_t event = nullptr;
 };
 
-cudaStream_t native(device::Stream& s) { return static_cast<CudaStream&>(s).stream; }
-cudaEvent_t native(const device::Event& e) { return static_cast<const CudaEvent&>(e).event; }
+cudaStream_t stream_of(device::Stream& s) { return static_cast<CudaStream&>(s).stream; }
+cudaEvent_t event_of(const device::Event& e) { return static_cast<const CudaEvent&>(e).event; }
 
 class CudaRuntime final : public device::Runtime {
  public:
@@ -63,16 +67,27 @@ class CudaRuntime final : public device::Runtime {
   }
   bool emulated() const override { return false; }
 
-  std::unique_ptr<device::Stream> create_stream(const std::string&) override { return std::make_unique<CudaStream>(); }
-  std::unique_ptr<device::Event> create_event() override { return std::make_unique<CudaEvent>(); }
+  // Streams, events and pinned memory belong to the current device of the calling thread: the runtime's.
+  std::unique_ptr<device::Stream> create_stream(const std::string&) override {
+    select_device();
+    return std::make_unique<CudaStream>();
+  }
+  std::unique_ptr<device::Stream> external_stream(void* native) override {
+    return std::make_unique<CudaStream>(static_cast<cudaStream_t>(native));
+  }
+  void* native(device::Stream& stream) override { return stream_of(stream); }
+  std::unique_ptr<device::Event> create_event() override {
+    select_device();
+    return std::make_unique<CudaEvent>();
+  }
   void record(device::Event& event, device::Stream& stream) override {
-    check(cudaEventRecord(native(event), native(stream)), "cudaEventRecord");
+    check(cudaEventRecord(event_of(event), stream_of(stream)), "cudaEventRecord");
   }
   void wait(device::Stream& stream, const device::Event& event) override {
-    check(cudaStreamWaitEvent(native(stream), native(event), 0), "cudaStreamWaitEvent");
+    check(cudaStreamWaitEvent(stream_of(stream), event_of(event), 0), "cudaStreamWaitEvent");
   }
   bool done(const device::Event& event) override {
-    const cudaError_t err = cudaEventQuery(native(event));
+    const cudaError_t err = cudaEventQuery(event_of(event));
     if (err == cudaErrorNotReady) return false;
     check(err, "cudaEventQuery");
     return true;
@@ -95,7 +110,7 @@ class CudaRuntime final : public device::Runtime {
   void* allocate(size_t bytes, device::Stream& stream) override {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
-    const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, native(stream));
+    const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_of(stream));
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       throw std::bad_alloc();
@@ -104,9 +119,10 @@ class CudaRuntime final : public device::Runtime {
     return p;
   }
   void release(void* p, device::Stream& stream) override {
-    if (p != nullptr) check(cudaFreeAsync(p, native(stream)), "cudaFreeAsync");
+    if (p != nullptr) check(cudaFreeAsync(p, stream_of(stream)), "cudaFreeAsync");
   }
   void* allocate_pinned(size_t bytes) override {
+    select_device();
     void* p = nullptr;
     const cudaError_t err = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
     if (err == cudaErrorMemoryAllocation) {
@@ -116,36 +132,42 @@ class CudaRuntime final : public device::Runtime {
     check(err, "cudaMallocHost");
     return p;
   }
+  // Pinned memory goes when an engine goes: the whole device is waited for first (no copy may still use it).
   void release_pinned(void* p) override {
-    if (p != nullptr) check(cudaFreeHost(p), "cudaFreeHost");
+    if (p == nullptr) return;
+    select_device();
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before freeing pinned memory)");
+    check(cudaFreeHost(p), "cudaFreeHost");
   }
 
   void copy(void* dst, const void* src, size_t bytes, device::Stream& stream) override {
-    if (bytes != 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, native(stream)), "cudaMemcpyAsync");
+    if (bytes != 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(stream)), "cudaMemcpyAsync");
   }
   void fill_zero(void* p, size_t bytes, device::Stream& stream) override {
-    if (bytes != 0) check(cudaMemsetAsync(p, 0, bytes, native(stream)), "cudaMemsetAsync");
+    if (bytes != 0) check(cudaMemsetAsync(p, 0, bytes, stream_of(stream)), "cudaMemsetAsync");
   }
 
   void step(OptimizerKind kind, DType grad, CopyMode copy_mode, const LaunchTable& table, const KernelArgs*, size_t,
             const KernelArgs* segments, const StepChunk* chunks, device::Stream& stream) override {
-    launch_step(kind, grad, copy_mode, table, segments, chunks, native(stream));
+    launch_step(kind, grad, copy_mode, table, segments, chunks, stream_of(stream));
   }
   void sum_squares(DType grad, const void* grads, size_t n, double* scratch, double* result,
                    device::Stream& stream) override {
-    launch_sum_squares(grad, grads, n, scratch, result, native(stream));
+    launch_sum_squares(grad, grads, n, scratch, result, stream_of(stream));
   }
   void narrow(DType to, void* dst, const float* src, size_t n, device::Stream& stream) override {
-    launch_narrow(to, dst, src, n, native(stream));
+    launch_narrow(to, dst, src, n, stream_of(stream));
   }
   void widen(DType from, float* dst, const void* src, size_t n, device::Stream& stream) override {
-    launch_widen(from, dst, src, n, native(stream));
+    launch_widen(from, dst, src, n, stream_of(stream));
   }
   void accumulate(DType from, float* acc, const void* src, size_t n, bool into_zero, device::Stream& stream) override {
-    launch_accumulate(from, acc, src, n, into_zero, native(stream));
+    launch_accumulate(from, acc, src, n, into_zero, stream_of(stream));
   }
 
  private:
+  void select_device() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
   int device_ = 0;
   cudaMemPool_t pool_ = nullptr;
 };

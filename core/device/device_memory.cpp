@@ -105,16 +105,15 @@ std::shared_ptr<DeviceContext> context() {
   return c;
 }
 
-void device_copy(void* dst, const void* src, size_t bytes) {
+void device_copy(void* dst, const void* src, size_t bytes, bool host_side) {
   auto c = context();
   c->runtime().copy(dst, src, bytes, c->stream());
-  c->finish("a copy to or from device memory");
+  if (host_side) c->finish("a copy between device and host memory");
 }
 
 void device_fill_zero(void* p, size_t bytes) {
   auto c = context();
   c->runtime().fill_zero(p, bytes, c->stream());
-  c->finish("zeroing device memory");
 }
 
 [[noreturn]] void unsupported(const std::string& what) {
@@ -128,7 +127,7 @@ void device_fill_zero(void* p, size_t bytes) {
 // destination's size from the stream-ordered pool, then a copy into place.
 void device_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
   if (n == 0) return;
-  if (dst_type == src_type) return dst == src ? void() : device_copy(dst, src, n * dtype_size(dst_type));
+  if (dst_type == src_type) return dst == src ? void() : device_copy(dst, src, n * dtype_size(dst_type), false);
   if (src_type != DType::kF32 && dst_type != DType::kF32)
     unsupported(std::string("a conversion from ") + dtype_name(src_type) + " to " + dtype_name(dst_type));
   auto c = context();
@@ -145,7 +144,6 @@ void device_convert(void* dst, DType dst_type, const void* src, DType src_type, 
     rt.copy(dst, out, dst_bytes, c->stream());
     rt.release(out, c->stream());
   }
-  c->finish("a conversion on the device");
 }
 
 void device_accumulate_impl(void* acc, DType acc_type, const void* src, DType src_type, size_t n, bool into_zero) {
@@ -154,7 +152,6 @@ void device_accumulate_impl(void* acc, DType acc_type, const void* src, DType sr
   if (ranges_overlap(acc, n * 4, src, n * dtype_size(src_type))) unsupported("an accumulation into its own source");
   auto c = context();
   c->runtime().accumulate(src_type, static_cast<float*>(acc), src, n, into_zero, c->stream());
-  c->finish("an accumulation on the device");
 }
 
 void device_accumulate(void* acc, DType acc_type, const void* src, DType src_type, size_t n) {
@@ -179,21 +176,21 @@ DeviceContext::DeviceContext(std::shared_ptr<Runtime> runtime, double timeout_s)
     : runtime_(std::move(runtime)),
       stream_(runtime_->create_stream("memory")),
       timeout_s_(timeout_s),
-      done_(runtime_->create_event()) {}
+      finished_(runtime_->create_event()) {}
 
 DeviceContext::~DeviceContext() {
   try {
     finish("the device's last work");
   } catch (...) {
   }
-  done_.reset();
+  finished_.reset();
   stream_.reset();  // before the runtime
 }
 
 void DeviceContext::finish(const std::string& what) {
   std::lock_guard<std::mutex> lock(finish_mu_);
-  runtime_->record(*done_, *stream_);
-  runtime_->synchronize(*done_, timeout_s_, what);
+  runtime_->record(*finished_, *stream_);
+  runtime_->synchronize(*finished_, timeout_s_, what);
 }
 
 std::shared_ptr<Allocator> make_device_allocator(std::shared_ptr<DeviceContext> context) {
@@ -207,6 +204,11 @@ std::shared_ptr<Allocator> make_pinned_allocator(std::shared_ptr<DeviceContext> 
 void install_allocators(Allocators& allocators, const std::shared_ptr<DeviceContext>& context) {
   allocators.set(MemorySpace::kDevice, make_device_allocator(context));
   allocators.set(MemorySpace::kPinnedHost, make_pinned_allocator(context));
+}
+
+std::shared_ptr<DeviceContext> installed_device_memory() {
+  std::lock_guard<std::mutex> lock(g_context_mu);
+  return g_context.lock();
 }
 
 void install_device_memory(const std::shared_ptr<DeviceContext>& context) {

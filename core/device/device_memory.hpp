@@ -4,9 +4,8 @@
 //
 // Device memory is stream-ordered on the context's stream: a buffer is allocated and released in that stream's
 // order (the pool keeps freed memory for the next allocation, and nothing waits for the whole device). The memory
-// operations of memory/ops.hpp promise completion when they return, so each is queued on the context's stream and
-// then waited for (with the engine's timeout); the device engine's own step, reductions and transfers queue their
-// work on streams and wait only where the host needs a result.
+// operations of memory/ops.hpp are queued on the same stream, so each runs after the ones before; the host waits
+// only for a copy into or out of host memory (with the engine's timeout), the one result it may then touch.
 #pragma once
 
 #include <memory>
@@ -35,7 +34,7 @@ class DeviceContext {
   std::unique_ptr<Stream> stream_;
   double timeout_s_;
   std::mutex finish_mu_;  // one event, recorded and waited for by one caller at a time
-  std::unique_ptr<Event> done_;
+  std::unique_ptr<Event> finished_;
 };
 
 // Device memory ordered on the context's stream; alignments above the runtime's are met by over-allocating.
@@ -50,6 +49,8 @@ void install_allocators(Allocators& allocators, const std::shared_ptr<DeviceCont
 // The process keeps a weak reference: once the context's owners (an engine, its buffers) are gone, device memory's
 // operations fail clearly until another context is installed.
 void install_device_memory(const std::shared_ptr<DeviceContext>& context);
+// The context installed, while its owners keep it (null otherwise).
+std::shared_ptr<DeviceContext> installed_device_memory();
 
 }  // namespace device
 }  // namespace zero

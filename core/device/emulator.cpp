@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -66,14 +67,18 @@ class EmulatedEvent final : public Event {
 class EmulatedStream final : public Stream {
  public:
   EmulatedStream(size_t actor, uint64_t seed, unsigned max_delay_us, std::function<void(const std::string&)> on_error,
-                 std::shared_ptr<std::atomic<bool>> failed)
-      : actor_(actor),
+                 std::shared_ptr<std::atomic<bool>> failed, std::shared_ptr<std::atomic<int>> live_streams)
+      : live_streams_(std::move(live_streams)),
+        actor_(actor),
         progress_(std::make_shared<Progress>()),
         rng_(seed),
         max_delay_us_(max_delay_us),
         on_error_(std::move(on_error)),
         failed_(std::move(failed)),
-        worker_([this] { run(); }) {}
+        worker_([this] { run(); }) {
+    live_streams_->fetch_add(1);
+  }
+  // Unlike cudaStreamDestroy, which returns at once, the host waits here for the work queued so far.
   ~EmulatedStream() override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -81,6 +86,7 @@ class EmulatedStream final : public Stream {
     }
     cv_.notify_all();
     worker_.join();  // after the queue is empty: work queued before destruction finishes
+    live_streams_->fetch_sub(1);
   }
 
   size_t actor() const { return actor_; }
@@ -122,6 +128,7 @@ class EmulatedStream final : public Stream {
     }
   }
 
+  std::shared_ptr<std::atomic<int>> live_streams_;  // the emulator's count
   const size_t actor_;
   std::shared_ptr<Progress> progress_;
   std::mt19937_64 rng_;
@@ -136,14 +143,32 @@ class EmulatedStream final : public Stream {
   std::thread worker_;  // last: starts once everything above exists
 };
 
-EmulatedStream& as_emulated(Stream& s) { return static_cast<EmulatedStream&>(s); }
+// A stream of this emulator that its owner lent (Runtime::external_stream).
+class LentStream final : public Stream {
+ public:
+  explicit LentStream(EmulatedStream& target) : target(target) {}
+  EmulatedStream& target;
+};
+
+EmulatedStream& as_emulated(Stream& s) {
+  if (auto* lent = dynamic_cast<LentStream*>(&s)) return lent->target;
+  return static_cast<EmulatedStream&>(s);
+}
 const EmulatedEvent& as_emulated(const Event& e) { return static_cast<const EmulatedEvent&>(e); }
 
 class HostEmulator final : public Emulator {
  public:
   explicit HostEmulator(const EmulatorOptions& options)
       : options_(options), memory_(options.arena_bytes), checker_(options.throw_on_race) {}
+  // Queued work uses the emulator's memory and checker: a stream left behind would run it after they are gone.
   ~HostEmulator() override {
+    if (live_streams_->load() != 0) {
+      std::fprintf(stderr,
+                   "libzero: the device emulator was destroyed while %d of its streams still exist "
+                   "(destroy every stream, and what holds one, first)\n",
+                   live_streams_->load());
+      std::abort();
+    }
     for (auto& [p, bytes] : pinned_) std::free(p);
   }
 
@@ -156,12 +181,19 @@ class HostEmulator final : public Emulator {
     const size_t actor = checker_.add_actor("stream '" + name + "'");
     auto stream = std::make_unique<EmulatedStream>(
         actor, options_.seed * 0x9e3779b97f4a7c15ull + actor, options_.max_delay_us,
-        [this](const std::string& what) { device_failed(what); }, failed_);
+        [this](const std::string& what) { device_failed(what); }, failed_, live_streams_);
     std::lock_guard<std::mutex> lock(mu_);
     if (progress_.size() <= actor) progress_.resize(actor + 1);
     progress_[actor] = stream->progress();
     return stream;
   }
+
+  std::unique_ptr<Stream> external_stream(void* native) override {
+    if (native == nullptr) fail(ZERO_ERR_INVALID_ARGUMENT, "device emulator: no stream to lend");
+    return std::make_unique<LentStream>(as_emulated(*static_cast<Stream*>(native)));
+  }
+
+  void* native(Stream& stream) override { return &as_emulated(stream); }
 
   std::unique_ptr<Event> create_event() override { return std::make_unique<EmulatedEvent>(); }
 
@@ -218,8 +250,9 @@ class HostEmulator final : public Emulator {
     EmulatedMemory::Block block = memory_.allocate(bytes);
     const size_t size = memory_.allocation_bytes(block.device);
     const uint64_t op = checker_.issue(s.actor());
-    // Reused bytes: the stream waits for their release, as CUDA's pools order a reuse after the free.
-    checker_.merge(s.actor(), block.released);
+    // Reused bytes: the stream's work waits for their release, as CUDA's pools order a reuse after the free. The
+    // checker does not count that wait as an order the program made (CUDA's pool may as well hand out other
+    // memory), so work of the releasing stream stays unordered with this one's unless an event orders it.
     checker_.track(block.device, size,
                    "device allocation #" + std::to_string(++allocations_) + " (" + std::to_string(size) + " bytes)");
     checker_.access(s.actor(), block.device, size, true, "the allocation");
@@ -236,7 +269,12 @@ class HostEmulator final : public Emulator {
     EmulatedStream& s = as_emulated(stream);
     std::lock_guard<std::mutex> issue(s.issue_mutex());
     const uint64_t op = checker_.issue(s.actor());
-    checker_.access(s.actor(), p, bytes, true, "the release");
+    try {
+      checker_.access(s.actor(), p, bytes, true, "the release");
+    } catch (...) {
+      s.push(op, [] {});
+      throw;
+    }
     checker_.untrack(p);
     // Poisoned: a float read from released memory is NaN, in every format.
     s.push(op, [shadow = memory_.shadow(p), bytes] { std::memset(shadow, 0xff, bytes); });
@@ -273,19 +311,22 @@ class HostEmulator final : public Emulator {
     if (ranges_overlap(dst, bytes, src, bytes))
       fail(ZERO_ERR_INVALID_ARGUMENT, "device emulator: a copy between overlapping ranges");
     const Side to = side(dst, bytes, "a copy's destination"), from = side(src, bytes, "a copy's source");
-    run(
+    enqueue(
         stream, "a copy of " + std::to_string(bytes) + " bytes", {{src, bytes, false}, {dst, bytes, true}},
         [d = address(to, dst), s = address(from, src), bytes] { std::memcpy(d, s, bytes); },
-        to == Side::kPageable || from == Side::kPageable);
+        to == Side::kPageable     ? HostWait::kOperation
+        : from == Side::kPageable ? HostWait::kStreamBefore
+                                  : HostWait::kNone);
   }
 
   void fill_zero(void* p, size_t bytes, Stream& stream) override {
     check_device();
     if (bytes == 0) return;
     const Side where = side(p, bytes, "zeroing");
-    run(
-        stream, "zeroing " + std::to_string(bytes) + " bytes", {{p, bytes, true}},
-        [d = address(where, p), bytes] { std::memset(d, 0, bytes); }, where == Side::kPageable);
+    if (where == Side::kPageable)  // cudaMemsetAsync refuses it (without unified memory)
+      fail(ZERO_ERR_INVALID_ARGUMENT, "device emulator: zeroing pageable host memory on a stream");
+    enqueue(stream, "zeroing " + std::to_string(bytes) + " bytes", {{p, bytes, true}},
+            [d = address(where, p), bytes] { std::memset(d, 0, bytes); });
   }
 
   void step(OptimizerKind kind, DType grad, CopyMode copy_mode, const cuda::LaunchTable& table,
@@ -340,25 +381,36 @@ class HostEmulator final : public Emulator {
     return memory_.shadow(p);
   }
 
-  // Numbers the operation on `stream`, checks its uses, queues `work`; with `host_waits` (pageable host memory on
-  // one side, as CUDA's copies) the host then waits for it.
-  void run(Stream& stream, const std::string& what, const std::vector<Use>& uses, std::function<void()> work,
-           bool host_waits = false) {
+  // What the host learns when a copy with pageable host memory returns, as CUDA's: from pageable memory, the
+  // stream's earlier work is done and the source was read (the copy into place may still be running); into
+  // pageable memory, the copy itself is done.
+  enum class HostWait { kNone, kStreamBefore, kOperation };
+
+  // Numbers the operation on `stream`, checks its uses, queues `work`. A failed check still queues the number (as
+  // nothing), so that the stream's count and its queue stay in step and nothing waits for an operation that never
+  // runs.
+  void enqueue(Stream& stream, const std::string& what, const std::vector<Use>& uses, std::function<void()> work,
+               HostWait host_wait = HostWait::kNone) {
     EmulatedStream& s = as_emulated(stream);
     uint64_t op = 0;
-    VectorClock clock;
+    VectorClock before, after;
     {
       std::lock_guard<std::mutex> issue(s.issue_mutex());
+      before = checker_.clock(s.actor());
       op = checker_.issue(s.actor());
-      for (const Use& u : uses) checker_.access(s.actor(), u.p, u.bytes, u.write, what);
-      clock = checker_.clock(s.actor());
+      try {
+        for (const Use& u : uses) checker_.access(s.actor(), u.p, u.bytes, u.write, what);
+      } catch (...) {
+        s.push(op, [] {});
+        throw;
+      }
+      after = checker_.clock(s.actor());
       s.push(op, std::move(work));
     }
-    if (host_waits) {
-      s.progress()->wait(op);
-      checker_.merge(AccessChecker::kHost, clock);
-      check_device();
-    }
+    if (host_wait == HostWait::kNone) return;
+    s.progress()->wait(op);
+    checker_.merge(AccessChecker::kHost, host_wait == HostWait::kOperation ? after : before);
+    check_device();
   }
 
   // In a stream's worker: waits until every stream has run as far as `clock` says.
@@ -408,6 +460,7 @@ class HostEmulator final : public Emulator {
   std::mutex error_mu_;
   std::string error_;
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<int>> live_streams_ = std::make_shared<std::atomic<int>>(0);
 };
 
 void require_16bit(DType d, const char* what) {
@@ -444,22 +497,22 @@ void HostEmulator::step(OptimizerKind kind, DType grad, CopyMode copy_mode, cons
       kernel_address(a.copy, a.n * 2, "a step segment's params"), uses.push_back({a.copy, a.n * 2, true});
   }
   std::vector<KernelArgs> planned(host_segments, host_segments + count);
-  run(stream, "the optimizer step", uses,
-      [this, kind, grad, copy_mode, table, planned = std::move(planned), segments, chunks] {
-        const auto* on_device = static_cast<const KernelArgs*>(memory_.shadow(segments));
-        for (size_t i = 0; i < planned.size(); ++i) {
-          const KernelArgs &a = on_device[i], &b = planned[i];
-          if (a.master != b.master || a.grad != b.grad || a.state0 != b.state0 || a.state1 != b.state1 ||
-              a.copy != b.copy || a.n != b.n || a.first_index != b.first_index)
-            fail(ZERO_ERR_INTERNAL,
-                 "the step's segment table on the device is not the one its launch table was "
-                 "planned from (segment " +
-                     std::to_string(i) + ")");
-        }
-        emulated::step(kind, grad, copy_mode, table, on_device,
-                       static_cast<const cuda::StepChunk*>(memory_.shadow(chunks)),
-                       [this](const void* p) { return memory_.shadow(p); });
-      });
+  enqueue(stream, "the optimizer step", uses,
+          [this, kind, grad, copy_mode, table, planned = std::move(planned), segments, chunks] {
+            const auto* on_device = static_cast<const KernelArgs*>(memory_.shadow(segments));
+            for (size_t i = 0; i < planned.size(); ++i) {
+              const KernelArgs &a = on_device[i], &b = planned[i];
+              if (a.master != b.master || a.grad != b.grad || a.state0 != b.state0 || a.state1 != b.state1 ||
+                  a.copy != b.copy || a.n != b.n || a.first_index != b.first_index)
+                fail(ZERO_ERR_INTERNAL,
+                     "the step's segment table on the device is not the one its launch table was "
+                     "planned from (segment " +
+                         std::to_string(i) + ")");
+            }
+            emulated::step(kind, grad, copy_mode, table, on_device,
+                           static_cast<const cuda::StepChunk*>(memory_.shadow(chunks)),
+                           [this](const void* p) { return memory_.shadow(p); });
+          });
 }
 
 void HostEmulator::sum_squares(DType grad, const void* grads, size_t n, double* scratch, double* result,
@@ -469,7 +522,8 @@ void HostEmulator::sum_squares(DType grad, const void* grads, size_t n, double* 
   void* g = kernel_address(grads, gbytes, "the norm's gradients");
   void* sc = kernel_address(scratch, sbytes, "the norm's scratch");
   void* r = kernel_address(result, sizeof(double), "the norm's result");
-  run(stream, "the sum of squares", {{grads, gbytes, false}, {scratch, sbytes, true}, {result, sizeof(double), true}},
+  enqueue(
+      stream, "the sum of squares", {{grads, gbytes, false}, {scratch, sbytes, true}, {result, sizeof(double), true}},
       [grad, g, n, sc, r] { emulated::sum_squares(grad, g, n, static_cast<double*>(sc), static_cast<double*>(r)); });
 }
 
@@ -481,8 +535,8 @@ void HostEmulator::narrow(DType to, void* dst, const float* src, size_t n, Strea
   if (n == 0) return;
   void* d = kernel_address(dst, 2 * n, "narrow's destination");
   void* s = kernel_address(src, 4 * n, "narrow's source");
-  run(stream, "narrowing to " + std::string(dtype_name(to)), {{src, 4 * n, false}, {dst, 2 * n, true}},
-      [to, d, s, n] { emulated::narrow(to, d, static_cast<const float*>(s), n); });
+  enqueue(stream, "narrowing to " + std::string(dtype_name(to)), {{src, 4 * n, false}, {dst, 2 * n, true}},
+          [to, d, s, n] { emulated::narrow(to, d, static_cast<const float*>(s), n); });
 }
 
 void HostEmulator::widen(DType from, float* dst, const void* src, size_t n, Stream& stream) {
@@ -493,8 +547,8 @@ void HostEmulator::widen(DType from, float* dst, const void* src, size_t n, Stre
   if (n == 0) return;
   void* d = kernel_address(dst, 4 * n, "widen's destination");
   void* s = kernel_address(src, 2 * n, "widen's source");
-  run(stream, "widening from " + std::string(dtype_name(from)), {{src, 2 * n, false}, {dst, 4 * n, true}},
-      [from, d, s, n] { emulated::widen(from, static_cast<float*>(d), s, n); });
+  enqueue(stream, "widening from " + std::string(dtype_name(from)), {{src, 2 * n, false}, {dst, 4 * n, true}},
+          [from, d, s, n] { emulated::widen(from, static_cast<float*>(d), s, n); });
 }
 
 void HostEmulator::accumulate(DType from, float* acc, const void* src, size_t n, bool into_zero, Stream& stream) {
@@ -505,8 +559,8 @@ void HostEmulator::accumulate(DType from, float* acc, const void* src, size_t n,
   if (n == 0) return;
   void* a = kernel_address(acc, 4 * n, "an accumulation's destination");
   void* s = kernel_address(src, sbytes, "an accumulation's source");
-  run(stream, "an accumulation", {{src, sbytes, false}, {acc, 4 * n, true}},
-      [from, a, s, n, into_zero] { emulated::accumulate(from, static_cast<float*>(a), s, n, into_zero); });
+  enqueue(stream, "an accumulation", {{src, sbytes, false}, {acc, 4 * n, true}},
+          [from, a, s, n, into_zero] { emulated::accumulate(from, static_cast<float*>(a), s, n, into_zero); });
 }
 
 }  // namespace

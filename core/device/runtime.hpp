@@ -1,5 +1,5 @@
 // The device runtime: everything the engine asks of a GPU, behind one small interface with two implementations —
-// CUDA (cuda/cuda_runtime.cu, built into the libzero-cuda.so module so that libzero.so runs where no CUDA is
+// CUDA (device/cuda_runtime.cu, built into the libzero-cuda.so.1 module so that libzero.so runs where no CUDA is
 // installed) and the host emulator (device/emulator.hpp), a test tool that runs the same kernels on the CPU with a
 // worker thread per stream and checks that every access to device memory is ordered after the last write to it.
 //
@@ -8,8 +8,9 @@
 // only where it must (with a timeout, so a stopped device is an error that names what it waited for). Memory is
 // stream-ordered: an allocation may be used on its stream at once and on another only after an event recorded on
 // it, and a free takes effect in its stream's order. Every call returns when the work is queued; none waits for the
-// device, except a copy to or from pageable host memory (memory the runtime did not allocate), which completes
-// before it returns, as CUDA's does.
+// device, except a copy with pageable host memory (memory the runtime did not allocate) on one side, as CUDA's:
+// from it, the call returns once the stream's earlier work is done and the source was read (the copy into place may
+// still run); into it, once the copy is done.
 //
 // Pointers into device memory must not be touched by the host: the emulator hands out addresses of a region the
 // host cannot read (an access faults), so code that forgets a copy fails at once on the CPU.
@@ -40,7 +41,7 @@ class Event {
 // The CUDA module (libzero-cuda.so.1) is built from the same sources as libzero and hands back a Runtime object: the
 // loader passes this version and the layout of the structs that cross (device/cuda_module.hpp), and the module
 // refuses a mismatch rather than misread them.
-constexpr uint32_t kRuntimeInterfaceVersion = 1;
+constexpr uint32_t kRuntimeInterfaceVersion = 2;
 constexpr uint64_t runtime_interface_layout() {
   return (uint64_t{sizeof(KernelArgs)} << 32) | (uint64_t{sizeof(cuda::StepChunk)} << 16) | sizeof(StepScalars);
 }
@@ -57,6 +58,11 @@ class Runtime {
 
   // ---- Streams and events. A stream destroyed with work queued finishes that work first (its events stay valid).
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
+  // A stream its caller owns and keeps alive while the wrapper is used (a framework's: a cudaStream_t on CUDA; on
+  // the emulator, a Stream it made), for use in these calls; destroying the wrapper leaves the stream as it is.
+  virtual std::unique_ptr<Stream> external_stream(void* native) = 0;
+  // What external_stream takes for `stream` (its cudaStream_t; on the emulator, the Stream itself).
+  virtual void* native(Stream& stream) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
   // The event marks everything queued on `stream` so far (re-recording moves it; waits already queued keep the old
   // point).

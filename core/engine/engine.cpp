@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/device_call.hpp"
 #include "plan/plan_spec.hpp"
 #include "util/error.hpp"
 #include "util/log.hpp"
@@ -52,11 +53,31 @@ void Engine::set_device(std::shared_ptr<device::Runtime> runtime) {
   CallScope scope(guard_, "zero_engine_set_device");
   guard_.require(CallGuard::State::kRegistering);
   if (runtime == nullptr) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "no device runtime");
+  // Device memory's operations are the process's (one context): a second device engine alive beside the first
+  // would run the first's on its own stream, unordered with the first's work.
+  const std::shared_ptr<device::DeviceContext> installed = device::installed_device_memory();
+  if (installed != nullptr && installed != device_)
+    guard_.fail(ZERO_ERR_UNSUPPORTED,
+                "another device engine of this process is alive: one device engine per process "
+                "at a time so far (destroy the other first)");
   device_ = std::make_shared<device::DeviceContext>(std::move(runtime), config_.timeout_s);
   device::install_device_memory(device_);
   device::install_allocators(store_.allocators(), device_);
   stepper_.use_device(device_);
   store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
+}
+
+void Engine::set_stream(void* stream) {
+  CallScope scope(guard_, "zero_engine_set_stream");
+  if (!device_)
+    guard_.fail(ZERO_ERR_INVALID_STATE, "the engine has no device (zero_engine_set_device first): no stream to order");
+  if (stream == nullptr) {
+    framework_stream_.reset();
+    return;
+  }
+  framework_stream_ = device_->runtime().external_stream(stream);
+  if (!call_begin_) call_begin_ = device_->runtime().create_event();
+  if (!call_end_) call_end_ = device_->runtime().create_event();
 }
 
 void Engine::copy(void* dst, const void* src, size_t bytes) {
@@ -66,8 +87,10 @@ void Engine::copy(void* dst, const void* src, size_t bytes) {
     if (bytes != 0) std::memcpy(dst, src, bytes);
     return;
   }
+  DeviceCall device_call(*this);
   device_->runtime().copy(dst, src, bytes, device_->stream());
   device_->finish("a copy to or from the engine's device memory");
+  device_call.end("zero_engine_copy");
 }
 
 // What the device engine does not run yet: refused at finalize, on the rank that has it, before anything moves.
@@ -281,6 +304,7 @@ void Engine::finalize() {
                     std::to_string(config_.param_persistence_threshold) + " elements): no param file is created");
   allocation.move([&] { store_.load_initial_values(registration_, config_.compute_dtype); });
   registration_.forget_initial_values();
+  if (device_) device_->finish("zero_engine_finalize's device work");  // the params are there for any stream
   guard_.set_ready();
   if (comm_.rank() == 0 && log_enabled(ZERO_LOG_INFO)) {
     const MemoryStats m = memory_stats();
@@ -334,7 +358,10 @@ void* Engine::grad_data(int param) {
   check_param(param);
   check_trained(param);
   check_window();
-  return reducer_.grad_buffer(param, registration_.param(param).name);
+  DeviceCall device_call(*this);
+  void* buffer = reducer_.grad_buffer(param, registration_.param(param).name);
+  device_call.end("zero_grad_data");
+  return buffer;
 }
 
 Engine::~Engine() {
@@ -348,22 +375,30 @@ Engine::~Engine() {
 
 void Engine::gather(int unit) {
   CallScope scope(guard_, "zero_gather");
+  DeviceCall device_call(*this);
   store_.gather(unit);
+  device_call.end("zero_gather");
 }
 
 void Engine::release(int unit) {
   CallScope scope(guard_, "zero_release");
+  DeviceCall device_call(*this);
   store_.release(unit);
+  device_call.end("zero_release");
 }
 
 void Engine::release_modified(int unit, int modifier_rank) {
   CallScope scope(guard_, "zero_release_modified");
+  DeviceCall device_call(*this);
   store_.release_modified(unit, modifier_rank, reducer_.micro_step_begun());
+  device_call.end("zero_release_modified");
 }
 
 void Engine::prefetch(int unit) {
   CallScope scope(guard_, "zero_prefetch");
+  DeviceCall device_call(*this);
   store_.prefetch(unit);
+  device_call.end("zero_prefetch");
 }
 
 void Engine::grad_ready(int param) {
@@ -375,7 +410,9 @@ void Engine::grad_ready(int param) {
   if (reducer_.declared_ready(param))
     guard_.fail(ZERO_ERR_INVALID_STATE,
                 "'" + registration_.param(param).name + "' was already declared ready in this micro-step");
+  DeviceCall device_call(*this);
   reducer_.grad_ready(param);
+  device_call.end("zero_grad_ready");
 }
 
 void Engine::backward_end() {
@@ -388,11 +425,13 @@ void Engine::backward_end() {
     check_window();
     test_hooks::maybe_fail("backward_end", comm_.rank());
   });
+  DeviceCall device_call(*this);
   if (!call.failed()) reducer_.reduce_remaining();
   call.agree(window_.total_ended() + 1);
   reducer_.finish_micro_step();
   store_.end_micro_step();
   window_.end_micro_step();
+  device_call.end("zero_backward_end");
 }
 
 void Engine::set_lr(int group, double lr) {
@@ -426,16 +465,20 @@ void Engine::settle_fetches() {
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag, bool exclude_frozen) {
   CallScope scope(guard_, "zero_save_checkpoint");
+  DeviceCall device_call(*this);
   settle_fetches();
   checkpointer_.save(dir, tag, reducer_.micro_step_begun(), exclude_frozen);
   settle_fetches();  // what the consolidated weights' gathers fetched ahead or kept, and their place in the order
+  device_call.end("zero_save_checkpoint");
 }
 
 void Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   CallScope scope(guard_, "zero_load_checkpoint");
+  DeviceCall device_call(*this);
   settle_fetches();
   checkpointer_.load(dir, tag, reducer_.micro_step_begun());
   reducer_.after_load();  // the load cleared every gradient: a new window
+  device_call.end("zero_load_checkpoint");
 }
 
 }  // namespace zero

@@ -46,6 +46,11 @@ class Engine {
   void set_device(std::shared_ptr<device::Runtime> runtime);
   // The device engine's context (its runtime and the stream its work is ordered on); null for the CPU engine.
   const std::shared_ptr<device::DeviceContext>& device() const { return device_; }
+  // zero_engine_set_stream (experimental): the framework's stream (a cudaStream_t; on the emulator, a Stream it
+  // made), or null for none. Each call's device work is then ordered after the work the framework queued on it so
+  // far, and the framework's later work after the call's: no host waits. Without one, the host waits for each
+  // call's device work before the call returns. A device engine's; any time.
+  void set_stream(void* stream);
   // zero_engine_copy: host memory and the engine's (device memory of a device engine), ordered after the engine's
   // work, complete on return.
   void copy(void* dst, const void* src, size_t bytes);
@@ -103,6 +108,7 @@ class Engine {
  private:
   void check_window() const;
   void check_device_config() const;
+  class DeviceCall;
   void check_param(int param) const;
   void check_trained(int param) const;
   void settle_fetches();
@@ -113,7 +119,9 @@ class Engine {
   MemoryStats planned_memory() const;  // inside a CallScope
 
   Config config_;
-  std::shared_ptr<device::DeviceContext> device_;  // before the parts that keep device buffers: it outlives them
+  std::shared_ptr<device::DeviceContext> device_;     // before the parts that keep device buffers: it outlives them
+  std::unique_ptr<device::Stream> framework_stream_;  // zero_engine_set_stream's, or null
+  std::unique_ptr<device::Event> call_begin_, call_end_;
   EngineComm comm_;
   std::unique_ptr<EngineComm> model_parallel_;  // null without a model-parallel group
   CallGuard guard_;

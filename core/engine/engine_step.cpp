@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "engine/device_call.hpp"
 #include "engine/engine.hpp"
 #include "util/error.hpp"
 #include "util/log.hpp"
@@ -90,6 +91,7 @@ StepResult Engine::step(const StepOptions& options) {
   call.agree(stepper_.steps() + 1, window_.ended(), static_cast<int64_t>(digest_doubles(agreed)), explain);
 
   StepResult result;
+  DeviceCall device_call(*this);
   call.move([&] {
     // 1. What was fetched ahead is stale once the params change: completed and given back. The reductions the
     //    plan leaves to the step (full gradient buffers); bucketed plans reduced during backward.
@@ -142,6 +144,7 @@ StepResult Engine::step(const StepOptions& options) {
     reducer_.after_step(result.skipped);
     if (!result.skipped) store_.publish("all-gather of the new params");
   });
+  device_call.end("zero_step");
   window_.start_window();
   result.step = stepper_.steps();
   stepper_.account(result);

@@ -9,11 +9,14 @@
 
 namespace zero {
 
+// Work on device memory is ordered on the device's stream, not waited for: the host never reads device memory
+// itself, and every later operation on it — another of these, the device's kernels, a copy out — runs after it. A
+// copy with host memory on one side is complete when it returns (the host may then read or reuse its side).
 struct DeviceMemoryOps {
-  // Copies between device memory and any memory (host, pinned or device), complete when it returns.
-  void (*copy)(void* dst, const void* src, size_t bytes);
+  // Between device memory and any memory (host, pinned or device); `host_side`: one side is host memory.
+  void (*copy)(void* dst, const void* src, size_t bytes, bool host_side);
   void (*fill_zero)(void* p, size_t bytes);
-  ElementOps element;  // on device memory, complete when they return
+  ElementOps element;  // on device memory
 };
 
 // Null removes them. Set once at start-up, before any engine uses device memory.

@@ -65,7 +65,7 @@ void copy_bytes(MemorySpace dst_space, void* dst, MemorySpace src_space, const v
   // Device memory on either side (an NVMe space on either is an error: the file's state has its own streams).
   if (!host_addressable(dst_space)) device_ops_for(dst_space, "a copy");
   const DeviceMemoryOps& ops = device_ops_for(host_addressable(src_space) ? dst_space : src_space, "a copy");
-  if (bytes != 0) ops.copy(dst, src, bytes);
+  if (bytes != 0) ops.copy(dst, src, bytes, host_addressable(dst_space) || host_addressable(src_space));
 }
 
 void fill_zero(MemorySpace space, void* p, size_t bytes) {

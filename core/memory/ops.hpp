@@ -1,7 +1,9 @@
 // The operations on buffer memory, chosen by memory space: copies, zeroing and the element-wise conversions and
 // accumulation of gradients. Engine code goes through these (never std::memcpy or a raw loop on a buffer), so
 // that a buffer placed in device memory gets the device's implementation, and a space this build cannot operate
-// on is a clear error rather than a crash. The host implementations are the exact ones of core/convert.hpp.
+// on is a clear error rather than a crash. The host implementations are the exact ones of core/convert.hpp. On
+// device memory they are ordered on the device's stream (memory/device_ops.hpp): what the host can see of them —
+// a copy into host memory — is complete when it returns.
 #pragma once
 
 #include <cstddef>

@@ -101,6 +101,7 @@ void ParameterStore::clear() {
   nvme_.reset();
   nvme_params_.reset();
   param_copy_.clear();
+  bounce_.release();
   gathered_pool_.clear();
   fetches_.clear();
   order_ = FetchOrder{};

@@ -233,6 +233,7 @@ class ParameterStore {
   std::unique_ptr<io::NvmeState> nvme_;
   std::unique_ptr<io::NvmeState> nvme_params_;  // offload_param: the param shards of units that are not resident
   std::vector<char> param_copy_;                // one shard: where the optimizer writes a unit's new params
+  mutable Buffer bounce_;  // a device engine's checkpoints: device memory read through it (pinned host memory)
 
   FetchPolicy policy_;
   std::deque<Fetch> fetches_;   // in start order

@@ -213,15 +213,15 @@ void ParameterStore::sink_bytes(MemorySpace space, const void* p, size_t bytes,
                                 const std::function<void(const void*, size_t bytes)>& sink) const {
   if (host_addressable(space)) return sink(p, bytes);
   constexpr size_t kPieceBytes = size_t{4} << 20;
-  Buffer bounce;
   const MemorySpace bounce_space =
       allocators_.has(MemorySpace::kPinnedHost) ? MemorySpace::kPinnedHost : MemorySpace::kHost;
-  bounce.allocate(bounce_space, std::min(bytes, kPieceBytes), DType::kU8,
-                  allocators_.get(bounce_space, "a checkpoint's bounce buffer"));
+  if (bounce_.empty())  // kept for the next checkpoint: pinned memory is slow to allocate
+    bounce_.allocate(bounce_space, kPieceBytes, DType::kU8,
+                     allocators_.get(bounce_space, "a checkpoint's bounce buffer"));
   for (size_t done = 0; done < bytes; done += kPieceBytes) {
     const size_t n = std::min(kPieceBytes, bytes - done);
-    copy_bytes(bounce_space, bounce.data(), space, static_cast<const char*>(p) + done, n);
-    sink(bounce.data(), n);
+    copy_bytes(bounce_space, bounce_.data(), space, static_cast<const char*>(p) + done, n);
+    sink(bounce_.data(), n);
   }
 }
 

@@ -10,7 +10,9 @@
 namespace zero {
 namespace {
 
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+size_t aligned(size_t bytes) {
+  return (bytes + device::kDeviceAlignment - 1) / device::kDeviceAlignment * device::kDeviceAlignment;
+}
 
 }  // namespace
 

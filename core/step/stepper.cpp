@@ -234,9 +234,8 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
   }
   if (device_pass_) {
     // Params in device memory are their own copy buffers (begin_copy and end_copy move nothing there), so the
-    // pass may run after them. The step completes before zero_step returns.
+    // pass may run after them; it is ordered on the engine's stream before what follows.
     device_pass_->step(config_.optimizer.kind, config_.grad_accum_dtype, copy_mode(), device_segments, clear_grads);
-    device_context_->finish("the optimizer step");
   }
 }
 

@@ -127,6 +127,7 @@ static void test_clear_errors(void** state) {
   assert_fails(zero_engine_set_device(engine, "tpu"), ZERO_ERR_INVALID_ARGUMENT, "no device named 'tpu'");
   assert_fails(zero_engine_set_device(engine, NULL), ZERO_ERR_INVALID_ARGUMENT, "device is NULL");
   assert_fails(zero_engine_set_device(NULL, "emulator"), ZERO_ERR_INVALID_ARGUMENT, "engine is NULL");
+  assert_fails(zero_engine_set_stream(engine, NULL), ZERO_ERR_INVALID_STATE, "zero_engine_set_device first");
   int64_t shape = 4;
   zero_param_desc_t d;
   assert_int_equal(zero_param_desc_init(&d, sizeof d), ZERO_OK);

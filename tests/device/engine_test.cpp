@@ -158,5 +158,100 @@ TEST_P(DeviceEngine, TrainsAsTheCpuEngineBitForBit) {
   fs::remove_all(root);
 }
 
+// The framework's own stream (zero_engine_set_stream): its backward adds each micro-step's gradients into the
+// engine's buffers with a kernel on its stream, from device buffers it uploaded from pinned memory — no host wait
+// anywhere — and reads the trained params back on it. The engine orders each call's work after the framework's
+// and the framework's after it with events: the same bits as the CPU engine, and no race. The same program
+// without zero_engine_set_stream is a race the emulator's checker names.
+struct FrameworkRun {
+  std::vector<std::vector<char>> params;
+  std::string error;
+};
+
+FrameworkRun train_on_framework_stream(const std::string& config, device::Runtime& rt, bool set_stream) {
+  FrameworkRun out;
+  std::unique_ptr<device::Stream> framework = rt.create_stream("framework");
+  std::unique_ptr<device::Event> done = rt.create_event();
+  std::vector<void*> device_buffers;
+  try {
+    auto shared = std::shared_ptr<device::Runtime>(&rt, [](device::Runtime*) {});
+    Engine e(parse_config(config, 1), make_single_communicator());
+    e.set_device(shared);
+    if (set_stream) e.set_stream(rt.native(*framework));
+    e.add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
+    const std::vector<Param> params = model();
+    for (const Param& p : params) e.add_param(p.shape, ParamInit{p.init.data(), DType::kF32});
+    e.finalize();
+    size_t most = 0;
+    for (const Param& p : params) most = std::max(most, p.init.size());
+    auto* staging = static_cast<float*>(rt.allocate_pinned(most * 4));
+    auto* grads = static_cast<float*>(rt.allocate(most * 4, *framework));
+    device_buffers.push_back(grads);
+    for (int step = 1; step <= 3; ++step) {
+      for (int micro = 0; micro < 2; ++micro) {
+        for (size_t p = 0; p < params.size(); ++p) {
+          if (params[p].shape.frozen) continue;
+          const int param = static_cast<int>(p);
+          const std::vector<float> g = gradient(step, micro, param, params[p].init.size());
+          rt.synchronize(*done, 60.0, "the previous upload");  // the staging is free again
+          rt.host_access(staging, g.size() * 4, true);
+          std::memcpy(staging, g.data(), g.size() * 4);
+          rt.copy(grads, staging, g.size() * 4, *framework);
+          rt.record(*done, *framework);
+          rt.accumulate(DType::kF32, static_cast<float*>(e.grad_data(param)), grads, g.size(), false, *framework);
+          e.grad_ready(param);
+        }
+        e.backward_end();
+      }
+      e.step();
+    }
+    for (int u = 0; u < e.num_units(); ++u) e.gather(u);
+    for (size_t p = 0; p < params.size(); ++p) {
+      const size_t bytes = params[p].init.size() * (params[p].shape.frozen ? 4 : dtype_size(e.config().compute_dtype));
+      rt.synchronize(*done, 60.0, "the previous read");
+      rt.copy(staging, e.param_data(static_cast<int>(p)), bytes, *framework);
+      rt.record(*done, *framework);
+      rt.synchronize(*done, 60.0, "the read");
+      rt.host_access(staging, bytes, false);
+      out.params.emplace_back(reinterpret_cast<char*>(staging), reinterpret_cast<char*>(staging) + bytes);
+    }
+    for (int u = 0; u < e.num_units(); ++u) e.release(u);
+    rt.record(*done, *framework);
+    rt.synchronize(*done, 60.0, "the framework's last work");
+    rt.release_pinned(staging);
+  } catch (const Error& e) {
+    out.error = e.what();
+  }
+  for (void* p : device_buffers) rt.release(p, *framework);
+  rt.record(*done, *framework);
+  rt.synchronize(*done, 60.0, "the framework's releases");
+  return out;
+}
+
+TEST_P(DeviceEngine, OrdersItsWorkWithTheFrameworksStream) {
+  const std::string config =
+      R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "gradient_clipping": 0.5,
+          "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}, "gradient_accumulation_steps": 2,
+          "zero_optimization": {"stage": 2, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 5000}})";
+  const fs::path root = fs::temp_directory_path() / ("libzero-device-stream-" + std::to_string(::getpid()));
+  for (const char* stage : {"2", "3"}) {
+    SCOPED_TRACE(std::string("stage ") + stage);
+    std::string c = config;
+    c.replace(c.find("\"stage\": 2"), 10, std::string("\"stage\": ") + stage);
+    const Trained cpu = train(c, nullptr, root);
+    const FrameworkRun dev = train_on_framework_stream(c, *rt_, true);
+    ASSERT_EQ("", dev.error);
+    ASSERT_EQ(cpu.params.size(), dev.params.size());
+    for (size_t p = 0; p < cpu.params.size(); ++p) EXPECT_TRUE(cpu.params[p] == dev.params[p]) << "param " << p;
+  }
+  if (rt_->emulated()) {  // the negative: the same without the stream handed to the engine
+    std::unique_ptr<device::Emulator> unchecked = testing_device::emulator(3);
+    const FrameworkRun racy = train_on_framework_stream(config, *unchecked, false);
+    EXPECT_NE(std::string::npos, racy.error.find("a race")) << racy.error;
+    EXPECT_NE(std::string::npos, racy.error.find("stream 'framework'")) << racy.error;
+  }
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace zero

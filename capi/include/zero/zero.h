@@ -788,9 +788,15 @@ ZERO_API zero_status_t zero_engine_window(zero_window_info_t* out_info, const ze
  * CPU, faults when the host touches device memory and fails on an access no stream order or event orders). Before
  * zero_engine_finalize; finalize refuses, on the rank that has it, what the device engine does not run yet (more
  * than one rank, a model-parallel group, offload). zero_param_data and zero_grad_data then return device memory:
- * read and write it with zero_engine_copy (or the framework's own device copies, completed before the engine's
- * next call). The engine's work is complete when each call returns. Local. */
+ * read and write it with zero_engine_copy, or on the framework's stream given with zero_engine_set_stream. Local. */
 ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char* device);
+
+/* The framework's stream for a device engine (a cudaStream_t of the engine's device), or NULL for none. With one,
+ * each call's device work is ordered after the work the framework queued on that stream so far, and the work it
+ * queues there afterwards after the call's, through events: no call waits for the device (zero_step waits once
+ * for the gradient norm's sums). Without one, every call's device work is complete when it returns. Any time after
+ * zero_engine_set_device; the stream must outlive its use. Local. */
+ZERO_API zero_status_t zero_engine_set_stream(zero_engine_t* engine, void* stream);
 
 /* Copies `n_bytes` from `src` to `dst`, each in host memory or in the engine's memory (device memory of a device
  * engine), ordered after the engine's work and complete on return; the ranges must not overlap. Local. */
