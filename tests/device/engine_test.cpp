@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -76,7 +77,17 @@ void from_engine(Engine& e, void* dst, const void* src, size_t bytes) {
   e.device()->runtime().copy(dst, src, bytes, e.device()->stream());
 }
 
-Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtime, const fs::path& dir) {
+// What a training run does besides its steps.
+struct Schedule {
+  int first_step = 1, last_step = 3;
+  const fs::path* load = nullptr;  // a checkpoint (tag "t") loaded after finalize
+  int overflow_step = 0;           // this step's first gradient holds an inf: every engine skips the step
+  bool modify = false;             // then zero_release_modified of unit 0 with new values of param "a"
+};
+
+// Trains, reads every param back and saves a checkpoint in `dir` (kept: a later run may load it).
+Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtime, const fs::path& dir,
+              const Schedule& run = {}) {
   Engine e(parse_config(config, 1), make_single_communicator());
   if (runtime) e.set_device(std::move(runtime));
   e.add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
@@ -85,14 +96,17 @@ Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtim
   e.finalize();
   if (e.device() && e.plan().space != MemorySpace::kDevice)
     fail(ZERO_ERR_INTERNAL, "the device engine plans host memory");
+  if (run.load) e.load_checkpoint(run.load->string(), "t");
   const size_t grad_size = dtype_size(e.config().grad_accum_dtype);
-  for (int step = 1; step <= 3; ++step) {
+  const size_t compute_size = dtype_size(e.config().compute_dtype);
+  for (int step = run.first_step; step <= run.last_step; ++step) {
     for (int micro = 0; micro < 2; ++micro) {
       for (size_t p = 0; p < params.size(); ++p) {
         if (params[p].shape.frozen) continue;
         const int param = static_cast<int>(p);
         const size_t n = params[p].init.size();
-        const std::vector<float> g = gradient(step, micro, param, n);
+        std::vector<float> g = gradient(step, micro, param, n);
+        if (step == run.overflow_step && micro == 0 && p == 0) g[0] = std::numeric_limits<float>::infinity();
         // The framework adds into the gradient buffer (fp32 accumulation in these configs).
         if (grad_size != 4) fail(ZERO_ERR_INTERNAL, "the test adds fp32 gradients");
         std::vector<float> sum(n);
@@ -104,10 +118,22 @@ Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtim
       }
       e.backward_end();
     }
-    e.step();
+    const StepResult result = e.step();
+    if ((step == run.overflow_step) != result.skipped) fail(ZERO_ERR_INTERNAL, "the overflow did not skip the step");
+  }
+  if (run.modify) {  // the modifier rank's new values of "a", in the compute dtype
+    e.gather(0);
+    std::vector<char> values(params[0].init.size() * compute_size);
+    for (size_t i = 0; i < params[0].init.size(); ++i) {
+      const float v = 0.125f * static_cast<float>(i) - 0.5f;
+      if (compute_size == 4) std::memcpy(&values[i * 4], &v, 4);
+      const uint16_t h = e.config().compute_dtype == DType::kBF16 ? float_to_bf16_rne(v) : float_to_fp16_rne(v);
+      if (compute_size == 2) std::memcpy(&values[i * 2], &h, 2);
+    }
+    to_engine(e, e.param_data(0), values.data(), values.size());
+    e.release_modified(0, 0);
   }
   Trained out;
-  const size_t compute_size = dtype_size(e.config().compute_dtype);
   for (int u = 0; u < e.num_units(); ++u) e.gather(u);
   for (size_t p = 0; p < params.size(); ++p) {
     const size_t bytes = params[p].init.size() * (params[p].shape.frozen ? 4 : compute_size);
@@ -121,8 +147,17 @@ Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtim
     if (entry.is_regular_file())
       out.files.emplace_back(fs::relative(entry.path(), dir).string(), read_file(entry.path()));
   std::sort(out.files.begin(), out.files.end());
-  fs::remove_all(dir);
   return out;
+}
+
+void expect_same(const Trained& cpu, const Trained& dev) {
+  ASSERT_EQ(cpu.params.size(), dev.params.size());
+  for (size_t p = 0; p < cpu.params.size(); ++p) EXPECT_TRUE(cpu.params[p] == dev.params[p]) << "param " << p;
+  ASSERT_EQ(cpu.files.size(), dev.files.size());
+  for (size_t f = 0; f < cpu.files.size(); ++f) {
+    EXPECT_EQ(cpu.files[f].first, dev.files[f].first);
+    EXPECT_TRUE(cpu.files[f].second == dev.files[f].second) << cpu.files[f].first << " differs";
+  }
 }
 
 class DeviceEngine : public testing_device::OnEachRuntime {};
@@ -144,16 +179,53 @@ TEST_P(DeviceEngine, TrainsAsTheCpuEngineBitForBit) {
       const std::string config = "{" + body + R"(, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": )" +
                                  std::to_string(stage) +
                                  R"(, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 5000}})";
-      const Trained cpu = train(config, nullptr, root / "cpu");
-      const Trained dev = train(config, rt_, root / "device");
-      ASSERT_EQ(cpu.params.size(), dev.params.size());
-      for (size_t p = 0; p < cpu.params.size(); ++p) EXPECT_TRUE(cpu.params[p] == dev.params[p]) << "param " << p;
-      ASSERT_EQ(cpu.files.size(), dev.files.size());
-      for (size_t f = 0; f < cpu.files.size(); ++f) {
-        EXPECT_EQ(cpu.files[f].first, dev.files[f].first);
-        EXPECT_TRUE(cpu.files[f].second == dev.files[f].second) << cpu.files[f].first << " differs";
-      }
+      expect_same(train(config, nullptr, root / "cpu"), train(config, rt_, root / "device"));
     }
+  }
+  fs::remove_all(root);
+}
+
+// A checkpoint saved by one engine and loaded by the other, then trained on: the same as the CPU engine throughout
+// (loading writes device memory through the copies, saving reads it through the bounce buffer).
+TEST_P(DeviceEngine, CheckpointsMoveBetweenTheCpuAndTheDeviceEngine) {
+  const fs::path root = fs::temp_directory_path() / ("libzero-device-ckpt-" + std::to_string(::getpid()));
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string config =
+        R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "gradient_clipping": 0.5,
+            "bf16": {"enabled": true, "stochastic_rounding": true}, "data_types": {"grad_accum_dtype": "fp32"},
+            "gradient_accumulation_steps": 2, "zero_optimization": {"stage": )" +
+        std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})";
+    Schedule first, second;
+    first.last_step = 2;
+    second.first_step = 3, second.last_step = 4;
+    const fs::path from_cpu = root / "first-cpu", from_device = root / "first-device";
+    train(config, nullptr, from_cpu, first);
+    train(config, rt_, from_device, first);
+    second.load = &from_cpu;
+    const Trained reference = train(config, nullptr, root / "cpu", second);
+    expect_same(reference, train(config, rt_, root / "device-from-cpu", second));
+    second.load = &from_device;
+    expect_same(reference, train(config, nullptr, root / "cpu-from-device", second));
+  }
+  fs::remove_all(root);
+}
+
+// fp16 with a dynamic loss scale: a step whose gradients overflow is skipped by both engines, with the same scale
+// after it; then zero_release_modified writes new values of a param into its master and shards on both.
+TEST_P(DeviceEngine, SkipsAnOverflowAndTakesModifiedParamsAsTheCpuEngine) {
+  const fs::path root = fs::temp_directory_path() / ("libzero-device-fp16-" + std::to_string(::getpid()));
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    const std::string config =
+        R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "gradient_clipping": 1.0,
+            "fp16": {"enabled": true, "initial_scale_power": 4}, "data_types": {"grad_accum_dtype": "fp32"},
+            "gradient_accumulation_steps": 2, "zero_optimization": {"stage": )" +
+        std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})";
+    Schedule run;
+    run.overflow_step = 2;
+    run.modify = true;
+    expect_same(train(config, nullptr, root / "cpu", run), train(config, rt_, root / "device", run));
   }
   fs::remove_all(root);
 }
