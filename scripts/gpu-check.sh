@@ -123,13 +123,13 @@ run() {
   }
   echo "== tests"
   if ((emulator)); then
-    check device-runtime.emulator pass "$bin/test_device_runtime" --gtest_filter='*emulator*:DeviceEmulator*'
+    check device-runtime.emulator pass "$bin/test_device_runtime" --gtest_filter='*emulator*:DeviceEmulator*:DeviceEngineFaults*'
     check device-runtime.cuda skip "$bin/test_device_runtime" --gtest_filter='*cuda*'
     check gpu-kernels skip "$bin/test_gpu_kernels" --gtest_filter='Gpu.*'
     check gpu-offload skip "$bin/test_gpu_offload"
   else
     check device-runtime.cuda pass "$bin/test_device_runtime" --gtest_filter='*cuda*'
-    check device-runtime.emulator pass "$bin/test_device_runtime" --gtest_filter='*emulator*:DeviceEmulator*'
+    check device-runtime.emulator pass "$bin/test_device_runtime" --gtest_filter='*emulator*:DeviceEmulator*:DeviceEngineFaults*'
     check gpu-kernels pass "$bin/test_gpu_kernels" --gtest_filter='Gpu.*'
     check gpu-offload pass "$bin/test_gpu_offload"
   fi

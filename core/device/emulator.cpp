@@ -337,6 +337,29 @@ class HostEmulator final : public Emulator {
   void widen(DType from, float* dst, const void* src, size_t n, Stream& stream) override;
   void accumulate(DType from, float* acc, const void* src, size_t n, bool into_zero, Stream& stream) override;
 
+  void fail_here(Stream& stream, const std::string& what) override {
+    enqueue(stream, "a planted fault", {}, [what] { fail(ZERO_ERR_INTERNAL, what); });
+  }
+
+  void stall_here(Stream& stream) override {
+    {
+      std::lock_guard<std::mutex> lock(stall_mu_);
+      stalled_ = true;
+    }
+    enqueue(stream, "a planted stall", {}, [this] {
+      std::unique_lock<std::mutex> lock(stall_mu_);
+      stall_cv_.wait_for(lock, std::chrono::seconds(300), [&] { return !stalled_; });
+    });
+  }
+
+  void resume() override {
+    {
+      std::lock_guard<std::mutex> lock(stall_mu_);
+      stalled_ = false;
+    }
+    stall_cv_.notify_all();
+  }
+
   void host_access(const void* p, size_t bytes, bool write) override {
     checker_.issue_host();
     checker_.access(AccessChecker::kHost, p, bytes, write, write ? "a host write" : "a host read");
@@ -461,6 +484,9 @@ class HostEmulator final : public Emulator {
   std::string error_;
   std::shared_ptr<std::atomic<bool>> failed_ = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::atomic<int>> live_streams_ = std::make_shared<std::atomic<int>>(0);
+  std::mutex stall_mu_;
+  std::condition_variable stall_cv_;
+  bool stalled_ = false;
 };
 
 void require_16bit(DType d, const char* what) {

@@ -35,6 +35,13 @@ class Emulator : public Runtime {
   virtual std::vector<std::string> races() const = 0;
   // Device memory allocated and not yet released, in bytes (rounded to the alignment).
   virtual size_t live_device_bytes() const = 0;
+
+  // Faults, for the failure tests. fail_here: the stream's work fails at this point as a kernel would, with `what`
+  // (the error is sticky: every later call reports it). stall_here: the stream's work stops at this point, as on a
+  // device that hung, until resume() (or 300 s, so that nothing waits forever).
+  virtual void fail_here(Stream& stream, const std::string& what) = 0;
+  virtual void stall_here(Stream& stream) = 0;
+  virtual void resume() = 0;
 };
 
 // Every stream must be destroyed before the emulator that made it.

@@ -230,6 +230,45 @@ TEST_P(DeviceEngine, SkipsAnOverflowAndTakesModifiedParamsAsTheCpuEngine) {
   fs::remove_all(root);
 }
 
+// A device that fails or stops: the call that meets it returns an error that says so, never a hang. A kernel that
+// faults is reported by the next call that waits for the device (sticky, as CUDA's); a device that stops makes the
+// host's wait end at libzero.timeout_s with ZERO_ERR_TIMEOUT naming the call.
+TEST(DeviceEngineFaults, AFailedOrStoppedDeviceIsAnErrorOfTheCall) {
+  const std::string config = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "gradient_clipping": 1.0,
+      "zero_optimization": {"stage": 2}, "libzero": {"timeout_s": 1}})";
+  for (const bool stall : {false, true}) {
+    SCOPED_TRACE(stall ? "stalled" : "failed");
+    std::shared_ptr<device::Emulator> rt = testing_device::emulator(5);
+    {
+      Engine e(parse_config(config, 1), make_single_communicator());
+      e.set_device(rt);
+      e.add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
+      const std::vector<Param> params = model();
+      for (const Param& p : params) e.add_param(p.shape, ParamInit{p.init.data(), DType::kF32});
+      e.finalize();
+      for (size_t p = 0; p < params.size(); ++p)
+        if (!params[p].shape.frozen) e.grad_ready(static_cast<int>(p));
+      e.backward_end();
+      if (stall) {
+        rt->stall_here(e.device()->stream());
+      } else {
+        rt->fail_here(e.device()->stream(), "an illegal memory access (planted)");
+      }
+      try {
+        e.step();
+        ADD_FAILURE() << "the step returned";
+      } catch (const Error& error) {
+        const std::string what = error.what();
+        EXPECT_EQ(stall ? ZERO_ERR_TIMEOUT : ZERO_ERR_INTERNAL, error.status()) << what;
+        EXPECT_NE(std::string::npos,
+                  what.find(stall ? "did not complete within 1 s" : "illegal memory access (planted)"))
+            << what;
+      }
+      rt->resume();
+    }
+  }
+}
+
 // The framework's own stream (zero_engine_set_stream): its backward adds each micro-step's gradients into the
 // engine's buffers with a kernel on its stream, from device buffers it uploaded from pinned memory — no host wait
 // anywhere — and reads the trained params back on it. The engine orders each call's work after the framework's
