@@ -80,6 +80,9 @@ class EngineComm {
   Communicator& backend() { return *comm_; }
   const Communicator& backend() const { return *comm_; }
   void set_timeout(double seconds) { timeout_s_ = seconds; }
+  // A device engine's: the data collectives' buffers are device memory, which a host backend must not touch. At one
+  // rank they are identities (the in-place convention), so they move nothing; the control exchanges run as ever.
+  void set_data_in_device_memory(bool on) { data_in_device_memory_ = on; }
   // What the agreement's messages call a rank of this group ("rank", "model-parallel rank").
   void set_rank_name(std::string name) { rank_name_ = std::move(name); }
   const std::string& rank_name() const { return rank_name_; }
@@ -189,6 +192,7 @@ class EngineComm {
 
   std::shared_ptr<Communicator> comm_;
   double timeout_s_ = 600.0;
+  bool data_in_device_memory_ = false;
   std::string rank_name_ = "rank";
   CommStats stats_;
   bool abandoned_ = false;

@@ -61,6 +61,7 @@ void Engine::set_device(std::shared_ptr<device::Runtime> runtime) {
                 "another device engine of this process is alive: one device engine per process "
                 "at a time so far (destroy the other first)");
   device_ = std::make_shared<device::DeviceContext>(std::move(runtime), config_.timeout_s);
+  comm_.set_data_in_device_memory(true);
   device::install_device_memory(device_);
   device::install_allocators(store_.allocators(), device_);
   stepper_.use_device(device_);

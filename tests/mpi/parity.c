@@ -6,7 +6,7 @@
  *                            [--comm mpi|shm|shm-nodes:L|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
  *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
- *                            [--loss-averaged 0|1]
+ *                            [--loss-averaged 0|1] [--device emulator|cuda]
  *
  * --partial 1 ends every fourth window early, as a training loop does at the end of an epoch whose length is not a
  * multiple of the window: after k = 1, 2, ... G - 1 micro-steps in turn, zero_step_with(partial_window) steps, and
@@ -15,6 +15,10 @@
  * gradients by the window's micro-steps before adding them (the Hugging Face Trainer divides the loss) and steps with
  * zero_step_with(loss_averaged): the reference sums them and divides by N x loss scale only. With it k is a power of
  * two (1 for k = 3), so the test's division is exact.
+ *
+ * --device puts the engine on a device (zero_engine_set_device; one rank): params and gradients are read and
+ * written through zero_engine_copy, and the norm is always a device pass of its own. With "emulator" every access
+ * to device memory is checked for stream order, and the weights must be the same reference bits.
  *
  * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on, and the new params are
  * all-gathered in the background after the step (stages 1-2: zero_gather waits for its unit); the weights must be
@@ -75,6 +79,7 @@
 enum { kSteps = 20 };
 static double g_clip = 0.25;
 static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
+static const char* g_device = NULL; /* --device: the engine's memory is a device's, reached by zero_engine_copy */
 
 typedef struct {
   double lr, weight_decay, beta1, beta2, eps;
@@ -171,8 +176,11 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
                                  const char* when) {
   for (int p = 0; p < kNumParams; ++p) {
     if (kModel[p].unit != unit) continue;
-    void* data = NULL;
-    CHECK(zero_param_data(&data, engine, ids[p]));
+    void* param = NULL;
+    CHECK(zero_param_data(&param, engine, ids[p]));
+    const size_t bytes = test_param_numel(p) * (g_dtype == ZERO_DTYPE_FP32 ? 4 : 2);
+    void* data = malloc(bytes);
+    CHECK(zero_engine_copy(engine, data, param, bytes)); /* host or device memory alike */
     for (size_t i = 0; i < test_param_numel(p); ++i) {
       if (g_dtype == ZERO_DTYPE_FP32) {
         float got = ((const float*)data)[i];
@@ -185,6 +193,7 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
                ref->w[p][i]);
       }
     }
+    free(data);
   }
 }
 
@@ -238,6 +247,8 @@ int main(int argc, char** argv) {
       nvme_dir = argv[i + 1];
     else if (strcmp(argv[i], "--nvme-params") == 0)
       nvme_params_dir = argv[i + 1];
+    else if (strcmp(argv[i], "--device") == 0)
+      g_device = argv[i + 1];
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   if (norm_in_update) {
@@ -316,6 +327,7 @@ int main(int argc, char** argv) {
   CHECK(zero_set_log_callback(record_norm_log, &norm_log, ZERO_LOG_DEBUG));
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
+  if (g_device != NULL) CHECK(zero_engine_set_device(engine, g_device));
 
   /* Rank 0's initial values must win: the other ranks offer different ones. */
   Reference ref;
@@ -338,7 +350,7 @@ int main(int argc, char** argv) {
   for (int p = 0; p < kNumParams; ++p) free(init[p]);
   /* One rank or a sharded update (stages 1-3): the pass sums the norm; stage 0 at N > 1 updates every element but
    * sums only its shard, so the norm keeps its own pass there. */
-  const int expect_in_update = norm_in_update && (stage > 0 || world == 1);
+  const int expect_in_update = norm_in_update && (stage > 0 || world == 1) && g_device == NULL;
   EXPECT(norm_log.in_update == expect_in_update && norm_log.own_pass == !expect_in_update,
          "the engine logged %d 'summed in the optimizer pass' and %d 'pass of its own', expected %s",
          norm_log.in_update, norm_log.own_pass, expect_in_update ? "the first" : "the second");
@@ -367,10 +379,14 @@ int main(int argc, char** argv) {
         if (explicit_prefetch && u > 0) CHECK(zero_prefetch(engine, u - 1));
         for (int p = kNumParams - 1; p >= 0; --p) {
           if (kModel[p].unit != u) continue;
-          float* grad = NULL; /* the gradient accumulation dtype is fp32 by default in every mode */
-          CHECK(zero_grad_data((void**)&grad, engine, ids[p]));
-          for (size_t i = 0; i < test_param_numel(p); ++i)
-            grad[i] += test_grad(t, k, rank, p, i) / averaged * (float)scale;
+          void* grad = NULL; /* the gradient accumulation dtype is fp32 by default in every mode */
+          CHECK(zero_grad_data(&grad, engine, ids[p]));
+          const size_t n = test_param_numel(p);
+          float* sum = malloc(n * sizeof(float));
+          CHECK(zero_engine_copy(engine, sum, grad, n * sizeof(float)));
+          for (size_t i = 0; i < n; ++i) sum[i] += test_grad(t, k, rank, p, i) / averaged * (float)scale;
+          CHECK(zero_engine_copy(engine, grad, sum, n * sizeof(float)));
+          free(sum);
           CHECK(zero_grad_ready(engine, ids[p]));
           for (int r = 0; r < world; ++r)
             for (size_t i = 0; i < test_param_numel(p); ++i)
@@ -402,7 +418,7 @@ int main(int argc, char** argv) {
    * step, so zero_step reads no shard for the norm. */
   /* A window that ended early did not know its last micro-step was the last: its step reads the shards for the norm
    * at stages 2-3. */
-  const int expect_folded = expect_in_update             ? 0
+  const int expect_folded = expect_in_update || g_device ? 0
                             : stage >= 2                 ? kSteps - partial_steps
                             : g_dtype != ZERO_DTYPE_FP32 ? kSteps
                                                          : 0;
@@ -453,9 +469,10 @@ int main(int argc, char** argv) {
   if (rank == 0)
     printf(
         "parity ok: %s, stage %d, %d ranks, gradient_accumulation_steps %d, %d steps (%d clipped, %d after a partial "
-        "window%s), %s communicator, bit-identical weights\n",
+        "window%s), %s communicator%s%s, bit-identical weights\n",
         dtype_text(g_dtype), stage, world, gas, kSteps, clipped, partial_steps,
-        loss_averaged ? ", losses averaged by the caller" : "", comm_kind);
+        loss_averaged ? ", losses averaged by the caller" : "", comm_kind, g_device ? ", device " : "",
+        g_device ? g_device : "");
   for (int p = 0; p < kNumParams; ++p) free(ref.w[p]), free(ref.m[p]), free(ref.v[p]), free(ref.g[p]);
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
