@@ -2,7 +2,7 @@
  * Checkpoints under mpirun. Every mode compares states by saving them and comparing the shard files byte for byte:
  * identical files mean identical fp32 master weights and optimizer state.
  *
- *   test_checkpoint --mode resume  --stage S [--dtype D | --stochastic-rounding 1] --dir DIR
+ *   test_checkpoint --mode resume  --stage S [--dtype D | --stochastic-rounding 1] [--device NAME] --dir DIR
  *       train 10 steps, save, train 10 more, save; separately load the first checkpoint and train the same 10
  *       steps, save: both final checkpoints are identical.
  *   test_checkpoint --mode save    --stage S --dir DIR --tag T
@@ -36,8 +36,9 @@ enum { kHalf = 10 };
 static zero_dtype_t g_dtype = ZERO_DTYPE_FP32;
 static int g_stage = 0, g_rank = 0, g_world = 1;
 static const char* g_dir = "ckpt";
-static const char* g_extra = ""; /* more zero_optimization keys */
-static int g_stochastic = 0;     /* --stochastic-rounding: bf16 with bf16.stochastic_rounding */
+static const char* g_device = NULL; /* --device: the engines run on a device (zero_engine_set_device) */
+static const char* g_extra = "";    /* more zero_optimization keys */
+static int g_stochastic = 0;        /* --stochastic-rounding: bf16 with bf16.stochastic_rounding */
 
 static float grad_value(int t, int p, size_t i) { /* the same on every rank */
   return (float)ldexp((double)((int)((t * 7 + p * 13 + (int)i * 5) % 9) - 4), -10);
@@ -59,6 +60,7 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int32_t* ids) {
   engine_config(config, sizeof config);
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
+  if (g_device != NULL) CHECK(zero_engine_set_device(engine, g_device));
   float* init[kNumParams];
   for (int p = 0; p < kNumParams; ++p) {
     init[p] = malloc(test_param_numel(p) * sizeof(float));
@@ -187,9 +189,9 @@ static float* snapshot(zero_engine_t* e, const int32_t* ids) {
     CHECK(zero_gather(e, u));
     for (int p = 0; p < kNumParams; ++p) {
       if (kModel[p].unit != u) continue;
-      float* d = NULL;
-      CHECK(zero_param_data((void**)&d, e, ids[p]));
-      memcpy(out + at, d, test_param_numel(p) * sizeof(float));
+      void* d = NULL;
+      CHECK(zero_param_data(&d, e, ids[p]));
+      CHECK(zero_engine_copy(e, out + at, d, test_param_numel(p) * sizeof(float)));
       at += test_param_numel(p);
     }
     CHECK(zero_release(e, u));
@@ -446,6 +448,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--dtype") == 0) g_dtype = parse_dtype_arg(argv[i + 1]);
     if (strcmp(argv[i], "--stochastic-rounding") == 0) g_stochastic = atoi(argv[i + 1]), g_dtype = ZERO_DTYPE_BF16;
     if (strcmp(argv[i], "--dir") == 0) g_dir = argv[i + 1];
+    if (strcmp(argv[i], "--device") == 0) g_device = argv[i + 1];
     if (strcmp(argv[i], "--tag") == 0 || strcmp(argv[i], "--from") == 0) tag = argv[i + 1];
   }
   int mpi_provided = 0;

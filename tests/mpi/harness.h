@@ -200,9 +200,15 @@ static inline void test_backward(zero_engine_t* engine, const int32_t* ids, test
     CHECK(zero_gather(engine, u));
     for (int p = kNumParams - 1; p >= 0; --p) {
       if (kModel[p].unit != u) continue;
-      float* g = NULL;
-      CHECK(zero_grad_data((void**)&g, engine, ids[p]));
+      /* Through host memory: zero_engine_copy reaches a device engine's gradients as well (a memcpy otherwise). */
+      void* grad = NULL;
+      CHECK(zero_grad_data(&grad, engine, ids[p]));
+      const size_t bytes = test_param_numel(p) * sizeof(float);
+      float* g = (float*)malloc(bytes);
+      CHECK(zero_engine_copy(engine, g, grad, bytes));
       add(g, p, test_param_numel(p), ctx);
+      CHECK(zero_engine_copy(engine, grad, g, bytes));
+      free(g);
       CHECK(zero_grad_ready(engine, ids[p]));
     }
     CHECK(zero_release(engine, u));
