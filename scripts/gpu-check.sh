@@ -111,8 +111,10 @@ run() {
     local secs=$((ms / 1000)).$((ms % 1000 / 100))
     if ((rc != 0)); then
       verdict="FAILED (exit $rc)"
-    elif [[ $expect == pass ]] && grep -q "SKIPPED" "$logs/$name.log"; then
-      verdict="FAILED (skipped on a GPU machine)"
+    elif grep -q "Running 0 tests" "$logs/$name.log"; then
+      verdict="FAILED (no test matched)"
+    elif [[ $expect == pass ]] && grep -q "SKIPPED\|no CUDA device" "$logs/$name.log"; then
+      verdict="FAILED (skipped: $( ((emulator)) && echo "no GPU here" || echo "on a GPU machine"))"
     elif [[ $expect == skip ]] && ! grep -q "SKIPPED\|no CUDA device" "$logs/$name.log"; then
       verdict="FAILED (ran where no GPU is)"
     else

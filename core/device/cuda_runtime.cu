@@ -132,11 +132,10 @@ class CudaRuntime final : public device::Runtime {
     check(err, "cudaMallocHost");
     return p;
   }
-  // Pinned memory goes when an engine goes: the whole device is waited for first (no copy may still use it).
+  // No copy still uses it (the caller's contract): freed without waiting for the device.
   void release_pinned(void* p) override {
     if (p == nullptr) return;
     select_device();
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before freeing pinned memory)");
     check(cudaFreeHost(p), "cudaFreeHost");
   }
 

@@ -189,7 +189,8 @@ class HostEmulator final : public Emulator {
   }
 
   std::unique_ptr<Stream> external_stream(void* native) override {
-    if (native == nullptr) fail(ZERO_ERR_INVALID_ARGUMENT, "device emulator: no stream to lend");
+    if (native == nullptr)
+      fail(ZERO_ERR_INVALID_ARGUMENT, "device emulator: it has no default stream (lend one of the streams it made)");
     return std::make_unique<LentStream>(as_emulated(*static_cast<Stream*>(native)));
   }
 
@@ -293,16 +294,24 @@ class HostEmulator final : public Emulator {
     return p;
   }
 
+  // The caller orders every use of the memory before the release (an event it waited for): checked as a host write
+  // of the whole allocation, so a queued copy still using it is a race, not a use after free.
   void release_pinned(void* p) override {
     if (p == nullptr) return;
-    drain();
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pinned_.find(p);
+      if (it == pinned_.end())
+        fail(ZERO_ERR_INVALID_ARGUMENT, "device emulator: release_pinned of memory it did not allocate");
+      bytes = it->second;
+    }
+    checker_.issue_host();
+    checker_.access(AccessChecker::kHost, p, bytes, true, "releasing pinned memory");
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = pinned_.find(p);
-    if (it == pinned_.end())
-      fail(ZERO_ERR_INVALID_ARGUMENT, "device emulator: release_pinned of memory it did not allocate");
     checker_.untrack(p);
     std::free(p);
-    pinned_.erase(it);
+    pinned_.erase(p);
   }
 
   void copy(void* dst, const void* src, size_t bytes, Stream& stream) override {

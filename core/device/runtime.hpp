@@ -41,7 +41,7 @@ class Event {
 // The CUDA module (libzero-cuda.so.1) is built from the same sources as libzero and hands back a Runtime object: the
 // loader passes this version and the layout of the structs that cross (device/cuda_module.hpp), and the module
 // refuses a mismatch rather than misread them.
-constexpr uint32_t kRuntimeInterfaceVersion = 2;
+constexpr uint32_t kRuntimeInterfaceVersion = 3;
 constexpr uint64_t runtime_interface_layout() {
   return (uint64_t{sizeof(KernelArgs)} << 32) | (uint64_t{sizeof(cuda::StepChunk)} << 16) | sizeof(StepScalars);
 }
@@ -58,8 +58,9 @@ class Runtime {
 
   // ---- Streams and events. A stream destroyed with work queued finishes that work first (its events stay valid).
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
-  // A stream its caller owns and keeps alive while the wrapper is used (a framework's: a cudaStream_t on CUDA; on
-  // the emulator, a Stream it made), for use in these calls; destroying the wrapper leaves the stream as it is.
+  // A stream its caller owns and keeps alive while the wrapper is used (a framework's: a cudaStream_t on CUDA, where
+  // null is the legacy default stream; on the emulator, a Stream it made), for use in these calls; destroying the
+  // wrapper leaves the stream as it is.
   virtual std::unique_ptr<Stream> external_stream(void* native) = 0;
   // What external_stream takes for `stream` (its cudaStream_t; on the emulator, the Stream itself).
   virtual void* native(Stream& stream) = 0;
@@ -81,7 +82,7 @@ class Runtime {
   virtual void* allocate(size_t bytes, Stream& stream) = 0;
   virtual void release(void* p, Stream& stream) = 0;
   virtual void* allocate_pinned(size_t bytes) = 0;
-  // The host waits for every stream first (pinned memory is freed when an engine goes, never per step).
+  // The caller has ordered every use of it before (an event the host waited for); nothing waits for the device.
   virtual void release_pinned(void* p) = 0;
 
   // ---- Work on a stream. A copy goes between any two of device, pinned and pageable host memory.

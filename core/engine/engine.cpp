@@ -72,10 +72,6 @@ void Engine::set_stream(void* stream) {
   CallScope scope(guard_, "zero_engine_set_stream");
   if (!device_)
     guard_.fail(ZERO_ERR_INVALID_STATE, "the engine has no device (zero_engine_set_device first): no stream to order");
-  if (stream == nullptr) {
-    framework_stream_.reset();
-    return;
-  }
   framework_stream_ = device_->runtime().external_stream(stream);
   if (!call_begin_) call_begin_ = device_->runtime().create_event();
   if (!call_end_) call_end_ = device_->runtime().create_event();
@@ -102,10 +98,13 @@ void Engine::check_device_config() const {
     guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs one rank per job so far: its collectives over a device "
                                            "communicator (NCCL) or a host-staged one are not built yet");
   if (model_parallel_ != nullptr) guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs without a model-parallel group so far");
-  if (config_.offload.nvme() || config_.offload.params_nvme() ||
-      config_.offload.optimizer == OffloadConfig::Device::kCpu || config_.offload.params == OffloadConfig::Device::kCpu)
-    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " keeps every model state in device memory so far: offload_optimizer and "
-                                           "offload_param (cpu or nvme) are not built for it yet");
+  if (config_.offload.nvme() || config_.offload.params_nvme())
+    guard_.fail(ZERO_ERR_UNSUPPORTED,
+                on + " offloads to \"cpu\" only so far (offload to \"nvme\" is not built for it)");
+  if (config_.offload.params == OffloadConfig::Device::kCpu)
+    guard_.fail(ZERO_ERR_UNSUPPORTED,
+                on + " keeps the params in device memory so far: offload_param \"cpu\" is not built for it yet "
+                     "(offload_optimizer \"cpu\" is)");
 }
 
 void Engine::set_num_threads(int threads) {
@@ -366,6 +365,15 @@ void* Engine::grad_data(int param) {
 }
 
 Engine::~Engine() {
+  if (device_ && framework_stream_) {
+    // The framework's work queued so far may still read the params or write the gradients: the frees below are
+    // ordered on the engine's stream after it.
+    try {
+      device_->runtime().record(*call_begin_, *framework_stream_);
+      device_->runtime().wait(device_->stream(), *call_begin_);
+    } catch (...) {  // a device that failed keeps what it holds
+    }
+  }
   if (!guard_.ready() || comm_.failed() || guard_.aborted() || comm_.backend().aborted() || comm_.backend().finalized())
     return;
   try {

@@ -46,10 +46,10 @@ class Engine {
   void set_device(std::shared_ptr<device::Runtime> runtime);
   // The device engine's context (its runtime and the stream its work is ordered on); null for the CPU engine.
   const std::shared_ptr<device::DeviceContext>& device() const { return device_; }
-  // zero_engine_set_stream (experimental): the framework's stream (a cudaStream_t; on the emulator, a Stream it
-  // made), or null for none. Each call's device work is then ordered after the work the framework queued on it so
-  // far, and the framework's later work after the call's: no host waits. Without one, the host waits for each
-  // call's device work before the call returns. A device engine's; any time.
+  // zero_engine_set_stream (experimental): the framework's stream (a cudaStream_t, null being CUDA's legacy default
+  // stream; on the emulator, a Stream it made). Each call's device work is then ordered after the work the framework
+  // queued on it so far, and the framework's later work after the call's: no host waits. Without one, the host waits
+  // for each call's device work before the call returns. A device engine's; any time.
   void set_stream(void* stream);
   // zero_engine_copy: host memory and the engine's (device memory of a device engine), ordered after the engine's
   // work, complete on return.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "memory/ops.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 
@@ -20,7 +21,16 @@ UnitAccumulator::UnitAccumulator(GradientView grads, const std::vector<ShardSegm
 // (alignment, padding) are accumulated only, each segment block by block (kSumBlockElems from its start, the norm
 // pass's blocks) and each block's squares summed right after it is written, from cache. The accumulation itself is
 // element-wise, so cutting it into pieces changes no bit.
-void UnitAccumulator::accumulate(const char* reduced, bool last_micro_step) {
+void UnitAccumulator::accumulate(const char* reduced, MemorySpace reduced_space, bool last_micro_step) {
+  if (host_addressable(reduced_space) != host_addressable(grads_.space)) {
+    // ZeRO-Offload: the reduced block comes to host memory first (a copy, complete on return), then is added there.
+    const size_t bytes = grads_.elems * dtype_size(comm_dtype_);
+    if (bytes > staging_bytes_)
+      fail(ZERO_ERR_INTERNAL, "a reduced block of " + std::to_string(bytes) + " bytes does not fit ZeRO-Offload's " +
+                                  std::to_string(staging_bytes_) + "-byte gradient staging");
+    copy_bytes(MemorySpace::kHost, staging_, reduced_space, reduced, bytes);
+    reduced = staging_;
+  }
   const DType accum = grads_.dtype;
   const ElementOps& ops = element_ops(grads_.space);
   const auto add = written_ ? ops.accumulate : ops.accumulate_into_zero;

@@ -22,7 +22,10 @@ class UnitAccumulator {
   // Adds a reduced block (this rank's shard, in the communication dtype) into the accumulator — or, the first time
   // in the window, writes it (0 + x: the bits an add into zeros gives, without reading). With `last_micro_step`
   // (and the unit's norm summed in the reduction), also sums the squares of the result.
-  void accumulate(const char* reduced, bool last_micro_step);
+  // `reduced` is in `reduced_space` (a bucket's; ZeRO-Offload accumulates a device's reductions in host memory,
+  // through the staging set_staging gives).
+  void accumulate(const char* reduced, MemorySpace reduced_space, bool last_micro_step);
+  void set_staging(void* staging, size_t bytes) { staging_ = static_cast<char*>(staging), staging_bytes_ = bytes; }
   // Widens elements [begin, begin + n) of the full buffer in place, from the communication dtype into the
   // accumulation dtype's place, summing the norm's squares where the unit's norm is summed here.
   void widen(size_t begin, size_t n, std::vector<double>& block_scratch);
@@ -44,6 +47,8 @@ class UnitAccumulator {
   bool written_ = false;
   bool squares_final_ = false;
   std::vector<double> segment_squares_;  // per norm segment
+  char* staging_ = nullptr;              // ZeRO-Offload's gradient staging (host memory), for a device's reduced blocks
+  size_t staging_bytes_ = 0;
 };
 
 }  // namespace zero

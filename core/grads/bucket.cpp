@@ -80,7 +80,8 @@ void Bucket::finish(EngineComm& comm, BufferPool& pool, bool last_micro_step) {
   const int rank = comm.rank();
   for (const UnitSlot& slot : units_) {
     const char* full = static_cast<const char*>(reducing_) + slot.offset * grad_size();
-    slot.accumulator->accumulate(full + rank * slot.shard_elems * dtype_size(comm_dtype_), last_micro_step);
+    slot.accumulator->accumulate(full + rank * slot.shard_elems * dtype_size(comm_dtype_), pool.space(),
+                                 last_micro_step);
   }
   pool.give_back(reducing_);
   reducing_ = nullptr;

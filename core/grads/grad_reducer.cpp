@@ -25,9 +25,11 @@ void GradientReducer::allocate(int num_params) {
   overlap_ = config_.overlap_comm && plan.bucketed();
   accumulators_.clear();
   accumulators_.reserve(static_cast<size_t>(store_.num_units()));  // the buckets point into it: never reallocated
-  for (int u = 0; u < store_.num_units(); ++u)
+  for (int u = 0; u < store_.num_units(); ++u) {
     accumulators_.emplace_back(store_.grads(u), store_.unit(u).norm_segments, store_.unit_plan(u).norm_begin,
                                store_.norm_plan().in_reduction(u), config_.comm_dtype);
+    accumulators_.back().set_staging(store_.offload_grad_staging(), store_.offload_grad_staging_bytes());
+  }
   buckets_.clear();
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
     const BucketLayout& g = plan.buckets[b];

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/kernels.hpp"
 #include "memory/device_ops.hpp"
@@ -81,6 +82,34 @@ const ElementOps& element_ops(MemorySpace space) {
   static const ElementOps host{host_convert, host_accumulate, host_accumulate_into_zero, round_from_f32};
   if (host_addressable(space)) return host;
   return device_ops_for(space, "element conversions").element;
+}
+
+void convert_across(MemorySpace dst_space, void* dst, DType dst_type, MemorySpace src_space, const void* src,
+                    DType src_type, size_t n) {
+  if (n == 0) return;
+  const bool dst_host = host_addressable(dst_space), src_host = host_addressable(src_space);
+  if (dst_host == src_host) return element_ops(dst_space).convert(dst, dst_type, src, src_type, n);
+  if (dst_host) {  // the device's bytes to the host, converted there
+    std::vector<char> staged(n * dtype_size(src_type));
+    copy_bytes(MemorySpace::kHost, staged.data(), src_space, src, staged.size());
+    return element_ops(MemorySpace::kHost).convert(dst, dst_type, staged.data(), src_type, n);
+  }
+  std::vector<char> converted(n * dtype_size(dst_type));  // converted on the host, then to the device
+  element_ops(MemorySpace::kHost).convert(converted.data(), dst_type, src, src_type, n);
+  copy_bytes(dst_space, dst, MemorySpace::kHost, converted.data(), converted.size());
+}
+
+void accumulate_across(MemorySpace acc_space, void* acc, DType acc_type, MemorySpace src_space, const void* src,
+                       DType src_type, size_t n, bool into_zero) {
+  if (n == 0) return;
+  const ElementOps& ops = element_ops(acc_space);
+  const auto add = into_zero ? ops.accumulate_into_zero : ops.accumulate;
+  if (host_addressable(acc_space) == host_addressable(src_space)) return add(acc, acc_type, src, src_type, n);
+  if (!host_addressable(acc_space))
+    fail(ZERO_ERR_UNSUPPORTED, "accumulating host memory into device memory (the engine never asks it)");
+  std::vector<char> staged(n * dtype_size(src_type));
+  copy_bytes(MemorySpace::kHost, staged.data(), src_space, src, staged.size());
+  add(acc, acc_type, staged.data(), src_type, n);
 }
 
 const KernelTable& kernels(MemorySpace space, Isa isa) {

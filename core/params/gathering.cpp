@@ -285,8 +285,8 @@ void ParameterStore::release_modified(int unit, int modifier_rank, bool micro_st
           nvme_->write(unit, *array, done, piece.data(), m);
         }
       } else {
-        element_ops(u.master.space())
-            .convert(u.master.data(), DType::kF32, updated, plan_.compute_dtype, up.update_elems);
+        convert_across(u.master.space(), u.master.data(), DType::kF32, gathered_space(unit), updated,
+                       plan_.compute_dtype, up.update_elems);
       }
     }
     if (void* buffer = u.release()) gathered_pool_.give_back(buffer);

@@ -75,6 +75,10 @@ void ParameterStore::allocate(const std::vector<ParamShape>& params, const NormS
     gathered_pool_.set_capacity(g.space, g.elems, g.dtype, allocators_.get(g.space, "a gathered unit"));
     gathered_pool_.reserve(1);
   }
+  // ZeRO-Offload's host staging (two slots each way, the plan's): the device's gradients and the new params cross
+  // through them.
+  allocate_placed(offload_grad_slots_, plan_.cpu_offload_grad_slots, allocators_, "ZeRO-Offload's gradient staging");
+  allocate_placed(offload_param_slots_, plan_.cpu_offload_param_slots, allocators_, "ZeRO-Offload's param staging");
   if (plan_.nvme_params.enabled) {
     std::vector<size_t> elems;
     for (const UnitPlan& up : plan_.units) elems.push_back(up.params.space == MemorySpace::kNvme ? up.params.elems : 0);
@@ -102,6 +106,8 @@ void ParameterStore::clear() {
   nvme_params_.reset();
   param_copy_.clear();
   bounce_.release();
+  offload_grad_slots_.release();
+  offload_param_slots_.release();
   gathered_pool_.clear();
   fetches_.clear();
   order_ = FetchOrder{};
@@ -151,6 +157,7 @@ UpdateView ParameterStore::update(int u) {
   for (int s = 0; s < 2; ++s) v.state[s] = optimizer_on_nvme() || unit.state[s].empty() ? nullptr : unit.state[s].f32();
   v.first_index = up.element_base + up.update_begin;
   v.space = unit.grads.space();
+  v.master_space = plan_.separate_master() ? unit.master.space() : unit.params.space();
   return v;
 }
 
@@ -188,8 +195,11 @@ MemoryStats ParameterStore::allocated_bytes(uint64_t bucket_bytes) const {
   if (plan_.bucket.space == MemorySpace::kDevice) device += bucket_bytes;
   if (gathered_pool_.space() == MemorySpace::kDevice) device += s.gathered_bytes;
   s.device_bytes = device;
-  s.host_bytes = s.total() - device + param_copy_.size();
-  s.staging_bytes = param_copy_.size();
+  const uint64_t offload_staging = offload_grad_slots_.n_bytes() + offload_param_slots_.n_bytes();
+  for (const Buffer* b : {&offload_grad_slots_, &offload_param_slots_})
+    if (b->space() == MemorySpace::kPinnedHost) s.pinned_bytes += b->n_bytes();
+  s.host_bytes = s.total() - device + param_copy_.size() + offload_staging;
+  s.staging_bytes = param_copy_.size() + offload_staging;
   if (nvme_params_ != nullptr) {  // the offloaded param shards, as the file holds them
     const io::NvmeState::Geometry& g = nvme_params_->geometry();
     for (size_t n : g.unit_elems) s.param_bytes += n * g.elem_size;

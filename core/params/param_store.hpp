@@ -55,8 +55,9 @@ struct UpdateView {
   void* grads = nullptr;
   float* master = nullptr;
   float* state[2] = {nullptr, nullptr};
-  uint64_t first_index = 0;  // the range's first element among all units' elements without padding
-  MemorySpace space = MemorySpace::kHost;
+  uint64_t first_index = 0;                       // the range's first element among all units' elements without padding
+  MemorySpace space = MemorySpace::kHost;         // the gradients'
+  MemorySpace master_space = MemorySpace::kHost;  // the master's and the state's (ZeRO-Offload: host memory)
 };
 
 // The fp32 arrays of what a rank updates, as checkpoints store them.
@@ -142,6 +143,12 @@ class ParameterStore {
   void* copy(int u);
   void begin_copy(int u);
   void end_copy(int u);
+  // ZeRO-Offload's host staging for one run's gradients on their way from the device, and one run's new params on
+  // their way to it (the plan's slots; null and 0 without ZeRO-Offload).
+  void* offload_grad_staging() { return offload_grad_slots_.data(); }
+  size_t offload_grad_staging_bytes() const { return offload_grad_slots_.n_bytes(); }
+  void* offload_param_staging() { return offload_param_slots_.data(); }
+  size_t offload_param_staging_bytes() const { return offload_param_slots_.n_bytes(); }
   // Rounds the fp32 master into the compute-dtype params (separate master only).
   void write_params_from_master();
 
@@ -234,6 +241,7 @@ class ParameterStore {
   std::unique_ptr<io::NvmeState> nvme_params_;  // offload_param: the param shards of units that are not resident
   std::vector<char> param_copy_;                // one shard: where the optimizer writes a unit's new params
   mutable Buffer bounce_;  // a device engine's checkpoints: device memory read through it (pinned host memory)
+  Buffer offload_grad_slots_, offload_param_slots_;  // ZeRO-Offload's staging (Plan::cpu_offload_*_slots)
 
   FetchPolicy policy_;
   std::deque<Fetch> fetches_;   // in start order

@@ -242,10 +242,11 @@ void ParameterStore::write_params_from_master() {
     const int unit = static_cast<int>(u);
     Unit& un = units_[u];
     const size_t n = plan_.units[u].update_elems;
-    const ElementOps& ops = element_ops(params_on_nvme(unit) ? MemorySpace::kHost : un.params.space());
+    const MemorySpace params_space = params_on_nvme(unit) ? MemorySpace::kHost : un.params.space();
+    const ElementOps& ops = element_ops(params_space);
     begin_copy(unit);
     if (!master_array) {
-      ops.round_from_f32(copy(unit), plan_.compute_dtype, un.master.f32(), n);
+      convert_across(params_space, copy(unit), plan_.compute_dtype, un.master.space(), un.master.f32(), DType::kF32, n);
     } else {
       piece.resize(std::min(n, kOffloadPieceElems));
       char* out = static_cast<char*>(copy(unit));

@@ -85,25 +85,93 @@ double Stepper::local_sum_squares(ParameterStore& store, const std::function<con
   return sum_sq;
 }
 
-// The same sums on the device, every run's in one queue and one host wait; added on the host in the CPU's order.
+// The same sums for a device engine: the runs in device memory all queued, read back in one host wait; those in
+// host memory (ZeRO-Offload's gradient shards) summed by the CPU's kernels; all added in the CPU's order.
 double Stepper::device_sum_squares(ParameterStore& store) {
   const size_t grad_size = dtype_size(config_.grad_accum_dtype);
-  std::vector<std::pair<const void*, size_t>> counted, uncounted;
-  for (int u = 0; u < store.num_units(); ++u) {
-    const char* g = static_cast<const char*>(store.norm_grads(u));
-    for (const ShardSegment& s : store.unit(u).norm_segments)
-      counted.push_back({g + s.shard_offset * grad_size, s.numel});
-    for (const ShardSegment& s : store.unit(u).uncounted_segments)
-      uncounted.push_back({g + s.shard_offset * grad_size, s.numel});
-  }
-  std::vector<std::pair<const void*, size_t>> runs = counted;
-  runs.insert(runs.end(), uncounted.begin(), uncounted.end());
-  const std::vector<double> sums = device_pass_->sums_of_squares(config_.grad_accum_dtype, runs);
+  const SumSquaresKernel host_squares =
+      kernels(MemorySpace::kHost, isa_).sum_squares[static_cast<int>(config_.grad_accum_dtype)];
+  struct Term {
+    bool counted;             // else only checked for non-finite values (a model-parallel duplicate)
+    long device_run;          // its index among the device's runs, or -1
+    double host_value = 0.0;  // summed on the host
+  };
+  std::vector<Term> terms;
+  std::vector<std::pair<const void*, size_t>> device_runs;
+  auto add = [&](int u, const ShardSegment& s, bool counted) {
+    const char* g = static_cast<const char*>(store.norm_grads(u)) + s.shard_offset * grad_size;
+    if (host_addressable(store.unit(u).grads.space())) {
+      terms.push_back(
+          {counted, -1, parallel_sum_squares(host_squares, g, grad_size, s.numel, threads_, norm_scratch_.data())});
+    } else {
+      terms.push_back({counted, static_cast<long>(device_runs.size())});
+      device_runs.push_back({g, s.numel});
+    }
+  };
+  for (int u = 0; u < store.num_units(); ++u)
+    for (const ShardSegment& s : store.unit(u).norm_segments) add(u, s, true);
+  for (int u = 0; u < store.num_units(); ++u)
+    for (const ShardSegment& s : store.unit(u).uncounted_segments) add(u, s, false);
+  const std::vector<double> sums = device_pass_->sums_of_squares(config_.grad_accum_dtype, device_runs);
   double sum_sq = 0.0;
-  for (size_t i = 0; i < counted.size(); ++i) sum_sq += sums[i];
-  for (size_t i = counted.size(); i < sums.size(); ++i)
-    if (!std::isfinite(sums[i])) sum_sq += sums[i];
+  for (const Term& t : terms) {
+    const double v = t.device_run >= 0 ? sums[static_cast<size_t>(t.device_run)] : t.host_value;
+    if (t.counted || !std::isfinite(v)) sum_sq += v;
+  }
   return sum_sq;
+}
+
+// ZeRO-Offload: unit u's fp32 master and optimizer state are in host memory, where the CPU's kernels step them, run
+// by run; the gradients come from the device where they are there (stage 1: the reduced full buffer), and the new
+// params go back to the device (fp32: the updated master itself). Every element gets the CPU kernel with the same
+// scalars: the bits of the engine that does not offload.
+namespace {
+
+void* staging(void* slots, size_t slot_bytes, size_t bytes, const char* what) {
+  if (bytes > slot_bytes)
+    fail(ZERO_ERR_INTERNAL, std::string("a run of ") + std::to_string(bytes) + " bytes does not fit ZeRO-Offload's " +
+                                std::to_string(slot_bytes) + "-byte " + what + " staging");
+  return slots;
+}
+
+}  // namespace
+
+void Stepper::update_offloaded(ParameterStore& store, int u, const UpdateView& view, bool clear_grads) {
+  const size_t grad_size = dtype_size(config_.grad_accum_dtype), compute_size = dtype_size(config_.compute_dtype);
+  const bool grads_on_host = host_addressable(view.space);
+  const MemorySpace params_space = store.unit(u).params.space();
+  char* params = static_cast<char*>(store.copy(u));  // the updated range of the unit's params
+  const StepKernel kernel = kernels(MemorySpace::kHost, isa_)
+                                .step[static_cast<int>(config_.optimizer.kind)]
+                                     [static_cast<int>(config_.grad_accum_dtype)][static_cast<int>(copy_mode())];
+  for (const ShardSegment& s : *view.segments) {
+    const size_t lo = s.shard_offset, n = s.numel;
+    const char* grads = static_cast<const char*>(view.grads) + lo * grad_size;
+    KernelArgs a;
+    a.master = view.master + lo;
+    a.state0 = view.state[0] == nullptr ? nullptr : view.state[0] + lo;
+    a.state1 = view.state[1] == nullptr ? nullptr : view.state[1] + lo;
+    a.grad_elem_size = grad_size;
+    if (grads_on_host) {
+      a.grad = grads;
+      a.clear_grad = clear_grads;
+    } else {
+      a.grad = staging(store.offload_grad_staging(), store.offload_grad_staging_bytes(), n * grad_size, "gradient");
+      copy_bytes(MemorySpace::kHost, const_cast<void*>(a.grad), view.space, grads, n * grad_size);
+    }
+    if (copy_mode() != CopyMode::kNone)
+      a.copy = staging(store.offload_param_staging(), store.offload_param_staging_bytes(), n * compute_size, "param");
+    a.n = n;
+    a.first_index = view.first_index + lo;
+    a.s = step_scalars_[s.group];
+    parallel_step(kernel, a, threads_);
+    if (copy_mode() != CopyMode::kNone) {
+      copy_bytes(params_space, params + lo * compute_size, MemorySpace::kHost, a.copy, n * compute_size);
+    } else {
+      copy_bytes(params_space, params + lo * sizeof(float), MemorySpace::kHost, a.master, n * sizeof(float));
+    }
+    if (!grads_on_host && clear_grads) fill_zero(view.space, const_cast<char*>(grads), n * grad_size);
+  }
 }
 
 // Average and unscale (the sum over ranks and micro-steps divided once by N x G x scale: a correctly rounded
@@ -225,6 +293,10 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
   }
   for (int u = 0; u < store.num_units(); ++u) {
     const UpdateView view = store.update(u);
+    if (device_pass_ && host_addressable(view.master_space)) {
+      update_offloaded(store, u, view, clear_grads);
+      continue;
+    }
     store.begin_copy(u);
     for (const ShardSegment& s : *view.segments)
       run(u, view, s, s.shard_offset, s.shard_offset + s.numel, view.master + s.shard_offset,

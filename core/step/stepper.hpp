@@ -85,6 +85,7 @@ class Stepper {
  private:
   CopyMode copy_mode() const;
   double device_sum_squares(ParameterStore& store);
+  void update_offloaded(ParameterStore& store, int u, const UpdateView& view, bool clear_grads);
 
   const Config& config_;
   Isa isa_;

@@ -148,10 +148,11 @@ static void test_clear_errors(void** state) {
   /* What the device engine does not run yet is refused at finalize, naming it. */
   engine = new_engine(&comm,
                       "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}, \"zero_optimization\": "
-                      "{\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}}",
+                      "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": "
+                      "{\"device\": \"cpu\"}}, \"bf16\": {\"enabled\": true}}",
                       "emulator");
   assert_int_equal(zero_engine_add_param(&id, engine, &d), ZERO_OK);
-  assert_fails(zero_engine_finalize(engine), ZERO_ERR_UNSUPPORTED, "offload_optimizer");
+  assert_fails(zero_engine_finalize(engine), ZERO_ERR_UNSUPPORTED, "offload_param");
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 

@@ -96,6 +96,9 @@ Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtim
   e.finalize();
   if (e.device() && e.plan().space != MemorySpace::kDevice)
     fail(ZERO_ERR_INTERNAL, "the device engine plans host memory");
+  const bool offloaded = e.config().offload.optimizer == OffloadConfig::Device::kCpu;
+  if (e.device() && offloaded && host_addressable(e.plan().units[0].master.space) != true)
+    fail(ZERO_ERR_INTERNAL, "ZeRO-Offload keeps the master in device memory");
   if (run.load) e.load_checkpoint(run.load->string(), "t");
   const size_t grad_size = dtype_size(e.config().grad_accum_dtype);
   const size_t compute_size = dtype_size(e.config().compute_dtype);
@@ -180,6 +183,34 @@ TEST_P(DeviceEngine, TrainsAsTheCpuEngineBitForBit) {
                                  std::to_string(stage) +
                                  R"(, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 5000}})";
       expect_same(train(config, nullptr, root / "cpu"), train(config, rt_, root / "device"));
+    }
+  }
+  fs::remove_all(root);
+}
+
+// ZeRO-Offload (offload_optimizer "cpu") on the device engine: the fp32 master and the optimizer state in host
+// memory stepped by the CPU's kernels, the gradient shards accumulated there from the device's reductions (stages
+// 2-3) or copied from the device in the step (stage 1), the new params copied back — the CPU engine's bits and
+// checkpoint files, pinned or pageable.
+TEST_P(DeviceEngine, OffloadsTheOptimizerToTheCpuAsTheCpuEngine) {
+  const fs::path root = fs::temp_directory_path() / ("libzero-device-offload-" + std::to_string(::getpid()));
+  const std::vector<std::pair<std::string, std::string>> dtypes = {
+      {"fp32", ""},
+      {"bf16",
+       R"(, "bf16": {"enabled": true, "stochastic_rounding": true}, "data_types": {"grad_accum_dtype": "fp32"})"}};
+  for (const auto& [dtype, extra] : dtypes) {
+    for (int stage : {1, 2, 3}) {
+      for (const char* pin : {"true", "false"}) {
+        SCOPED_TRACE(dtype + ", stage " + std::to_string(stage) + ", pin_memory " + pin);
+        const std::string config =
+            R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}, "gradient_clipping": 0.5,
+                "gradient_accumulation_steps": 2)" +
+            extra + R"(, "zero_optimization": {"stage": )" + std::to_string(stage) +
+            R"(, "reduce_bucket_size": 5000, "stage3_param_persistence_threshold": 0,
+                "offload_optimizer": {"device": "cpu", "pin_memory": )" +
+            pin + "}}}";
+        expect_same(train(config, nullptr, root / "cpu"), train(config, rt_, root / "device"));
+      }
     }
   }
   fs::remove_all(root);

@@ -340,6 +340,8 @@ TEST(DeviceEmulator, AMissingEventIsARace) {
     rt->wait(*producer, *written);
     rt->release(d, *producer);
     rt->release(out, *producer);
+    rt->record(*written, *producer);
+    rt->synchronize(*written, kTimeout, "the producer");  // its copy read the pinned source
     rt->release_pinned(src);
   }
 }

@@ -791,11 +791,13 @@ ZERO_API zero_status_t zero_engine_window(zero_window_info_t* out_info, const ze
  * read and write it with zero_engine_copy, or on the framework's stream given with zero_engine_set_stream. Local. */
 ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char* device);
 
-/* The framework's stream for a device engine (a cudaStream_t of the engine's device), or NULL for none. With one,
- * each call's device work is ordered after the work the framework queued on that stream so far, and the work it
- * queues there afterwards after the call's, through events: no call waits for the device (zero_step waits once
- * for the gradient norm's sums). Without one, every call's device work is complete when it returns. Any time after
- * zero_engine_set_device; the stream must outlive its use. Local. */
+/* The framework's stream for a device engine: a cudaStream_t of the engine's device (NULL is CUDA's legacy default
+ * stream, which PyTorch's default stream is). From then on each call's device work is ordered after the work the
+ * framework queued on that stream so far, and the work it queues there afterwards after the call's, through events:
+ * no call waits for the device (zero_step waits once for the gradient norm's sums). Without a stream set, every
+ * call's device work is complete when it returns. Any time after zero_engine_set_device (a later call replaces the
+ * stream); the stream must outlive the engine (zero_engine_destroy orders its frees after the stream's work).
+ * Local. */
 ZERO_API zero_status_t zero_engine_set_stream(zero_engine_t* engine, void* stream);
 
 /* Copies `n_bytes` from `src` to `dst`, each in host memory or in the engine's memory (device memory of a device
