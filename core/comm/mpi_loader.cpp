@@ -1,54 +1,22 @@
 #include "comm/mpi_loader.hpp"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
 #include <string>
-#include <vector>
 
 #include "../../backends/mpi/mpi_backend.h"
 #include "comm/custom_communicator.hpp"
 #include "util/error.hpp"
+#include "util/module_loader.hpp"
 
 namespace zero {
 namespace {
 
-// The directory this library was loaded from (to find the module installed beside it, as a wheel does).
-std::string own_directory() {
-  Dl_info info;
-  if (dladdr(reinterpret_cast<void*>(&make_mpi_communicator), &info) == 0 || info.dli_fname == nullptr) return "";
-  const std::string path = info.dli_fname;
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "" : path.substr(0, slash);
-}
-
-// ZERO_MPI_BACKEND (a path), then the SONAME (the dynamic linker's search, or a copy already loaded because the
-// program linked it), then next to libzero.so. The module is never unloaded: MPI cannot be unloaded either.
+// ZERO_MPI_BACKEND (a path), then the SONAME, then next to libzero.so (util/module_loader.hpp).
 zero_mpi_backend_open_fn load_module() {
   static zero_mpi_backend_open_fn entry = nullptr;
   if (entry != nullptr) return entry;
   std::string tried;
-  std::vector<std::string> candidates;
-  const char* forced = std::getenv("ZERO_MPI_BACKEND");
-  if (forced != nullptr && forced[0] != '\0') {
-    candidates.push_back(forced);
-  } else {
-    candidates.push_back(ZERO_MPI_BACKEND_SONAME);
-    const std::string dir = own_directory();
-    if (!dir.empty()) candidates.push_back(dir + "/" + ZERO_MPI_BACKEND_SONAME);
-  }
-  for (const std::string& c : candidates) {
-    void* handle = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-    if (handle == nullptr) {
-      const char* why = dlerror();
-      tried += "\n  " + c + ": " + (why != nullptr ? why : "not found");
-      continue;
-    }
-    void* symbol = dlsym(handle, ZERO_MPI_BACKEND_ENTRY);
-    if (symbol == nullptr) {
-      tried += "\n  " + c + ": has no " + ZERO_MPI_BACKEND_ENTRY + " (not libzero's MPI module?)";
-      continue;
-    }
+  if (void* symbol = find_module_entry("ZERO_MPI_BACKEND", ZERO_MPI_BACKEND_SONAME, ZERO_MPI_BACKEND_ENTRY,
+                                       "libzero's MPI module", tried)) {
     entry = reinterpret_cast<zero_mpi_backend_open_fn>(symbol);
     return entry;
   }

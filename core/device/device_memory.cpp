@@ -11,6 +11,31 @@ namespace zero {
 namespace device {
 namespace {
 
+// Alignments above what a runtime's allocations give are met by over-allocating: the aligned pointer is handed out,
+// the base kept to free.
+class AlignedBases {
+ public:
+  void* place(void* base, size_t alignment) {
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + (alignment - 1)) & ~(uintptr_t{alignment} - 1);
+    void* p = reinterpret_cast<void*>(a);
+    std::lock_guard<std::mutex> lock(mu_);
+    base_of_[p] = base;
+    return p;
+  }
+  void* take(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = base_of_.find(p);
+    if (it == base_of_.end()) return p;
+    void* base = it->second;
+    base_of_.erase(it);
+    return base;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<void*, void*> base_of_;
+};
+
 class DeviceAllocator final : public Allocator {
  public:
   explicit DeviceAllocator(std::shared_ptr<DeviceContext> context) : context_(std::move(context)) {}
@@ -26,23 +51,14 @@ class DeviceAllocator final : public Allocator {
   void* allocate(size_t bytes, size_t alignment) override {
     const size_t extra = alignment > kDeviceAlignment ? alignment : 0;
     void* base = context_->runtime().allocate(bytes + extra, context_->stream());
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + (alignment - 1)) & ~(uintptr_t{alignment} - 1);
-    void* p = extra == 0 ? base : reinterpret_cast<void*>(a);
-    if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+    if (extra == 0 && reinterpret_cast<uintptr_t>(base) % alignment != 0) {
       context_->runtime().release(base, context_->stream());
       fail(ZERO_ERR_INTERNAL, "the device pool returned memory not aligned to " + std::to_string(alignment));
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    base_of_[p] = base;
-    return p;
+    return bases_.place(base, alignment);
   }
   void deallocate(void* p, size_t /*bytes*/) noexcept override {
-    void* base = p;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = base_of_.find(p);
-      if (it != base_of_.end()) base = it->second, base_of_.erase(it);
-    }
+    void* base = bases_.take(p);
     // Stream-ordered: the memory returns to the pool after the work queued on the stream so far, which is the work
     // that used it (other streams' uses are ordered before by their owners); nothing waits for the device.
     try {
@@ -54,8 +70,7 @@ class DeviceAllocator final : public Allocator {
 
  private:
   std::shared_ptr<DeviceContext> context_;
-  std::mutex mu_;
-  std::unordered_map<void*, void*> base_of_;
+  AlignedBases bases_;
 };
 
 class PinnedAllocator final : public Allocator {
@@ -64,20 +79,10 @@ class PinnedAllocator final : public Allocator {
   void* allocate(size_t bytes, size_t alignment) override {
     // The runtime's pinned memory is page-aligned (4 KiB); larger alignments by over-allocating.
     const size_t extra = alignment > 4096 ? alignment : 0;
-    void* base = context_->runtime().allocate_pinned(bytes + extra);
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + (alignment - 1)) & ~(uintptr_t{alignment} - 1);
-    void* p = extra == 0 ? base : reinterpret_cast<void*>(a);
-    std::lock_guard<std::mutex> lock(mu_);
-    base_of_[p] = base;
-    return p;
+    return bases_.place(context_->runtime().allocate_pinned(bytes + extra), alignment);
   }
   void deallocate(void* p, size_t /*bytes*/) noexcept override {
-    void* base = p;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = base_of_.find(p);
-      if (it != base_of_.end()) base = it->second, base_of_.erase(it);
-    }
+    void* base = bases_.take(p);
     try {
       context_->runtime().release_pinned(base);
     } catch (...) {
@@ -89,8 +94,7 @@ class PinnedAllocator final : public Allocator {
 
  private:
   std::shared_ptr<DeviceContext> context_;
-  std::mutex mu_;
-  std::unordered_map<void*, void*> base_of_;
+  AlignedBases bases_;
 };
 
 // ---- The memory layer's device operations: queued on the context's stream, complete when they return.
