@@ -81,9 +81,11 @@ class CudaRuntime final : public device::Runtime {
     return std::make_unique<CudaEvent>();
   }
   void record(device::Event& event, device::Stream& stream) override {
+    select_device();
     check(cudaEventRecord(event_of(event), stream_of(stream)), "cudaEventRecord");
   }
   void wait(device::Stream& stream, const device::Event& event) override {
+    select_device();
     check(cudaStreamWaitEvent(stream_of(stream), event_of(event), 0), "cudaStreamWaitEvent");
   }
   bool done(const device::Event& event) override {
@@ -108,6 +110,7 @@ class CudaRuntime final : public device::Runtime {
   }
 
   void* allocate(size_t bytes, device::Stream& stream) override {
+    select_device();
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_of(stream));
@@ -139,28 +142,39 @@ class CudaRuntime final : public device::Runtime {
     check(cudaFreeHost(p), "cudaFreeHost");
   }
 
+  // Work is queued by whatever thread calls (a framework's thread may have another device current): each call makes
+  // the runtime's device current first.
   void copy(void* dst, const void* src, size_t bytes, device::Stream& stream) override {
-    if (bytes != 0) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(stream)), "cudaMemcpyAsync");
+    if (bytes == 0) return;
+    select_device();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(stream)), "cudaMemcpyAsync");
   }
   void fill_zero(void* p, size_t bytes, device::Stream& stream) override {
-    if (bytes != 0) check(cudaMemsetAsync(p, 0, bytes, stream_of(stream)), "cudaMemsetAsync");
+    if (bytes == 0) return;
+    select_device();
+    check(cudaMemsetAsync(p, 0, bytes, stream_of(stream)), "cudaMemsetAsync");
   }
 
   void step(OptimizerKind kind, DType grad, CopyMode copy_mode, const LaunchTable& table, const KernelArgs*, size_t,
             const KernelArgs* segments, const StepChunk* chunks, device::Stream& stream) override {
+    select_device();
     launch_step(kind, grad, copy_mode, table, segments, chunks, stream_of(stream));
   }
   void sum_squares(DType grad, const void* grads, size_t n, double* scratch, double* result,
                    device::Stream& stream) override {
+    select_device();
     launch_sum_squares(grad, grads, n, scratch, result, stream_of(stream));
   }
   void narrow(DType to, void* dst, const float* src, size_t n, device::Stream& stream) override {
+    select_device();
     launch_narrow(to, dst, src, n, stream_of(stream));
   }
   void widen(DType from, float* dst, const void* src, size_t n, device::Stream& stream) override {
+    select_device();
     launch_widen(from, dst, src, n, stream_of(stream));
   }
   void accumulate(DType from, float* acc, const void* src, size_t n, bool into_zero, device::Stream& stream) override {
+    select_device();
     launch_accumulate(from, acc, src, n, into_zero, stream_of(stream));
   }
 
