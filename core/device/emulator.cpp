@@ -6,18 +6,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <random>
-#include <thread>
 #include <utility>
 
 #include "cuda/device_kernels.hpp"
 #include "device/access_checker.hpp"
 #include "device/emulated_kernels.hpp"
 #include "device/emulated_memory.hpp"
+#include "device/emulated_stream.hpp"
 #include "memory/ops.hpp"
 #include "util/error.hpp"
 
@@ -25,136 +23,12 @@ namespace zero {
 namespace device {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// How far one stream has run; events and other streams' waits read it, so it outlives the stream.
-class Progress {
- public:
-  void finish(uint64_t op) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      completed_ = op;
-    }
-    cv_.notify_all();
-  }
-  bool reached(uint64_t op) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return completed_ >= op;
-  }
-  void wait(uint64_t op) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return completed_ >= op; });
-  }
-  bool wait_until(uint64_t op, Clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_until(lock, deadline, [&] { return completed_ >= op; });
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t completed_ = 0;
-};
-
-class EmulatedEvent final : public Event {
- public:
-  std::shared_ptr<Progress> progress;  // null until recorded
-  uint64_t op = 0;
-  VectorClock clock;
-};
-
-// A stream: its queue, run in order by one worker thread, each operation after a random delay.
-class EmulatedStream final : public Stream {
- public:
-  EmulatedStream(size_t actor, uint64_t seed, unsigned max_delay_us, std::function<void(const std::string&)> on_error,
-                 std::shared_ptr<std::atomic<bool>> failed, std::shared_ptr<std::atomic<int>> live_streams)
-      : live_streams_(std::move(live_streams)),
-        actor_(actor),
-        progress_(std::make_shared<Progress>()),
-        rng_(seed),
-        max_delay_us_(max_delay_us),
-        on_error_(std::move(on_error)),
-        failed_(std::move(failed)),
-        worker_([this] { run(); }) {
-    live_streams_->fetch_add(1);
-  }
-  // Unlike cudaStreamDestroy, which returns at once, the host waits here for the work queued so far.
-  ~EmulatedStream() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    worker_.join();  // after the queue is empty: work queued before destruction finishes
-    live_streams_->fetch_sub(1);
-  }
-
-  size_t actor() const { return actor_; }
-  const std::shared_ptr<Progress>& progress() const { return progress_; }
-  // Held by the host while it numbers an operation and queues it, so the queue stays in operation order.
-  std::mutex& issue_mutex() { return issue_mu_; }
-
-  void push(uint64_t op, std::function<void()> work) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.emplace_back(op, std::move(work));
-    }
-    cv_.notify_all();
-  }
-
- private:
-  void run() {
-    for (;;) {
-      std::pair<uint64_t, std::function<void()>> item;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        item = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      if (max_delay_us_ > 0)
-        std::this_thread::sleep_for(
-            std::chrono::microseconds(std::uniform_int_distribution<unsigned>(0, max_delay_us_)(rng_)));
-      // After a failure the device's work stops (CUDA's errors are sticky); waits still complete.
-      if (!failed_->load()) {
-        try {
-          item.second();
-        } catch (const std::exception& e) {
-          on_error_(e.what());
-        }
-      }
-      progress_->finish(item.first);
-    }
-  }
-
-  std::shared_ptr<std::atomic<int>> live_streams_;  // the emulator's count
-  const size_t actor_;
-  std::shared_ptr<Progress> progress_;
-  std::mt19937_64 rng_;
-  const unsigned max_delay_us_;
-  std::function<void(const std::string&)> on_error_;
-  std::shared_ptr<std::atomic<bool>> failed_;
-  std::mutex issue_mu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, std::function<void()>>> queue_;
-  bool stopping_ = false;
-  std::thread worker_;  // last: starts once everything above exists
-};
-
-// A stream of this emulator that its owner lent (Runtime::external_stream).
-class LentStream final : public Stream {
- public:
-  explicit LentStream(EmulatedStream& target) : target(target) {}
-  EmulatedStream& target;
-};
-
-EmulatedStream& as_emulated(Stream& s) {
-  if (auto* lent = dynamic_cast<LentStream*>(&s)) return lent->target;
-  return static_cast<EmulatedStream&>(s);
-}
-const EmulatedEvent& as_emulated(const Event& e) { return static_cast<const EmulatedEvent&>(e); }
+using emulation::as_emulated;
+using emulation::Clock;
+using emulation::EmulatedEvent;
+using emulation::EmulatedStream;
+using emulation::LentStream;
+using emulation::Progress;
 
 class HostEmulator final : public Emulator {
  public:
@@ -204,15 +78,13 @@ class HostEmulator final : public Emulator {
     auto& e = static_cast<EmulatedEvent&>(event);
     std::lock_guard<std::mutex> issue(s.issue_mutex());
     const uint64_t op = checker_.issue(s.actor());
-    e.progress = s.progress();
-    e.op = op;
-    e.clock = checker_.clock(s.actor());
+    e.set({s.progress(), op, checker_.clock(s.actor())});
     s.push(op, [] {});
   }
 
   void wait(Stream& stream, const Event& event) override {
     check_device();
-    const EmulatedEvent& e = as_emulated(event);
+    const EmulatedEvent::Point e = as_emulated(event).point();
     if (!e.progress) return;
     EmulatedStream& s = as_emulated(stream);
     std::lock_guard<std::mutex> issue(s.issue_mutex());
@@ -223,7 +95,7 @@ class HostEmulator final : public Emulator {
 
   bool done(const Event& event) override {
     check_device();
-    const EmulatedEvent& e = as_emulated(event);
+    const EmulatedEvent::Point e = as_emulated(event).point();
     if (!e.progress) return true;
     if (!e.progress->reached(e.op)) return false;
     checker_.merge(AccessChecker::kHost, e.clock);  // the host saw it complete
@@ -231,7 +103,7 @@ class HostEmulator final : public Emulator {
   }
 
   void synchronize(const Event& event, double timeout_s, const std::string& what) override {
-    const EmulatedEvent& e = as_emulated(event);
+    const EmulatedEvent::Point e = as_emulated(event).point();
     if (e.progress) {
       const auto deadline =
           Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
