@@ -101,6 +101,10 @@ void Engine::check_device_config() const {
   if (config_.offload.nvme() || config_.offload.params_nvme())
     guard_.fail(ZERO_ERR_UNSUPPORTED,
                 on + " offloads to \"cpu\" only so far (offload to \"nvme\" is not built for it)");
+  if (config_.stage == 0 && config_.offload.optimizer == OffloadConfig::Device::kCpu)
+    guard_.fail(ZERO_ERR_CONFIG,
+                "offload_optimizer \"cpu\" needs ZeRO stage 1, 2 or 3 (stage 0 updates every element "
+                "on every rank, on the device)");
   if (config_.offload.params == OffloadConfig::Device::kCpu)
     guard_.fail(ZERO_ERR_UNSUPPORTED,
                 on + " keeps the params in device memory so far: offload_param \"cpu\" is not built for it yet "

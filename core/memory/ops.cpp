@@ -1,5 +1,6 @@
 #include "memory/ops.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -89,27 +90,22 @@ void convert_across(MemorySpace dst_space, void* dst, DType dst_type, MemorySpac
   if (n == 0) return;
   const bool dst_host = host_addressable(dst_space), src_host = host_addressable(src_space);
   if (dst_host == src_host) return element_ops(dst_space).convert(dst, dst_type, src, src_type, n);
-  if (dst_host) {  // the device's bytes to the host, converted there
-    std::vector<char> staged(n * dtype_size(src_type));
-    copy_bytes(MemorySpace::kHost, staged.data(), src_space, src, staged.size());
-    return element_ops(MemorySpace::kHost).convert(dst, dst_type, staged.data(), src_type, n);
+  // Through host memory a piece at a time, so that a large unit needs no host copy of its whole size.
+  constexpr size_t kPieceElems = size_t{1} << 22;
+  const size_t dst_size = dtype_size(dst_type), src_size = dtype_size(src_type);
+  std::vector<char> staged(std::min(n, kPieceElems) * (dst_host ? src_size : dst_size));
+  for (size_t done = 0; done < n; done += kPieceElems) {
+    const size_t m = std::min(kPieceElems, n - done);
+    const char* from = static_cast<const char*>(src) + done * src_size;
+    char* to = static_cast<char*>(dst) + done * dst_size;
+    if (dst_host) {  // the device's bytes to the host, converted there
+      copy_bytes(MemorySpace::kHost, staged.data(), src_space, from, m * src_size);
+      element_ops(MemorySpace::kHost).convert(to, dst_type, staged.data(), src_type, m);
+    } else {  // converted on the host, then to the device
+      element_ops(MemorySpace::kHost).convert(staged.data(), dst_type, from, src_type, m);
+      copy_bytes(dst_space, to, MemorySpace::kHost, staged.data(), m * dst_size);
+    }
   }
-  std::vector<char> converted(n * dtype_size(dst_type));  // converted on the host, then to the device
-  element_ops(MemorySpace::kHost).convert(converted.data(), dst_type, src, src_type, n);
-  copy_bytes(dst_space, dst, MemorySpace::kHost, converted.data(), converted.size());
-}
-
-void accumulate_across(MemorySpace acc_space, void* acc, DType acc_type, MemorySpace src_space, const void* src,
-                       DType src_type, size_t n, bool into_zero) {
-  if (n == 0) return;
-  const ElementOps& ops = element_ops(acc_space);
-  const auto add = into_zero ? ops.accumulate_into_zero : ops.accumulate;
-  if (host_addressable(acc_space) == host_addressable(src_space)) return add(acc, acc_type, src, src_type, n);
-  if (!host_addressable(acc_space))
-    fail(ZERO_ERR_UNSUPPORTED, "accumulating host memory into device memory (the engine never asks it)");
-  std::vector<char> staged(n * dtype_size(src_type));
-  copy_bytes(MemorySpace::kHost, staged.data(), src_space, src, staged.size());
-  add(acc, acc_type, staged.data(), src_type, n);
 }
 
 const KernelTable& kernels(MemorySpace space, Isa isa) {

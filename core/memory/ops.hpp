@@ -35,14 +35,11 @@ struct ElementOps {
 // Throws ZERO_ERR_UNSUPPORTED for a space this build has no kernels for.
 const ElementOps& element_ops(MemorySpace space);
 
-// The same between two spaces (ZeRO-Offload's host master and device params, say): where one side is device memory
-// and the other host memory, the conversion runs on the host — the device side's bytes copied through host memory
-// first or after — so the bits are the host kernels' (which equal the device's). complete on return.
+// A conversion between two spaces (ZeRO-Offload's host master and device params, say): where one side is device
+// memory and the other host memory, it runs on the host, the device side's bytes copied through host memory a piece
+// at a time, so the bits are the host kernels' (which equal the device's). Complete on return.
 void convert_across(MemorySpace dst_space, void* dst, DType dst_type, MemorySpace src_space, const void* src,
                     DType src_type, size_t n);
-// acc (host memory) += src (any space), or 0 + src with `into_zero`.
-void accumulate_across(MemorySpace acc_space, void* acc, DType acc_type, MemorySpace src_space, const void* src,
-                       DType src_type, size_t n, bool into_zero);
 
 // The optimizer and norm kernels for buffers in `space` on the `isa` path (host and pinned host memory: the CPU's;
 // ZERO_ERR_UNSUPPORTED for a space this build has no kernels for).

@@ -157,7 +157,7 @@ UpdateView ParameterStore::update(int u) {
   for (int s = 0; s < 2; ++s) v.state[s] = optimizer_on_nvme() || unit.state[s].empty() ? nullptr : unit.state[s].f32();
   v.first_index = up.element_base + up.update_begin;
   v.space = unit.grads.space();
-  v.master_space = plan_.separate_master() ? unit.master.space() : unit.params.space();
+  v.master_space = plan_.separate_master() ? up.master.space : up.params.space;  // the plan's, allocated or not
   return v;
 }
 

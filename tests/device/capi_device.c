@@ -156,6 +156,16 @@ static void test_clear_errors(void** state) {
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 
+  /* ZeRO-Offload at stage 0 would not offload anything: refused, not ignored. */
+  engine = new_engine(&comm,
+                      "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}, \"zero_optimization\": "
+                      "{\"stage\": 0, \"offload_optimizer\": {\"device\": \"cpu\"}}}",
+                      "emulator");
+  assert_int_equal(zero_engine_add_param(&id, engine, &d), ZERO_OK);
+  assert_fails(zero_engine_finalize(engine), ZERO_ERR_CONFIG, "stage 1, 2 or 3");
+  zero_engine_destroy(engine);
+  zero_comm_destroy(comm);
+
   /* "cuda" where this machine has no module or no device: ZERO_ERR_UNSUPPORTED with the reason. */
   engine = new_engine(&comm, kConfig, NULL);
   const zero_status_t status = zero_engine_set_device(engine, "cuda");
