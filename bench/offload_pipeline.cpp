@@ -4,10 +4,12 @@
 // slots, nothing copied). The pipeline overlaps them; the goal is a step within 1.3x the larger limit.
 // Every piece is made ready at once, so nothing hides behind a backward pass: the pipeline's worst case.
 //
-//   bench_offload_pipeline [--params 64] [--piece 4] [--reps 7] [--queue host|cuda] [--threads 0]
+//   bench_offload_pipeline [--params 64] [--piece 4] [--reps 7] [--queue host|cuda|emulator] [--threads 0]
 //
-// Sizes in Mi elements: bf16 gradients over the bus, fp32 accumulators, bf16 params, AdamW. --queue cuda (CUDA
-// builds, with a device): the gradients and params in device memory, pinned slots, CUDA streams; --queue host:
+// Sizes in Mi elements: bf16 gradients over the bus, fp32 accumulators, bf16 params, AdamW. --queue cuda (the
+// libzero-cuda module and a device): the gradients and params in device memory, pinned slots, the runtime's streams
+// (device/transfer_stream.hpp); --queue emulator: the same over the host emulator (a test tool: it checks, it does
+// not measure a device); --queue host:
 // host memory everywhere and HostTransferQueue's thread as the "bus" (a memcpy beside the CPU's work: on a
 // machine whose cores share one memory bus the two compete, so this shows the pipeline's overhead, not PCIe).
 #include <algorithm>
@@ -21,17 +23,13 @@
 
 #include "cpu_offload/offload_pipeline.hpp"
 #include "cpu_offload/transfer_queue.hpp"
+#include "device/select.hpp"
+#include "device/transfer_stream.hpp"
 #include "kernels/kernels.hpp"
 #include "kernels/optimizer.hpp"
 #include "memory/ops.hpp"
 #include "numeric/dtype.hpp"
 #include "util/error.hpp"
-#ifdef ZERO_BENCH_CUDA
-#include <cuda_runtime.h>
-
-#include "cuda/device_kernels.hpp"
-#include "cuda/transfer_queue.hpp"
-#endif
 
 namespace {
 
@@ -46,10 +44,11 @@ void* must(void* p, const char* what) {
   return p;
 }
 
-// Memory on one side of the bus: host memory (touched, so no first-touch fault is timed), or with cuda device
-// memory and pinned host memory.
+// Memory on one side of the bus: host memory (touched, so no first-touch fault is timed), or with a device
+// runtime device memory and pinned host memory, and the runtime's streams as the queues.
 struct Memory {
-  bool cuda = false;
+  std::shared_ptr<device::Runtime> runtime;
+  std::unique_ptr<device::Stream> stream;  // the "engine's": allocations, and what the queues are ordered with
   std::vector<void*> host, device, pinned;
   void* on_host(size_t bytes) {
     void* p = must(std::aligned_alloc(64, (bytes + 63) / 64 * 64), "host");
@@ -58,45 +57,37 @@ struct Memory {
     return p;
   }
   void* on_device(size_t bytes) {
-#ifdef ZERO_BENCH_CUDA
-    if (cuda) {
-      void* p = nullptr;
-      if (cudaMalloc(&p, bytes) != cudaSuccess) must(nullptr, "device");
-      cudaMemset(p, 0, bytes);
-      device.push_back(p);
-      return p;
-    }
-#endif
-    return on_host(bytes);
+    if (!runtime) return on_host(bytes);
+    void* p = runtime->allocate(bytes, *stream);
+    runtime->fill_zero(p, bytes, *stream);
+    device.push_back(p);
+    return p;
   }
   void* staging(size_t bytes) {
-#ifdef ZERO_BENCH_CUDA
-    if (cuda) {
-      void* p = nullptr;
-      if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) must(nullptr, "pinned");
-      std::memset(p, 0, bytes);
-      pinned.push_back(p);
-      return p;
-    }
-#endif
-    return on_host(bytes);
+    if (!runtime) return on_host(bytes);
+    void* p = must(runtime->allocate_pinned(bytes), "pinned");
+    std::memset(p, 0, bytes);
+    pinned.push_back(p);
+    return p;
+  }
+  std::unique_ptr<TransferQueue> queue(const char* name) {
+    if (!runtime) return std::make_unique<HostTransferQueue>(600.0);
+    return std::make_unique<device::DeviceTransferQueue>(*runtime, *stream, name, 600.0);
+  }
+  void finish() {
+    if (!runtime) return;
+    std::unique_ptr<device::Event> done = runtime->create_event();
+    runtime->record(*done, *stream);
+    runtime->synchronize(*done, 600.0, "the benchmark's device work");
   }
   ~Memory() {
     for (void* p : host) std::free(p);
-#ifdef ZERO_BENCH_CUDA
-    for (void* p : device) cudaFree(p);
-    for (void* p : pinned) cudaFreeHost(p);
-#endif
+    if (!runtime) return;
+    for (void* p : device) runtime->release(p, *stream);
+    finish();
+    for (void* p : pinned) runtime->release_pinned(p);
   }
 };
-
-std::unique_ptr<TransferQueue> make_queue(bool cuda) {
-#ifdef ZERO_BENCH_CUDA
-  if (cuda) return cuda::make_transfer_queue(600.0);
-#endif
-  (void)cuda;
-  return std::make_unique<HostTransferQueue>(600.0);
-}
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -125,27 +116,24 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr,
-                   "usage: bench_offload_pipeline [--params Mi] [--piece Mi] [--reps N] [--queue host|cuda] "
+                   "usage: bench_offload_pipeline [--params Mi] [--piece Mi] [--reps N] [--queue host|cuda|emulator] "
                    "[--threads T]\n");
       return 2;
     }
   }
-  const bool cuda = queue == "cuda";
-#ifdef ZERO_BENCH_CUDA
-  std::string why;
-  if (cuda && !cuda::device_available(&why)) {
-    std::printf("bench_offload_pipeline: no CUDA device (%s); nothing measured\n", why.c_str());
-    return 0;
-  }
-#else
-  if (cuda) {
-    std::printf("bench_offload_pipeline: this build has no CUDA (-DZERO_CUDA=ON); nothing measured\n");
-    return 0;
-  }
-#endif
-  if (queue != "host" && !cuda) {
-    std::fprintf(stderr, "bench_offload_pipeline: --queue is host or cuda\n");
+  if (queue != "host" && queue != "cuda" && queue != "emulator") {
+    std::fprintf(stderr, "bench_offload_pipeline: --queue is host, cuda or emulator\n");
     return 2;
+  }
+  Memory mem;
+  if (queue != "host") {
+    try {
+      mem.runtime = device::runtime_named(queue);
+    } catch (const Error& e) {
+      std::printf("bench_offload_pipeline: no %s runtime (%s); nothing measured\n", queue.c_str(), e.what());
+      return 0;
+    }
+    mem.stream = mem.runtime->create_stream("bench");
   }
   const size_t total = static_cast<size_t>(params_mi * (1 << 20)), piece = static_cast<size_t>(piece_mi * (1 << 20));
   if (total == 0 || piece == 0 || reps < 1) {
@@ -153,8 +141,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const DType transfer = DType::kBF16, grad = DType::kF32, compute = DType::kBF16;
-  Memory mem;
-  mem.cuda = cuda;
   char* device_grads = static_cast<char*>(mem.on_device(total * 2));
   char* device_params = static_cast<char*>(mem.on_device(total * 2));
   float* host_grads = static_cast<float*>(mem.on_host(total * 4));
@@ -187,7 +173,8 @@ int main(int argc, char** argv) {
           .step[static_cast<int>(OptimizerKind::kAdamW)][static_cast<int>(grad)][static_cast<int>(CopyMode::kBf16Rne)];
   OptimizerHyper h;
   const std::vector<StepScalars> per_group = {make_step_scalars(h, 1, 1.0, 1.0)};
-  auto to_host = make_queue(cuda), to_device = make_queue(cuda);
+  mem.finish();  // the device buffers are zeroed before the queues' streams copy them
+  auto to_host = mem.queue("to the host"), to_device = mem.queue("to the device");
   const ElementOps& ops = element_ops(MemorySpace::kHost);
 
   std::vector<double> bus, cpu, pipe;
@@ -232,7 +219,7 @@ int main(int argc, char** argv) {
   std::printf(
       "ZeRO-Offload pipeline, %s queue: %.0f Mi params in %zu pieces of %.0f Mi (bf16 over the bus, fp32 "
       "accumulators, AdamW), median of %d\n",
-      cuda ? "CUDA" : "host", params_mi, pieces.size(), piece_mi, reps);
+      mem.runtime ? mem.runtime->describe().c_str() : "host", params_mi, pieces.size(), piece_mi, reps);
   std::printf("%-28s %10s %12s\n", "", "ms", "GB/s");
   std::printf("%-28s %10.2f %12.2f\n", "bus alone (both ways)", b * 1e3, bus_bytes / b / 1e9);
   std::printf("%-28s %10.2f %12.2f\n", "CPU alone (36 B/param)", c * 1e3, cpu_bytes / c / 1e9);

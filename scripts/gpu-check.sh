@@ -37,8 +37,8 @@ while [[ $# -gt 0 ]]; do
 done
 bundle=${bundle:-$out}
 
-programs=(tests/test_device_runtime tests/test_capi_device tests/test_gpu_kernels tests/test_gpu_offload
-          tests/zero_unit_tests bench_gpu_kernels bench_offload_pipeline)
+programs=(tests/test_device_runtime tests/test_capi_device tests/test_gpu_kernels tests/zero_unit_tests bench_gpu_kernels
+          bench_offload_pipeline)
 modules=(libzero.so.1 libzero-cuda.so.1)
 max_bytes=$((48 << 20))
 
@@ -52,7 +52,7 @@ prepare() {
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
     cmake --build "$build" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels \
-      test_gpu_offload zero_unit_tests bench_gpu_kernels bench_offload_pipeline zero zero_cuda_module
+      zero_unit_tests bench_gpu_kernels bench_offload_pipeline zero zero_cuda_module
   fi
   rm -rf "$out"
   mkdir -p "$out/bin" "$out/lib"
@@ -128,12 +128,10 @@ run() {
     check device-runtime.emulator pass "$bin/test_device_runtime" --gtest_filter='*emulator*:DeviceEmulator*:DeviceEngineFaults*'
     check device-runtime.cuda skip "$bin/test_device_runtime" --gtest_filter='*cuda*'
     check gpu-kernels skip "$bin/test_gpu_kernels" --gtest_filter='Gpu.*'
-    check gpu-offload skip "$bin/test_gpu_offload"
   else
     check device-runtime.cuda pass "$bin/test_device_runtime" --gtest_filter='*cuda*'
     check device-runtime.emulator pass "$bin/test_device_runtime" --gtest_filter='*emulator*:DeviceEmulator*:DeviceEngineFaults*'
     check gpu-kernels pass "$bin/test_gpu_kernels" --gtest_filter='Gpu.*'
-    check gpu-offload pass "$bin/test_gpu_offload"
   fi
   check gpu-arguments pass "$bin/test_gpu_kernels" --gtest_filter='GpuArguments.*'
   check device-capi pass "$bin/test_capi_device"

@@ -178,7 +178,7 @@ int estimate(double params, double frozen, const std::string& frozen_dtype, int 
   if (cuda && (o.optimizer == zero::OffloadConfig::Device::kCpu || o.params == zero::OffloadConfig::Device::kCpu))
     std::printf(
         "offload to \"cpu\" (ZeRO-Offload): the fp32 master and optimizer state (stages 1-3) and the gradient shards "
-        "(2-3)%s are in host memory; host memory includes two transfer slots each way (one reduction's shard each)\n",
+        "(2-3)%s are in host memory; host memory includes two transfer slots each way (one unit's shard each)\n",
         o.params == zero::OffloadConfig::Device::kCpu ? ", and at stage 3 the param shards," : "");
   if (o.params_nvme())
     std::printf(

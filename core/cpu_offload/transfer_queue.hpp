@@ -1,8 +1,8 @@
 // Asynchronous copies in submission order, each with a ticket that says when it has completed: what ZeRO-Offload
-// moves gradients to the host and new params back with (offload/offload_pipeline.hpp). On a GPU engine it is a
-// CUDA stream with an event per copy, run by the copy engines while the SMs compute (cuda/transfer_queue.cu);
-// HostTransferQueue keeps the same contract with a thread of its own over host memory, so that the pipeline's
-// logic runs and is tested on machines without a GPU.
+// moves gradients to the host and new params back with (cpu_offload/offload_pipeline.hpp). On a device engine it is
+// a stream of the device runtime with an event per copy, run by the copy engines while the SMs compute
+// (device/transfer_stream.hpp); HostTransferQueue keeps the same contract with a thread of its own over host
+// memory, so that the pipeline's logic runs and is tested without a device runtime.
 #pragma once
 
 #include <condition_variable>
@@ -30,6 +30,16 @@ class TransferQueue {
   // Until ticket t has completed: ZERO_ERR_TIMEOUT naming the oldest unfinished copy after the queue's timeout,
   // or the error of a copy that failed. No caller waits forever on a copy engine that stopped.
   virtual void wait(Ticket t) = 0;
+
+  // The copies queued next read what the engine's work queued so far wrote (a device engine's stream: the queue's
+  // stream waits for it). Nothing to do where the engine's work is the host's own, done when it was called.
+  virtual void after_engine() {}
+  // The engine's work queued from now on may overwrite what copy t reads or read what it writes (a device engine's
+  // stream waits for it; the host waits where the engine's work is the host's).
+  virtual void engine_after(Ticket t) { wait(t); }
+  // The host is about to read (or write) [p, p + bytes) of memory the copies use, after a wait ordered it: a
+  // device runtime's emulator checks that it was (cpu_offload's pipeline announces its slots).
+  virtual void host_access(const void* p, size_t bytes, bool write) { (void)p, (void)bytes, (void)write; }
 };
 
 class HostTransferQueue final : public TransferQueue {

@@ -35,11 +35,23 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
   // collective.
   store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
   for (const std::string& w : config_.warnings) log_message(ZERO_LOG_WARNING, comm_.rank(), w);
-  if (!config_.no_effect_keys.empty()) {
-    std::string keys;
-    for (const auto& k : config_.no_effect_keys) keys += (keys.empty() ? "" : ", ") + k;
-    log_message(ZERO_LOG_WARNING, comm_.rank(), "these config keys are valid but have no effect in libzero: " + keys);
+  warn_no_effect_keys(false);
+}
+
+// Offload to "cpu" (and its pin_memory) has an effect only on a device engine (ZeRO-Offload), the CPU engine's state
+// being in host memory already: those keys are named at finalize, once the engine knows where it runs; the others
+// at once.
+void Engine::warn_no_effect_keys(bool at_finalize) const {
+  std::string keys;
+  for (const auto& k : config_.no_effect_keys) {
+    const bool offload_to_cpu =
+        k == "zero_optimization.offload_optimizer.device" || k == "zero_optimization.offload_optimizer.pin_memory" ||
+        k == "zero_optimization.offload_param.device" || k == "zero_optimization.offload_param.pin_memory";
+    if (offload_to_cpu != at_finalize || (at_finalize && device_)) continue;
+    keys += (keys.empty() ? "" : ", ") + k;
   }
+  if (!keys.empty())
+    log_message(ZERO_LOG_WARNING, comm_.rank(), "these config keys are valid but have no effect in libzero: " + keys);
 }
 
 // The CPU engine keeps its model states in host memory, a device engine in device memory; offload to "nvme" moves
@@ -271,6 +283,20 @@ void Engine::finalize() {
         norm.leave_out_duplicates = model_parallel_ != nullptr;
         norm.on_device = device_ != nullptr;
         store_.allocate(registration_.params(), norm);
+        if (device_ && store_.offload_grad_staging_bytes() > 0) {
+          OffloadBuffers slots;
+          slots.grad_slot_bytes = store_.offload_grad_staging_bytes() / 2;
+          slots.param_slot_bytes = store_.offload_param_staging_bytes() / 2;
+          for (size_t i = 0; i < 2; ++i) {
+            slots.grad_slots[i] = static_cast<char*>(store_.offload_grad_staging()) + i * slots.grad_slot_bytes;
+            slots.param_slots[i] = slots.param_slot_bytes == 0 ? nullptr
+                                                               : static_cast<char*>(store_.offload_param_staging()) +
+                                                                     i * slots.param_slot_bytes;
+          }
+          offload_ = std::make_unique<device::OffloadTransfers>(device_, slots);
+          reducer_.set_offload(&offload_->pipeline());
+          stepper_.set_offload(&offload_->pipeline());
+        }
         FetchPolicy fetch;
         fetch.background_publish = config_.overlap_comm;
         fetch.prefetch_elements = config_.prefetch_bucket_size;
@@ -285,8 +311,11 @@ void Engine::finalize() {
       },
       "out of memory allocating this rank's buffers (" + std::to_string(padded) + " padded elements)"));
   auto clear = [&] {  // nothing allocated, nothing planned: as before finalize, which may be retried
-    store_.clear();
     reducer_.clear();
+    reducer_.set_offload(nullptr);
+    stepper_.set_offload(nullptr);
+    offload_.reset();
+    store_.clear();
     store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
   };
   if (allocation.failed()) clear();
@@ -310,6 +339,7 @@ void Engine::finalize() {
   registration_.forget_initial_values();
   if (device_) device_->finish("zero_engine_finalize's device work");  // the params are there for any stream
   guard_.set_ready();
+  warn_no_effect_keys(true);
   if (comm_.rank() == 0 && log_enabled(ZERO_LOG_INFO)) {
     const MemoryStats m = memory_stats();
     log_message(

@@ -19,6 +19,7 @@
 #include "comm/engine_comm.hpp"
 #include "config/config.hpp"
 #include "device/device_memory.hpp"
+#include "device/transfer_stream.hpp"
 #include "grads/grad_reducer.hpp"
 #include "params/param_store.hpp"
 #include "params/registration.hpp"
@@ -108,6 +109,7 @@ class Engine {
  private:
   void check_window() const;
   void check_device_config() const;
+  void warn_no_effect_keys(bool at_finalize) const;
   class DeviceCall;
   void check_param(int param) const;
   void check_trained(int param) const;
@@ -128,6 +130,8 @@ class Engine {
   MicroStepWindow window_;
   Registration registration_;
   ParameterStore store_;
+  // ZeRO-Offload's transfers on a device engine: after the store (its slots), before the parts that drive them.
+  std::unique_ptr<device::OffloadTransfers> offload_;
   GradientReducer reducer_;
   Stepper stepper_;
   Checkpointer checkpointer_;

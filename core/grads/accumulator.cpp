@@ -21,15 +21,17 @@ UnitAccumulator::UnitAccumulator(GradientView grads, const std::vector<ShardSegm
 // (alignment, padding) are accumulated only, each segment block by block (kSumBlockElems from its start, the norm
 // pass's blocks) and each block's squares summed right after it is written, from cache. The accumulation itself is
 // element-wise, so cutting it into pieces changes no bit.
-void UnitAccumulator::accumulate(const char* reduced, MemorySpace reduced_space, bool last_micro_step) {
+TransferQueue::Ticket UnitAccumulator::accumulate(const char* reduced, MemorySpace reduced_space,
+                                                  bool last_micro_step) {
   if (host_addressable(reduced_space) != host_addressable(grads_.space)) {
-    // ZeRO-Offload: the reduced block comes to host memory first (a copy, complete on return), then is added there.
-    const size_t bytes = grads_.elems * dtype_size(comm_dtype_);
-    if (bytes > staging_bytes_)
-      fail(ZERO_ERR_INTERNAL, "a reduced block of " + std::to_string(bytes) + " bytes does not fit ZeRO-Offload's " +
-                                  std::to_string(staging_bytes_) + "-byte gradient staging");
-    copy_bytes(MemorySpace::kHost, staging_, reduced_space, reduced, bytes);
-    reduced = staging_;
+    // ZeRO-Offload: the reduced block crosses to host memory beside the device's work, and is added there once it
+    // has arrived (in the order the blocks were staged: the same adds as without offload).
+    if (offload_ == nullptr)
+      fail(ZERO_ERR_INTERNAL, "a device's reduced block for host accumulators without ZeRO-Offload");
+    return offload_->stage_gradients(
+        reduced, grads_.elems * dtype_size(comm_dtype_),
+        [this, last_micro_step](const char* host) { accumulate(host, MemorySpace::kHost, last_micro_step); },
+        "the reduced gradients of unit " + std::to_string(unit_) + " to the host");
   }
   const DType accum = grads_.dtype;
   const ElementOps& ops = element_ops(grads_.space);
@@ -37,7 +39,10 @@ void UnitAccumulator::accumulate(const char* reduced, MemorySpace reduced_space,
   char* acc = grads_.at(0);
   written_ = true;
   squares_final_ = false;
-  if (!sums_squares_ || !last_micro_step) return add(acc, accum, reduced, comm_dtype_, grads_.elems);
+  if (!sums_squares_ || !last_micro_step) {
+    add(acc, accum, reduced, comm_dtype_, grads_.elems);
+    return 0;
+  }
   const size_t acc_size = dtype_size(accum), red_size = dtype_size(comm_dtype_);
   auto run = [&](size_t begin, size_t end) {
     if (end > begin) add(acc + begin * acc_size, accum, reduced + begin * red_size, comm_dtype_, end - begin);
@@ -58,6 +63,7 @@ void UnitAccumulator::accumulate(const char* reduced, MemorySpace reduced_space,
   }
   run(pos, grads_.elems);
   squares_final_ = true;
+  return 0;
 }
 
 // Widening in place runs back to front (a wider element overwrites the narrower ones after it), so the range is

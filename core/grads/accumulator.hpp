@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "cpu_offload/offload_pipeline.hpp"
 #include "kernels/kernels.hpp"
 #include "numeric/dtype.hpp"
 #include "params/param_store.hpp"
@@ -22,10 +23,12 @@ class UnitAccumulator {
   // Adds a reduced block (this rank's shard, in the communication dtype) into the accumulator — or, the first time
   // in the window, writes it (0 + x: the bits an add into zeros gives, without reading). With `last_micro_step`
   // (and the unit's norm summed in the reduction), also sums the squares of the result.
-  // `reduced` is in `reduced_space` (a bucket's; ZeRO-Offload accumulates a device's reductions in host memory,
-  // through the staging set_staging gives).
-  void accumulate(const char* reduced, MemorySpace reduced_space, bool last_micro_step);
-  void set_staging(void* staging, size_t bytes) { staging_ = static_cast<char*>(staging), staging_bytes_ = bytes; }
+  // `reduced` is in `reduced_space` (a bucket's). ZeRO-Offload accumulates a device's reductions in host memory:
+  // the block is staged through `offload` (set_offload) and added once it has arrived; the returned ticket is the
+  // copy that reads `reduced` (0 when nothing is on its way): offload->reuse_after(ticket) before it is rewritten.
+  TransferQueue::Ticket accumulate(const char* reduced, MemorySpace reduced_space, bool last_micro_step);
+  void set_offload(OffloadPipeline* offload, int unit) { offload_ = offload, unit_ = unit; }
+  OffloadPipeline* offload() const { return offload_; }
   // Widens elements [begin, begin + n) of the full buffer in place, from the communication dtype into the
   // accumulation dtype's place, summing the norm's squares where the unit's norm is summed here.
   void widen(size_t begin, size_t n, std::vector<double>& block_scratch);
@@ -47,8 +50,8 @@ class UnitAccumulator {
   bool written_ = false;
   bool squares_final_ = false;
   std::vector<double> segment_squares_;  // per norm segment
-  char* staging_ = nullptr;              // ZeRO-Offload's gradient staging (host memory), for a device's reduced blocks
-  size_t staging_bytes_ = 0;
+  OffloadPipeline* offload_ = nullptr;   // ZeRO-Offload's, for a device's reduced blocks
+  int unit_ = -1;
 };
 
 }  // namespace zero

@@ -78,12 +78,19 @@ void Bucket::start(EngineComm& comm, BufferPool& pool, const std::string& label)
 void Bucket::finish(EngineComm& comm, BufferPool& pool, bool last_micro_step) {
   comm.wait_all(pending_);
   const int rank = comm.rank();
+  OffloadPipeline* offload = nullptr;  // ZeRO-Offload's copies still reading the buffer, the last one's ticket
+  TransferQueue::Ticket copy = 0;
   for (const UnitSlot& slot : units_) {
     const char* full = static_cast<const char*>(reducing_) + slot.offset * grad_size();
-    slot.accumulator->accumulate(full + rank * slot.shard_elems * dtype_size(comm_dtype_), pool.space(),
-                                 last_micro_step);
+    const TransferQueue::Ticket t = slot.accumulator->accumulate(
+        full + rank * slot.shard_elems * dtype_size(comm_dtype_), pool.space(), last_micro_step);
+    if (t != 0) offload = slot.accumulator->offload(), copy = t;
   }
-  pool.give_back(reducing_);
+  if (offload != nullptr) {
+    pool.give_back(reducing_, [offload, copy] { offload->reuse_after(copy); });
+  } else {
+    pool.give_back(reducing_);
+  }
   reducing_ = nullptr;
   pending_.clear();
 }

@@ -17,6 +17,18 @@ GradientReducer::~GradientReducer() {
   // A backend may still write into a bucket: after a collective was given up, or while reductions are in flight
   // (an engine destroyed in the middle of a micro-step; their Pendings, destroyed after this, mark them abandoned).
   if (comm_.abandoned_requests() || !in_flight_.empty()) bucket_pool_.leak();
+  drop_offloaded();
+}
+
+// ZeRO-Offload's copies still reading buckets end before the buckets may be freed or rewritten; their blocks are not
+// added (an error or a new window came first).
+void GradientReducer::drop_offloaded() {
+  if (offload_ == nullptr) return;
+  try {
+    offload_->drop_gradients();
+  } catch (const Error&) {  // a copy that stalled: the buckets are leaked with it
+    bucket_pool_.leak();
+  }
 }
 
 void GradientReducer::allocate(int num_params) {
@@ -28,7 +40,7 @@ void GradientReducer::allocate(int num_params) {
   for (int u = 0; u < store_.num_units(); ++u) {
     accumulators_.emplace_back(store_.grads(u), store_.unit(u).norm_segments, store_.unit_plan(u).norm_begin,
                                store_.norm_plan().in_reduction(u), config_.comm_dtype);
-    accumulators_.back().set_staging(store_.offload_grad_staging(), store_.offload_grad_staging_bytes());
+    accumulators_.back().set_offload(offload_, u);
   }
   buckets_.clear();
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -56,6 +68,7 @@ void GradientReducer::allocate(int num_params) {
 }
 
 void GradientReducer::clear() {
+  drop_offloaded();
   in_flight_.clear();
   buckets_.clear();
   accumulators_.clear();
@@ -199,6 +212,7 @@ void GradientReducer::finish_micro_step() {
       param_expected_ = outcome.param_expected;
       for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].expect(outcome.bucket_expected[b]);
       finish_in_flight();  // every gradient is in its accumulator before zero_backward_end returns
+      if (offload_ != nullptr) offload_->finish_gradients();
     });
     for (Bucket& bucket : buckets_) bucket.restart_micro_step();
     next_bucket_ = 0;
@@ -241,6 +255,7 @@ void GradientReducer::after_step(bool skipped) {
 }
 
 void GradientReducer::after_load() {
+  drop_offloaded();
   clear_all();
   for (UnitAccumulator& acc : accumulators_) acc.start_window();
 }

@@ -29,6 +29,9 @@ class GradientReducer {
   ~GradientReducer();
 
   // finalize: the accumulators, the buckets and the bucket buffer of the plan. Local; throws on allocation failure.
+  // ZeRO-Offload's pipeline, which brings a device's reduced shards to their host accumulators (before allocate;
+  // null without).
+  void set_offload(OffloadPipeline* offload) { offload_ = offload; }
   void allocate(int num_params);
   void clear();
 
@@ -69,6 +72,7 @@ class GradientReducer {
   uint64_t bucket_bytes() const { return bucket_pool_.allocated_bytes(); }
 
  private:
+  void drop_offloaded();
   // With overlap_comm, a bucket's reduce-scatters are started at its last zero_grad_ready and completed later —
   // when more than kMaxInFlight buckets are in flight, the oldest; the rest at zero_backward_end — so that the
   // framework's backward goes on meanwhile. The buckets hold different units, so the order of completion changes
@@ -91,6 +95,7 @@ class GradientReducer {
   std::vector<UnitAccumulator> accumulators_;  // per unit
   std::vector<Bucket> buckets_;
   BufferPool bucket_pool_;
+  OffloadPipeline* offload_ = nullptr;
   bool overlap_ = false;
   std::deque<int> in_flight_;          // buckets whose reduction is in flight, oldest first
   int next_bucket_ = 0;                // the first bucket not reduced yet in this micro-step

@@ -4,7 +4,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "memory/buffer.hpp"
@@ -32,9 +35,15 @@ class BufferPool {
     if (free_.empty()) fail(ZERO_ERR_INTERNAL, "a pooled buffer was taken without being reserved first");
     void* buffer = free_.back();
     free_.pop_back();
+    run_fence(buffer);
     return buffer;
   }
-  void give_back(void* buffer) { free_.push_back(buffer); }
+  // `before_reuse` runs when the buffer is next taken, before its taker's work: a copy still reading it (ZeRO-Offload's
+  // gradients on their way to the host) orders that work after itself then, not at once.
+  void give_back(void* buffer, std::function<void()> before_reuse = nullptr) {
+    if (before_reuse) fences_.emplace_back(buffer, std::move(before_reuse));
+    free_.push_back(buffer);
+  }
   size_t buffers() const { return all_.size(); }
   uint64_t allocated_bytes() const {
     uint64_t total = 0;
@@ -45,7 +54,9 @@ class BufferPool {
   void trim(size_t keep) {
     if (free_.size() != all_.size()) return;
     while (all_.size() > keep) {
-      free_.erase(std::find(free_.begin(), free_.end(), all_.back()->data()));
+      void* buffer = all_.back()->data();
+      free_.erase(std::find(free_.begin(), free_.end(), buffer));
+      run_fence(buffer);  // its release is ordered after the copy too
       all_.pop_back();
     }
   }
@@ -60,17 +71,28 @@ class BufferPool {
   }
   void clear() {
     free_.clear();
+    fences_.clear();
     all_.clear();
   }
   MemorySpace space() const { return space_; }
 
  private:
+  void run_fence(void* buffer) {
+    for (size_t i = 0; i < fences_.size(); ++i) {
+      if (fences_[i].first != buffer) continue;
+      std::function<void()> fence = std::move(fences_[i].second);
+      fences_.erase(fences_.begin() + static_cast<std::ptrdiff_t>(i));
+      return fence();
+    }
+  }
+
   MemorySpace space_ = MemorySpace::kHost;
   size_t capacity_ = 0;
   DType dtype_ = DType::kF32;
   std::shared_ptr<Allocator> allocator_;
   std::vector<std::unique_ptr<Buffer>> all_;
   std::vector<void*> free_;
+  std::vector<std::pair<void*, std::function<void()>>> fences_;  // of free buffers, run when they are taken
 };
 
 }  // namespace zero

@@ -18,28 +18,20 @@ Placement place(Extent extent, MemorySpace space, DType dtype, size_t elems) {
   return p;
 }
 
-// ZeRO-Offload's host staging. One transfer carries this rank's shard of one reduction: of a bucket at stages 2-3
-// (reduced during backward and copied to the host as it completes), of a unit at stage 1 (reduced in zero_step).
-// Two slots each way, so that one piece crosses the bus while the CPU works on the other: gradient pieces go
-// device to host, and the new 16-bit params of a piece host to device (only those whose params live on the
-// device: offload_param at stage 3 leaves the persistent units there; fp32 params are sent from the master).
+// ZeRO-Offload's host staging. One transfer carries one unit's piece of this rank's shard: its reduced gradients
+// (stages 2-3: the whole shard as its bucket's reduction left it, in the communication dtype, no wider than the
+// accumulation dtype; stage 1: the updated range, reduced in zero_step) device to host, and its new 16-bit params
+// host to device (only those whose params live on the device: offload_param at stage 3 leaves the persistent units
+// there; fp32 params are sent from the master). Two slots each way, so that one piece crosses the bus while the
+// CPU works on the other.
 void plan_offload_staging(const PlanSpec& spec, Plan& plan) {
   size_t grad_piece = 0, param_piece = 0;
-  auto add_piece = [&](const std::vector<int>& units) {
-    size_t grads = 0, params = 0;
-    for (int u : units) {
-      const UnitPlan& up = plan.units[static_cast<size_t>(u)];
-      grads += up.update_elems;
-      // fp32 params go to the device from the updated master itself: no slot.
-      params += up.params.space == MemorySpace::kDevice && spec.compute_dtype != DType::kF32 ? up.update_elems : 0;
-    }
-    grad_piece = std::max(grad_piece, grads);
-    param_piece = std::max(param_piece, params);
-  };
-  if (plan.bucketed()) {
-    for (const BucketLayout& b : plan.buckets) add_piece(b.units);
-  } else {
-    for (size_t u = 0; u < plan.units.size(); ++u) add_piece({static_cast<int>(u)});
+  for (const UnitPlan& up : plan.units) {
+    const size_t reduced = plan.bucketed() && up.grads.extent == Extent::kShard ? up.grads.elems : 0;
+    grad_piece = std::max({grad_piece, up.update_elems, reduced});
+    // fp32 params go to the device from the updated master itself: no slot.
+    if (up.params.space == MemorySpace::kDevice && spec.compute_dtype != DType::kF32)
+      param_piece = std::max(param_piece, up.update_elems);
   }
   // The slots are page-locked whatever pin_memory says: they are small, and a copy from pageable memory would block
   // the CPU instead of running beside it.

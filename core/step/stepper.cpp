@@ -122,56 +122,57 @@ double Stepper::device_sum_squares(ParameterStore& store) {
 }
 
 // ZeRO-Offload: unit u's fp32 master and optimizer state are in host memory, where the CPU's kernels step them, run
-// by run; the gradients come from the device where they are there (stage 1: the reduced full buffer), and the new
-// params go back to the device (fp32: the updated master itself). Every element gets the CPU kernel with the same
-// scalars: the bits of the engine that does not offload.
-namespace {
-
-void* staging(void* slots, size_t slot_bytes, size_t bytes, const char* what) {
-  if (bytes > slot_bytes)
-    fail(ZERO_ERR_INTERNAL, std::string("a run of ") + std::to_string(bytes) + " bytes does not fit ZeRO-Offload's " +
-                                std::to_string(slot_bytes) + "-byte " + what + " staging");
-  return slots;
-}
-
-}  // namespace
-
+// by run, through the pipeline's slots: the gradients come from the device where they are there (stage 1: the
+// reduced full buffer; the unit is stepped once they have arrived, while the next unit's cross the bus), and the
+// new params go back to the device (fp32: the updated master itself) while the CPU steps the next unit. Every
+// element gets the CPU kernel with the same scalars: the bits of the engine that does not offload.
 void Stepper::update_offloaded(ParameterStore& store, int u, const UpdateView& view, bool clear_grads) {
+  if (offload_ == nullptr) fail(ZERO_ERR_INTERNAL, "an offloaded unit without ZeRO-Offload's pipeline");
   const size_t grad_size = dtype_size(config_.grad_accum_dtype), compute_size = dtype_size(config_.compute_dtype);
-  const bool grads_on_host = host_addressable(view.space);
   const MemorySpace params_space = store.unit(u).params.space();
   char* params = static_cast<char*>(store.copy(u));  // the updated range of the unit's params
   const StepKernel kernel = kernels(MemorySpace::kHost, isa_)
                                 .step[static_cast<int>(config_.optimizer.kind)]
                                      [static_cast<int>(config_.grad_accum_dtype)][static_cast<int>(copy_mode())];
-  for (const ShardSegment& s : *view.segments) {
-    const size_t lo = s.shard_offset, n = s.numel;
-    const char* grads = static_cast<const char*>(view.grads) + lo * grad_size;
-    KernelArgs a;
-    a.master = view.master + lo;
-    a.state0 = view.state[0] == nullptr ? nullptr : view.state[0] + lo;
-    a.state1 = view.state[1] == nullptr ? nullptr : view.state[1] + lo;
-    a.grad_elem_size = grad_size;
-    if (grads_on_host) {
-      a.grad = grads;
-      a.clear_grad = clear_grads;
-    } else {
-      a.grad = staging(store.offload_grad_staging(), store.offload_grad_staging_bytes(), n * grad_size, "gradient");
-      copy_bytes(MemorySpace::kHost, const_cast<void*>(a.grad), view.space, grads, n * grad_size);
-    }
-    if (copy_mode() != CopyMode::kNone)
-      a.copy = staging(store.offload_param_staging(), store.offload_param_staging_bytes(), n * compute_size, "param");
-    a.n = n;
-    a.first_index = view.first_index + lo;
-    a.s = step_scalars_[s.group];
-    parallel_step(kernel, a, threads_);
-    if (copy_mode() != CopyMode::kNone) {
-      copy_bytes(params_space, params + lo * compute_size, MemorySpace::kHost, a.copy, n * compute_size);
-    } else {
-      copy_bytes(params_space, params + lo * sizeof(float), MemorySpace::kHost, a.master, n * sizeof(float));
-    }
-    if (!grads_on_host && clear_grads) fill_zero(view.space, const_cast<char*>(grads), n * grad_size);
-  }
+  const bool staged = copy_mode() != CopyMode::kNone;
+  const std::string what = "the new params of unit " + std::to_string(u) + " to the device";
+  // Steps the unit from `grads` (host memory, the updated range's first element); `clear` zeroes them as it reads.
+  auto step_from = [this, view, params, params_space, kernel, staged, grad_size, compute_size, what](const char* grads,
+                                                                                                     bool clear) {
+    offload_->send_params(
+        [&](char* slot, std::vector<OffloadPipeline::ToDevice>& copies) {
+          for (const ShardSegment& s : *view.segments) {
+            const size_t lo = s.shard_offset, n = s.numel;
+            KernelArgs a;
+            a.master = view.master + lo;
+            a.state0 = view.state[0] == nullptr ? nullptr : view.state[0] + lo;
+            a.state1 = view.state[1] == nullptr ? nullptr : view.state[1] + lo;
+            a.grad = grads + lo * grad_size;
+            a.grad_elem_size = grad_size;
+            a.clear_grad = clear;
+            a.copy = staged ? slot + lo * compute_size : nullptr;
+            a.n = n;
+            a.first_index = view.first_index + lo;
+            a.s = step_scalars_[s.group];
+            parallel_step(kernel, a, threads_);
+            void* dst = params + lo * compute_size;
+            const void* src = staged ? a.copy : static_cast<const void*>(a.master);
+            if (host_addressable(params_space)) {
+              copy_bytes(params_space, dst, MemorySpace::kHost, src, n * compute_size);
+            } else {
+              copies.push_back({dst, src, n * compute_size});
+            }
+          }
+        },
+        what);
+  };
+  if (host_addressable(view.space)) return step_from(static_cast<const char*>(view.grads), clear_grads);
+  size_t elems = 0;  // the updated range's runs, from its first element
+  for (const ShardSegment& s : *view.segments) elems = std::max(elems, s.shard_offset + s.numel);
+  offload_->stage_gradients(
+      view.grads, elems * grad_size, [step_from](const char* host) { step_from(host, false); },
+      "the reduced gradients of unit " + std::to_string(u) + " to the host");
+  if (clear_grads) device_grads_to_clear_.push_back({const_cast<void*>(view.grads), elems * grad_size});
 }
 
 // Average and unscale (the sum over ranks and micro-steps divided once by N x G x scale: a correctly rounded
@@ -291,6 +292,7 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
     if (unit >= 0) store.end_copy(unit);
     return;
   }
+  device_grads_to_clear_.clear();
   for (int u = 0; u < store.num_units(); ++u) {
     const UpdateView view = store.update(u);
     if (device_pass_ && host_addressable(view.master_space)) {
@@ -303,6 +305,13 @@ void Stepper::update(ParameterStore& store, const std::vector<GroupSpec>& groups
           view.state[0] == nullptr ? nullptr : view.state[0] + s.shard_offset,
           view.state[1] == nullptr ? nullptr : view.state[1] + s.shard_offset);
     store.end_copy(u);
+  }
+  if (offload_ != nullptr) {
+    // Every unit has arrived and been stepped, and its params are on the device before what follows reads them;
+    // the device's gradients are cleared once their copies have read them.
+    offload_->finish_gradients();
+    offload_->finish_params();
+    for (const auto& [grads, bytes] : device_grads_to_clear_) fill_zero(MemorySpace::kDevice, grads, bytes);
   }
   if (device_pass_) {
     // Params in device memory are their own copy buffers (begin_copy and end_copy move nothing there), so the

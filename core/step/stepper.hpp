@@ -5,9 +5,11 @@
 #pragma once
 
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "config/config.hpp"
+#include "cpu_offload/offload_pipeline.hpp"
 #include "device/device_memory.hpp"
 #include "kernels/kernels.hpp"
 #include "params/param_store.hpp"
@@ -50,6 +52,8 @@ class Stepper {
 
   // A device engine: the norm and the update run on the device through `context` (before allocate).
   void use_device(std::shared_ptr<device::DeviceContext> context) { device_context_ = std::move(context); }
+  // ZeRO-Offload's pipeline, through which offloaded units are stepped (null without).
+  void set_offload(OffloadPipeline* offload) { offload_ = offload; }
   // finalize: the scratch of the norm and the per-group scalars.
   void allocate(const ParameterStore& store, size_t groups);
   // This rank's sum of squares of its shard of the reduced gradients, in fp64 (also the overflow test: an inf or
@@ -94,8 +98,10 @@ class Stepper {
   int threads_ = 1;                        // optimizer threads per rank
   std::vector<StepScalars> step_scalars_;  // per group, reused
   std::vector<double> norm_scratch_;       // block sums of the norm (parallel_sum_squares or the optimizer pass)
-  std::shared_ptr<device::DeviceContext> device_context_;  // a device engine's
-  std::unique_ptr<DevicePass> device_pass_;                // the norm and the update on the device
+  std::shared_ptr<device::DeviceContext> device_context_;        // a device engine's
+  std::unique_ptr<DevicePass> device_pass_;                      // the norm and the update on the device
+  OffloadPipeline* offload_ = nullptr;                           // ZeRO-Offload's
+  std::vector<std::pair<void*, size_t>> device_grads_to_clear_;  // stage 1's, once their copies are done
   LossScaler scaler_;
   int64_t steps_ = 0;          // optimizer steps taken (skipped ones excluded)
   int consecutive_skips_ = 0;  // skipped steps in a row that count toward giving up (account())

@@ -302,9 +302,9 @@ TEST(DeviceEngineFaults, AFailedOrStoppedDeviceIsAnErrorOfTheCall) {
 
 // The framework's own stream (zero_engine_set_stream): its backward adds each micro-step's gradients into the
 // engine's buffers with a kernel on its stream, from device buffers it uploaded from pinned memory — no host wait
-// anywhere — and reads the trained params back on it. The engine orders each call's work after the framework's
-// and the framework's after it with events: the same bits as the CPU engine, and no race. The same program
-// without zero_engine_set_stream is a race the emulator's checker names.
+// anywhere —, its forward reads the params on it, and it reads the trained params back on it. The engine orders each
+// call's work after the framework's and the framework's after it with events: the same bits as the CPU engine, and no
+// race. The same program without zero_engine_set_stream is a race the emulator's checker names.
 struct FrameworkRun {
   std::vector<std::vector<char>> params;
   std::string error;
@@ -329,8 +329,21 @@ FrameworkRun train_on_framework_stream(const std::string& config, device::Runtim
     auto* staging = static_cast<float*>(rt.allocate_pinned(most * 4));
     auto* grads = static_cast<float*>(rt.allocate(most * 4, *framework));
     device_buffers.push_back(grads);
+    auto* activations = static_cast<char*>(rt.allocate(most * 4, *framework));
+    device_buffers.push_back(activations);
     for (int step = 1; step <= 3; ++step) {
       for (int micro = 0; micro < 2; ++micro) {
+        // The forward reads every param on the framework's stream.
+        for (int u = 0; u < e.num_units(); ++u) {
+          e.gather(u);
+          for (size_t p = 0; p < params.size(); ++p) {
+            if (e.param_shape(static_cast<int>(p)).unit != u) continue;
+            const size_t bytes =
+                params[p].init.size() * (params[p].shape.frozen ? 4 : dtype_size(e.config().compute_dtype));
+            rt.copy(activations, e.param_data(static_cast<int>(p)), bytes, *framework);
+          }
+          e.release(u);
+        }
         for (size_t p = 0; p < params.size(); ++p) {
           if (params[p].shape.frozen) continue;
           const int param = static_cast<int>(p);
@@ -376,10 +389,14 @@ TEST_P(DeviceEngine, OrdersItsWorkWithTheFrameworksStream) {
           "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}, "gradient_accumulation_steps": 2,
           "zero_optimization": {"stage": 2, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 5000}})";
   const fs::path root = fs::temp_directory_path() / ("libzero-device-stream-" + std::to_string(::getpid()));
-  for (const char* stage : {"2", "3"}) {
-    SCOPED_TRACE(std::string("stage ") + stage);
+  // And ZeRO-Offload's copies beside the engine's stream: new params must not overwrite what the framework's queued
+  // work still reads, nor a bucket be rewritten before its gradients have left for the host.
+  const std::string offload = R"(, "offload_optimizer": {"device": "cpu"}}})";
+  for (const std::string stage : {"2", "3", "1 offloaded", "2 offloaded", "3 offloaded"}) {
+    SCOPED_TRACE("stage " + stage);
     std::string c = config;
-    c.replace(c.find("\"stage\": 2"), 10, std::string("\"stage\": ") + stage);
+    c.replace(c.find("\"stage\": 2"), 10, "\"stage\": " + stage.substr(0, 1));
+    if (stage.size() > 1) c.replace(c.rfind("}}"), 2, offload);
     const Trained cpu = train(c, nullptr, root);
     const FrameworkRun dev = train_on_framework_stream(c, *rt_, true);
     ASSERT_EQ("", dev.error);

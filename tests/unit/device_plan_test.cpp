@@ -155,16 +155,16 @@ TEST(DevicePlan, OffloadedParamsLeavePersistentUnitsAndTheGatheredUnitOnTheDevic
   EXPECT_EQ(plan.gathered.space, kDev);
   EXPECT_EQ(plan.bucket.space, kDev);
   // New params go back to the device only for the persistent units: the others' shards are updated in place.
-  // A slot holds one bucket's persistent shards.
-  size_t piece = 0;
-  for (const BucketLayout& b : plan.buckets) {
-    size_t n = 0;
-    for (int u : b.units) n += plan.units[u].persistent ? plan.units[u].update_elems : 0;
-    piece = std::max(piece, n);
+  // A param slot holds one persistent unit's shard; a gradient slot one unit's reduced shard.
+  size_t piece = 0, grad_piece = 0;
+  for (const UnitPlan& up : plan.units) {
+    if (up.persistent) piece = std::max(piece, up.update_elems);
+    grad_piece = std::max({grad_piece, up.update_elems, up.grads.elems});
   }
   EXPECT_GT(piece, 0u);
   EXPECT_LE(piece, persistent_piece);
   EXPECT_EQ(plan.cpu_offload_param_slots.elems, 2 * piece);
+  EXPECT_EQ(plan.cpu_offload_grad_slots.elems, 2 * grad_piece);
   EXPECT_NE(plan.describe().find("optimizer state, gradient shards offloaded to pinned host memory"), std::string::npos)
       << plan.describe();
   EXPECT_NE(plan.describe().find("param shards offloaded to host memory"), std::string::npos) << plan.describe();

@@ -1,5 +1,5 @@
 // A model for ZeRO-Offload's pipeline tests (tests/unit/offload_pipeline_test.cpp with host buffers,
-// tests/gpu/offload_test.cpp with device memory): segments of odd sizes in two groups, grouped into pieces, with
+// tests/device/offload_test.cpp with device memory): segments of odd sizes in two groups, grouped into pieces, with
 // each micro-step's gradients as the device would hold them, and the step without offload to compare with.
 #pragma once
 

@@ -2,8 +2,8 @@
 // device memory would be, and HostTransferQueue's thread as the copy engine: the bits equal the step without
 // offload (gradients accumulated and stepped in place), for every order the pieces are made ready and stepped in,
 // over several micro-steps and steps, with copies delayed at random (a slot reused too early would show as wrong
-// bits), and a copy that stalls or fails is an error, never a hang. tests/gpu/offload_test.cpp runs the same
-// pipeline with device memory and CUDA streams.
+// bits), and a copy that stalls or fails is an error, never a hang. tests/device/offload_test.cpp runs the same
+// pipeline with device memory and the device runtime's streams (the emulator's and CUDA's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
