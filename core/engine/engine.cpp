@@ -117,10 +117,6 @@ void Engine::check_device_config() const {
     guard_.fail(ZERO_ERR_CONFIG,
                 "offload_optimizer \"cpu\" needs ZeRO stage 1, 2 or 3 (stage 0 updates every element "
                 "on every rank, on the device)");
-  if (config_.offload.params == OffloadConfig::Device::kCpu)
-    guard_.fail(ZERO_ERR_UNSUPPORTED,
-                on + " keeps the params in device memory so far: offload_param \"cpu\" is not built for it yet "
-                     "(offload_optimizer \"cpu\" is)");
 }
 
 void Engine::set_num_threads(int threads) {

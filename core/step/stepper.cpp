@@ -150,17 +150,20 @@ void Stepper::update_offloaded(ParameterStore& store, int u, const UpdateView& v
             a.grad = grads + lo * grad_size;
             a.grad_elem_size = grad_size;
             a.clear_grad = clear;
-            a.copy = staged ? slot + lo * compute_size : nullptr;
+            // 16-bit params: written by the kernel into the slot, or straight into params in host memory
+            // (offload_param); fp32 params are the updated master, copied from it.
+            char* dst = params + lo * compute_size;
+            const bool on_host = host_addressable(params_space);
+            a.copy = !staged ? nullptr : on_host ? dst : slot + lo * compute_size;
             a.n = n;
             a.first_index = view.first_index + lo;
             a.s = step_scalars_[s.group];
             parallel_step(kernel, a, threads_);
-            void* dst = params + lo * compute_size;
             const void* src = staged ? a.copy : static_cast<const void*>(a.master);
-            if (host_addressable(params_space)) {
-              copy_bytes(params_space, dst, MemorySpace::kHost, src, n * compute_size);
-            } else {
+            if (!on_host) {
               copies.push_back({dst, src, n * compute_size});
+            } else if (!staged) {
+              copy_bytes(params_space, dst, MemorySpace::kHost, src, n * compute_size);
             }
           }
         },

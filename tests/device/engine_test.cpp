@@ -213,6 +213,21 @@ TEST_P(DeviceEngine, OffloadsTheOptimizerToTheCpuAsTheCpuEngine) {
       }
     }
   }
+  // offload_param too (stage 3, 16-bit params): the shards of non-resident units in host memory, updated there by
+  // the CPU's kernel and copied into the device's gathered buffer at each gather; the resident units' new params go
+  // back to the device.
+  for (const char* persistence : {"0", "100"}) {
+    SCOPED_TRACE(std::string("offload_param, persistence threshold ") + persistence);
+    const std::string config =
+        R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}, "gradient_clipping": 0.5,
+            "gradient_accumulation_steps": 2, "bf16": {"enabled": true, "stochastic_rounding": true},
+            "data_types": {"grad_accum_dtype": "fp32"},
+            "zero_optimization": {"stage": 3, "reduce_bucket_size": 5000, "stage3_param_persistence_threshold": )" +
+        std::string(persistence) +
+        R"(, "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                                  "offload_param": {"device": "cpu", "pin_memory": true}}})";
+    expect_same(train(config, nullptr, root / "cpu"), train(config, rt_, root / "device"));
+  }
   fs::remove_all(root);
 }
 
@@ -392,11 +407,14 @@ TEST_P(DeviceEngine, OrdersItsWorkWithTheFrameworksStream) {
   // And ZeRO-Offload's copies beside the engine's stream: new params must not overwrite what the framework's queued
   // work still reads, nor a bucket be rewritten before its gradients have left for the host.
   const std::string offload = R"(, "offload_optimizer": {"device": "cpu"}}})";
-  for (const std::string stage : {"2", "3", "1 offloaded", "2 offloaded", "3 offloaded"}) {
+  const std::string offload_params =
+      R"(, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "pin_memory": true}}})";
+  for (const std::string stage : {"2", "3", "1 offloaded", "2 offloaded", "3 offloaded", "3 params offloaded"}) {
     SCOPED_TRACE("stage " + stage);
     std::string c = config;
     c.replace(c.find("\"stage\": 2"), 10, "\"stage\": " + stage.substr(0, 1));
-    if (stage.size() > 1) c.replace(c.rfind("}}"), 2, offload);
+    if (stage.size() > 1)
+      c.replace(c.rfind("}}"), 2, stage.find("params") != std::string::npos ? offload_params : offload);
     const Trained cpu = train(c, nullptr, root);
     const FrameworkRun dev = train_on_framework_stream(c, *rt_, true);
     ASSERT_EQ("", dev.error);
