@@ -336,4 +336,9 @@ ZERO_API zero_status_t zero_engine_copy(zero_engine_t* engine, void* dst, const 
   });
 }
 
+ZERO_API zero_status_t zero_engine_order_stream(zero_engine_t* engine, void* stream) {
+  const char* call = "zero_engine_order_stream";
+  return guard(call, handle_or_null(engine), [&] { engine_of(engine, call).order_stream(stream); });
+}
+
 }  // extern "C"

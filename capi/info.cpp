@@ -286,4 +286,15 @@ ZERO_API zero_status_t zero_engine_recent_collectives(char** out_json, const zer
   });
 }
 
+ZERO_API zero_status_t zero_engine_device(int32_t* out_device_type, int32_t* out_device_id,
+                                          const zero_engine_t* engine) {
+  const char* call = "zero_engine_device";
+  return guard(call, handle_or_null(engine), [&] {
+    require_arg(out_device_type != nullptr && out_device_id != nullptr, call, "an out-parameter is NULL");
+    const auto [type, id] = engine_of(engine, call).dlpack_device();
+    *out_device_type = type;
+    *out_device_id = id;
+  });
+}
+
 }  // extern "C"

@@ -1,5 +1,6 @@
 #include "cpu_offload/offload_pipeline.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -94,12 +95,12 @@ void OffloadPipeline::finish_gradients() {
 }
 
 void OffloadPipeline::drop_gradients() {
+  TransferQueue::Ticket last = 0;  // the later copy: waiting for it waits for both
   for (GradSlot& s : grad_slots_) {
-    if (!s.taken) continue;
-    const TransferQueue::Ticket last = s.last;
+    if (s.taken) last = std::max(last, s.last);
     s = GradSlot{};
-    to_host_.wait(last);
   }
+  if (last != 0) to_host_.wait(last);
 }
 
 void OffloadPipeline::send_params(const Fill& fill, const std::string& what) {

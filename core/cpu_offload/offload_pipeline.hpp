@@ -72,7 +72,9 @@ class OffloadPipeline {
   // accumulator after the pipeline is gone; errors were the caller's already. Transfers staged and not arrived
   // are dropped.
   ~OffloadPipeline();
-  OffloadPipeline(OffloadPipeline&&) = default;
+  // Transfers in flight hold callbacks into the pipeline: it stays where it was made.
+  OffloadPipeline(const OffloadPipeline&) = delete;
+  OffloadPipeline& operator=(const OffloadPipeline&) = delete;
 
   // ---- What the engine drives.
   // `bytes` from device memory (written by the engine's work queued so far) into the next gradient slot; when both
@@ -103,6 +105,7 @@ class OffloadPipeline {
   void step(size_t p, StepKernel kernel, const std::vector<StepScalars>& per_group, int threads);
 
   size_t pieces() const { return pieces_.size(); }
+  size_t param_slot_bytes() const { return buffers_.param_slot_bytes; }
 
  private:
   struct GradSlot {

@@ -66,6 +66,7 @@ class CudaRuntime final : public device::Runtime {
            std::to_string(device_) + ")";
   }
   bool emulated() const override { return false; }
+  int ordinal() const override { return device_; }
 
   // Streams, events and pinned memory belong to the current device of the calling thread: the runtime's.
   std::unique_ptr<device::Stream> create_stream(const std::string&) override {

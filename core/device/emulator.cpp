@@ -48,6 +48,7 @@ class HostEmulator final : public Emulator {
 
   std::string describe() const override { return "the host emulator (a test tool, not a device)"; }
   bool emulated() const override { return true; }
+  int ordinal() const override { return 0; }
   std::vector<std::string> races() const override { return checker_.races(); }
   size_t live_device_bytes() const override { return memory_.live_bytes(); }
 

@@ -41,7 +41,7 @@ class Event {
 // The CUDA module (libzero-cuda.so.1) is built from the same sources as libzero and hands back a Runtime object: the
 // loader passes this version and the layout of the structs that cross (device/cuda_module.hpp), and the module
 // refuses a mismatch rather than misread them.
-constexpr uint32_t kRuntimeInterfaceVersion = 3;
+constexpr uint32_t kRuntimeInterfaceVersion = 4;
 constexpr uint64_t runtime_interface_layout() {
   return (uint64_t{sizeof(KernelArgs)} << 32) | (uint64_t{sizeof(cuda::StepChunk)} << 16) | sizeof(StepScalars);
 }
@@ -55,6 +55,8 @@ class Runtime {
   // "CUDA 13.0, driver 13.0, NVIDIA H200" or "the host emulator (not a device)".
   virtual std::string describe() const = 0;
   virtual bool emulated() const = 0;
+  // The device's number among the process's (CUDA's device ordinal; 0 on the emulator).
+  virtual int ordinal() const = 0;
 
   // ---- Streams and events. A stream destroyed with work queued finishes that work first (its events stay valid).
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;

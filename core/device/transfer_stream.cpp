@@ -13,7 +13,7 @@ DeviceTransferQueue::DeviceTransferQueue(Runtime& runtime, Stream& engine, const
       timeout_s_(timeout_s) {}
 
 DeviceTransferQueue::~DeviceTransferQueue() {
-  if (copies_.empty()) return;
+  if (copies_.empty() || failed()) return;
   try {
     wait(submitted_);
   } catch (const Error&) {  // a copy that stalled or failed was the caller's error already
@@ -21,9 +21,10 @@ DeviceTransferQueue::~DeviceTransferQueue() {
 }
 
 TransferQueue::Ticket DeviceTransferQueue::copy(void* dst, const void* src, size_t bytes, const std::string& what) {
+  if (failed()) fail(failure_status_, what + " not started: an earlier copy failed: " + failure_);
   forget_done();
+  Copy c{submitted_ + 1, runtime_.create_event(), what};  // before the copy: nothing queued goes untracked
   runtime_.copy(dst, src, bytes, *stream_);
-  Copy c{submitted_ + 1, runtime_.create_event(), what};
   runtime_.record(*c.done, *stream_);
   copies_.push_back(std::move(c));
   return ++submitted_;
@@ -38,8 +39,11 @@ const DeviceTransferQueue::Copy* DeviceTransferQueue::find(Ticket t) const {
   return &copies_[static_cast<size_t>(t - copies_.front().ticket)];
 }
 
+// Only beyond a window of recent copies: asking whether a copy is done tells the host it is (the emulator's checker
+// then counts it as ordered), so the recent ones are left to the waits and events that order them.
 void DeviceTransferQueue::forget_done() {
-  while (!copies_.empty() && runtime_.done(*copies_.front().done)) copies_.pop_front();
+  constexpr size_t kRecent = 64;
+  while (copies_.size() > kRecent && runtime_.done(*copies_.front().done)) copies_.pop_front();
 }
 
 bool DeviceTransferQueue::done(Ticket t) {
@@ -50,8 +54,14 @@ bool DeviceTransferQueue::done(Ticket t) {
 void DeviceTransferQueue::wait(Ticket t) {
   const Copy* c = find(t);
   if (c == nullptr) return;
-  runtime_.synchronize(*c->done, timeout_s_, c->what);
-  forget_done();
+  if (failed()) fail(failure_status_, c->what + " not waited for: an earlier copy failed: " + failure_);
+  try {
+    runtime_.synchronize(*c->done, timeout_s_, c->what);
+  } catch (const Error& e) {
+    failure_ = e.what(), failure_status_ = e.status();
+    throw;
+  }
+  while (!copies_.empty() && copies_.front().ticket <= t) copies_.pop_front();  // the host saw them done
 }
 
 void DeviceTransferQueue::after_engine() {

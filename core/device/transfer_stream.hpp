@@ -14,6 +14,7 @@
 #include "cpu_offload/transfer_queue.hpp"
 #include "device/device_memory.hpp"
 #include "device/runtime.hpp"
+#include "util/error.hpp"
 
 namespace zero {
 namespace device {
@@ -35,6 +36,10 @@ class DeviceTransferQueue final : public TransferQueue {
 
   void after_engine() override;
   void engine_after(Ticket t) override;
+  // A copy timed out or failed: later waits fail at once with that error (one stopped copy engine is not waited
+  // for again and again), and whatever the copies touch must outlive the engine.
+  bool failed() const { return !failure_.empty(); }
+  Stream& stream() { return *stream_; }
 
  private:
   struct Copy {
@@ -52,6 +57,8 @@ class DeviceTransferQueue final : public TransferQueue {
   double timeout_s_;
   std::deque<Copy> copies_;  // in ticket order, the completed ones dropped from the front
   Ticket submitted_ = 0;
+  std::string failure_;  // the first wait's error
+  zero_status_t failure_status_ = ZERO_OK;
 };
 
 // ZeRO-Offload's transfers for a device engine: a queue each way beside the engine's stream, and the pipeline over
@@ -60,6 +67,9 @@ class OffloadTransfers {
  public:
   OffloadTransfers(std::shared_ptr<DeviceContext> context, const OffloadBuffers& buffers);
   OffloadPipeline& pipeline() { return pipeline_; }
+  // A copy stopped or failed (DeviceTransferQueue::failed).
+  bool failed() const { return to_host_.failed() || to_device_.failed(); }
+  Stream& to_host_stream() { return to_host_.stream(); }
 
  private:
   std::shared_ptr<DeviceContext> context_;

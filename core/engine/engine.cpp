@@ -89,6 +89,23 @@ void Engine::set_stream(void* stream) {
   if (!call_end_) call_end_ = device_->runtime().create_event();
 }
 
+std::pair<int32_t, int32_t> Engine::dlpack_device() const {
+  if (!device_) return {1, 0};
+  if (device_->runtime().emulated()) return {12, 0};
+  return {2, device_->runtime().ordinal()};
+}
+
+void Engine::order_stream(void* stream) {
+  CallScope scope(guard_, "zero_engine_order_stream");
+  if (!device_)
+    guard_.fail(ZERO_ERR_INVALID_STATE, "the engine has no device (zero_engine_set_device first): no stream to order");
+  device::Runtime& rt = device_->runtime();
+  const std::unique_ptr<device::Stream> consumer = rt.external_stream(stream);
+  if (!handed_over_) handed_over_ = rt.create_event();
+  rt.record(*handed_over_, device_->stream());
+  rt.wait(*consumer, *handed_over_);
+}
+
 void Engine::copy(void* dst, const void* src, size_t bytes) {
   CallScope scope(guard_, "zero_engine_copy");
   if (ranges_overlap(dst, bytes, src, bytes)) guard_.fail(ZERO_ERR_INVALID_ARGUMENT, "the ranges overlap");
@@ -279,7 +296,7 @@ void Engine::finalize() {
         norm.leave_out_duplicates = model_parallel_ != nullptr;
         norm.on_device = device_ != nullptr;
         store_.allocate(registration_.params(), norm);
-        if (device_ && store_.offload_grad_staging_bytes() > 0) {
+        if (device_ && config_.offload.optimizer == OffloadConfig::Device::kCpu) {
           OffloadBuffers slots;
           slots.grad_slot_bytes = store_.offload_grad_staging_bytes() / 2;
           slots.param_slot_bytes = store_.offload_param_staging_bytes() / 2;
@@ -395,6 +412,16 @@ void* Engine::grad_data(int param) {
 }
 
 Engine::~Engine() {
+  // ZeRO-Offload's copies end before what they touch is freed; one that stopped may still read or write the slots,
+  // the buckets and the device params: they outlive the engine.
+  if (offload_) {
+    try {
+      offload_->pipeline().drop_gradients();
+      offload_->pipeline().finish_params();
+    } catch (...) {  // a destructor: the failure was a call's error already
+    }
+    if (offload_->failed()) store_.leak();
+  }
   if (device_ && framework_stream_) {
     // The framework's work queued so far may still read the params or write the gradients: the frees below are
     // ordered on the engine's stream after it.

@@ -11,8 +11,10 @@
 // ZeRO stage is read in one place, the plan (plan/plan.hpp); the parts read the plan.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "checkpoint/checkpointer.hpp"
 #include "comm/call_guard.hpp"
@@ -47,6 +49,14 @@ class Engine {
   void set_device(std::shared_ptr<device::Runtime> runtime);
   // The device engine's context (its runtime and the stream its work is ordered on); null for the CPU engine.
   const std::shared_ptr<device::DeviceContext>& device() const { return device_; }
+  // ZeRO-Offload's transfers on a device engine (null otherwise): the failure tests stall them.
+  device::OffloadTransfers* offload_transfers() { return offload_.get(); }
+  // Where the engine's memory is, as DLPack numbers devices: kDLCPU (1, 0), kDLCUDA (2, ordinal), or kDLExtDev
+  // (12, 0) for the emulator's memory, which no consumer may read.
+  std::pair<int32_t, int32_t> dlpack_device() const;
+  // Work queued on `stream` (a native stream of the engine's device) from now on runs after the engine's device work
+  // queued so far; the host does not wait.
+  void order_stream(void* stream);
   // zero_engine_set_stream (experimental): the framework's stream (a cudaStream_t, null being CUDA's legacy default
   // stream; on the emulator, a Stream it made). Each call's device work is then ordered after the work the framework
   // queued on it so far, and the framework's later work after the call's: no host waits. Without one, the host waits
@@ -123,7 +133,7 @@ class Engine {
   Config config_;
   std::shared_ptr<device::DeviceContext> device_;     // before the parts that keep device buffers: it outlives them
   std::unique_ptr<device::Stream> framework_stream_;  // zero_engine_set_stream's, or null
-  std::unique_ptr<device::Event> call_begin_, call_end_;
+  std::unique_ptr<device::Event> call_begin_, call_end_, handed_over_;
   EngineComm comm_;
   std::unique_ptr<EngineComm> model_parallel_;  // null without a model-parallel group
   CallGuard guard_;

@@ -26,6 +26,7 @@ TransferQueue::Ticket UnitAccumulator::accumulate(const char* reduced, MemorySpa
   if (host_addressable(reduced_space) != host_addressable(grads_.space)) {
     // ZeRO-Offload: the reduced block crosses to host memory beside the device's work, and is added there once it
     // has arrived (in the order the blocks were staged: the same adds as without offload).
+    if (grads_.elems == 0) return 0;
     if (offload_ == nullptr)
       fail(ZERO_ERR_INTERNAL, "a device's reduced block for host accumulators without ZeRO-Offload");
     return offload_->stage_gradients(

@@ -34,8 +34,8 @@ class BufferPool {
   void* acquire() {
     if (free_.empty()) fail(ZERO_ERR_INTERNAL, "a pooled buffer was taken without being reserved first");
     void* buffer = free_.back();
+    run_fence(buffer);  // may throw: the buffer stays free, its fence kept
     free_.pop_back();
-    run_fence(buffer);
     return buffer;
   }
   // `before_reuse` runs when the buffer is next taken, before its taker's work: a copy still reading it (ZeRO-Offload's
@@ -55,8 +55,8 @@ class BufferPool {
     if (free_.size() != all_.size()) return;
     while (all_.size() > keep) {
       void* buffer = all_.back()->data();
+      run_fence(buffer);  // its release is ordered after the copy too (may throw: nothing changed)
       free_.erase(std::find(free_.begin(), free_.end(), buffer));
-      run_fence(buffer);  // its release is ordered after the copy too
       all_.pop_back();
     }
   }
@@ -80,9 +80,9 @@ class BufferPool {
   void run_fence(void* buffer) {
     for (size_t i = 0; i < fences_.size(); ++i) {
       if (fences_[i].first != buffer) continue;
-      std::function<void()> fence = std::move(fences_[i].second);
+      fences_[i].second();
       fences_.erase(fences_.begin() + static_cast<std::ptrdiff_t>(i));
-      return fence();
+      return;
     }
   }
 

@@ -34,8 +34,11 @@ void plan_offload_staging(const PlanSpec& spec, Plan& plan) {
       param_piece = std::max(param_piece, up.update_elems);
   }
   // The slots are page-locked whatever pin_memory says: they are small, and a copy from pageable memory would block
-  // the CPU instead of running beside it.
-  constexpr size_t kSlots = 2;
+  // the CPU instead of running beside it. Each is a multiple of 256 elements, so the second is as aligned as the
+  // first.
+  constexpr size_t kSlots = 2, kAlign = 256;
+  grad_piece = (grad_piece + kAlign - 1) / kAlign * kAlign;
+  param_piece = (param_piece + kAlign - 1) / kAlign * kAlign;
   plan.cpu_offload_grad_slots =
       place(Extent::kFull, MemorySpace::kPinnedHost, spec.grad_accum_dtype, kSlots * grad_piece);
   plan.cpu_offload_param_slots =

@@ -127,6 +127,9 @@ double Stepper::device_sum_squares(ParameterStore& store) {
 // new params go back to the device (fp32: the updated master itself) while the CPU steps the next unit. Every
 // element gets the CPU kernel with the same scalars: the bits of the engine that does not offload.
 void Stepper::update_offloaded(ParameterStore& store, int u, const UpdateView& view, bool clear_grads) {
+  size_t elems = 0;  // the updated range's runs, from its first element
+  for (const ShardSegment& s : *view.segments) elems = std::max(elems, s.shard_offset + s.numel);
+  if (elems == 0) return;  // frozen params only
   if (offload_ == nullptr) fail(ZERO_ERR_INTERNAL, "an offloaded unit without ZeRO-Offload's pipeline");
   const size_t grad_size = dtype_size(config_.grad_accum_dtype), compute_size = dtype_size(config_.compute_dtype);
   const MemorySpace params_space = store.unit(u).params.space();
@@ -169,9 +172,10 @@ void Stepper::update_offloaded(ParameterStore& store, int u, const UpdateView& v
         },
         what);
   };
+  if (staged && !host_addressable(params_space) && elems * compute_size > offload_->param_slot_bytes())
+    fail(ZERO_ERR_INTERNAL, "unit " + std::to_string(u) + "'s new params (" + std::to_string(elems * compute_size) +
+                                " bytes) do not fit ZeRO-Offload's param slots");
   if (host_addressable(view.space)) return step_from(static_cast<const char*>(view.grads), clear_grads);
-  size_t elems = 0;  // the updated range's runs, from its first element
-  for (const ShardSegment& s : *view.segments) elems = std::max(elems, s.shard_offset + s.numel);
   offload_->stage_gradients(
       view.grads, elems * grad_size, [step_from](const char* host) { step_from(host, false); },
       "the reduced gradients of unit " + std::to_string(u) + " to the host");

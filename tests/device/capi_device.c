@@ -62,6 +62,11 @@ static uint16_t* train(const char* device) {
   }
   assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
   for (int p = 0; p < kParams; ++p) free(inits[p]);
+  /* Where its memory is, as DLPack says it: kDLCPU, or kDLExtDev for the emulator's (no consumer may read it). */
+  int32_t type = -1, ordinal = -1;
+  assert_int_equal(zero_engine_device(&type, &ordinal, engine), ZERO_OK);
+  assert_int_equal(type, device != NULL && strcmp(device, "emulator") == 0 ? 12 : 1);
+  assert_int_equal(ordinal, 0);
   for (int step = 0; step < 3; ++step) {
     for (int32_t unit = 1; unit >= 0; --unit) {
       assert_int_equal(zero_gather(engine, unit), ZERO_OK);
@@ -142,17 +147,23 @@ static void test_clear_errors(void** state) {
   assert_int_equal(zero_engine_copy(engine, b, a, 8), ZERO_OK); /* a CPU engine copies host memory */
   assert_string_equal(b, "abcdefg");
   assert_fails(zero_engine_copy(engine, a + 2, a, 4), ZERO_ERR_INVALID_ARGUMENT, "overlap");
+  /* A CPU engine's memory is kDLCPU's, and there is no device stream to order. */
+  int32_t type = -1, id_of_device = -1;
+  assert_int_equal(zero_engine_device(&type, &id_of_device, engine), ZERO_OK);
+  assert_int_equal(type, 1);
+  assert_int_equal(id_of_device, 0);
+  assert_fails(zero_engine_device(NULL, &id_of_device, engine), ZERO_ERR_INVALID_ARGUMENT, "NULL");
+  assert_fails(zero_engine_order_stream(engine, NULL), ZERO_ERR_INVALID_STATE, "no device");
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 
-  /* What the device engine does not run yet is refused at finalize, naming it. */
+  /* What the device engine does not run yet is refused, naming it: NVMe offload when the device is chosen. */
   engine = new_engine(&comm,
                       "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.01}}, \"zero_optimization\": "
-                      "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}, \"offload_param\": "
-                      "{\"device\": \"cpu\"}}, \"bf16\": {\"enabled\": true}}",
-                      "emulator");
-  assert_int_equal(zero_engine_add_param(&id, engine, &d), ZERO_OK);
-  assert_fails(zero_engine_finalize(engine), ZERO_ERR_UNSUPPORTED, "offload_param");
+                      "{\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/tmp\"}}, "
+                      "\"bf16\": {\"enabled\": true}}",
+                      NULL);
+  assert_fails(zero_engine_set_device(engine, "emulator"), ZERO_ERR_UNSUPPORTED, "NVMe offload");
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
 

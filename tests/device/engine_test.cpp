@@ -83,6 +83,7 @@ struct Schedule {
   const fs::path* load = nullptr;  // a checkpoint (tag "t") loaded after finalize
   int overflow_step = 0;           // this step's first gradient holds an inf: every engine skips the step
   bool modify = false;             // then zero_release_modified of unit 0 with new values of param "a"
+  bool backward_order = false;     // gradients from the last param to the first, as a backward pass gives them
 };
 
 // Trains, reads every param back and saves a checkpoint in `dir` (kept: a later run may load it).
@@ -104,7 +105,8 @@ Trained train(const std::string& config, std::shared_ptr<device::Runtime> runtim
   const size_t compute_size = dtype_size(e.config().compute_dtype);
   for (int step = run.first_step; step <= run.last_step; ++step) {
     for (int micro = 0; micro < 2; ++micro) {
-      for (size_t p = 0; p < params.size(); ++p) {
+      for (size_t k = 0; k < params.size(); ++k) {
+        const size_t p = run.backward_order ? params.size() - 1 - k : k;
         if (params[p].shape.frozen) continue;
         const int param = static_cast<int>(p);
         const size_t n = params[p].init.size();
@@ -210,6 +212,17 @@ TEST_P(DeviceEngine, OffloadsTheOptimizerToTheCpuAsTheCpuEngine) {
                 "offload_optimizer": {"device": "cpu", "pin_memory": )" +
             pin + "}}}";
         expect_same(train(config, nullptr, root / "cpu"), train(config, rt_, root / "device"));
+        if (stage == 1) continue;
+        // In backward order a bucket's buffer is taken again in the same micro-step, while its gradients may still
+        // be on their way to the host; with overlap_comm, reductions complete later, out of order.
+        Schedule backward;
+        backward.backward_order = true;
+        for (const char* overlap : {"false", "true"}) {
+          SCOPED_TRACE(std::string("backward order, overlap_comm ") + overlap);
+          std::string c = config;
+          c.replace(c.find("\"reduce_bucket_size\""), 0, std::string("\"overlap_comm\": ") + overlap + ", ");
+          expect_same(train(c, nullptr, root / "cpu", backward), train(c, rt_, root / "device", backward));
+        }
       }
     }
   }
@@ -315,6 +328,38 @@ TEST(DeviceEngineFaults, AFailedOrStoppedDeviceIsAnErrorOfTheCall) {
   }
 }
 
+// ZeRO-Offload's copies to the host stop in the middle of a backward: the call that waits for one — the host for a
+// slot, or the engine's stream for a bucket taken again — fails with ZERO_ERR_TIMEOUT (never a hang), and the engine
+// is destroyed after the device resumes with no access out of order.
+TEST(DeviceEngineFaults, AStoppedOffloadCopyIsATimeout) {
+  const std::string config = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "gradient_clipping": 1.0,
+      "zero_optimization": {"stage": 2, "reduce_bucket_size": 5000, "offload_optimizer": {"device": "cpu"}},
+      "libzero": {"timeout_s": 1}})";
+  std::shared_ptr<device::Emulator> rt = testing_device::emulator(9);
+  {
+    Engine e(parse_config(config, 1), make_single_communicator());
+    e.set_device(rt);
+    e.add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
+    const std::vector<Param> params = model();
+    for (const Param& p : params) e.add_param(p.shape, ParamInit{p.init.data(), DType::kF32});
+    e.finalize();
+    ASSERT_NE(nullptr, e.offload_transfers());
+    rt->stall_here(e.offload_transfers()->to_host_stream());
+    std::string what;
+    try {
+      for (size_t k = params.size(); k-- > 0;)
+        if (!params[k].shape.frozen) e.grad_ready(static_cast<int>(k));
+      e.backward_end();
+    } catch (const Error& error) {
+      what = error.what();
+      EXPECT_EQ(ZERO_ERR_TIMEOUT, error.status()) << what;
+    }
+    EXPECT_NE(std::string::npos, what.find("did not complete within 1 s")) << what;
+    rt->resume();
+  }
+  EXPECT_TRUE(rt->races().empty()) << rt->races().front();
+}
+
 // The framework's own stream (zero_engine_set_stream): its backward adds each micro-step's gradients into the
 // engine's buffers with a kernel on its stream, from device buffers it uploaded from pinned memory — no host wait
 // anywhere —, its forward reads the params on it, and it reads the trained params back on it. The engine orders each
@@ -325,9 +370,15 @@ struct FrameworkRun {
   std::string error;
 };
 
-FrameworkRun train_on_framework_stream(const std::string& config, device::Runtime& rt, bool set_stream) {
+// Where the trained params are read: on the framework's stream, or on another one (a DLPack consumer's) after
+// Engine::order_stream, or on another one without it.
+enum class ReadOn { kFramework, kConsumerOrdered, kConsumerUnordered };
+
+FrameworkRun train_on_framework_stream(const std::string& config, device::Runtime& rt, bool set_stream,
+                                       ReadOn read_on = ReadOn::kFramework) {
   FrameworkRun out;
   std::unique_ptr<device::Stream> framework = rt.create_stream("framework");
+  std::unique_ptr<device::Stream> consumer = rt.create_stream("consumer");
   std::unique_ptr<device::Event> done = rt.create_event();
   std::vector<void*> device_buffers;
   try {
@@ -376,14 +427,21 @@ FrameworkRun train_on_framework_stream(const std::string& config, device::Runtim
       e.step();
     }
     for (int u = 0; u < e.num_units(); ++u) e.gather(u);
+    device::Stream& reader = read_on == ReadOn::kFramework ? *framework : *consumer;
+    if (read_on == ReadOn::kConsumerOrdered) e.order_stream(rt.native(*consumer));
     for (size_t p = 0; p < params.size(); ++p) {
       const size_t bytes = params[p].init.size() * (params[p].shape.frozen ? 4 : dtype_size(e.config().compute_dtype));
       rt.synchronize(*done, 60.0, "the previous read");
-      rt.copy(staging, e.param_data(static_cast<int>(p)), bytes, *framework);
-      rt.record(*done, *framework);
+      rt.copy(staging, e.param_data(static_cast<int>(p)), bytes, reader);
+      rt.record(*done, reader);
       rt.synchronize(*done, 60.0, "the read");
       rt.host_access(staging, bytes, false);
       out.params.emplace_back(reinterpret_cast<char*>(staging), reinterpret_cast<char*>(staging) + bytes);
+    }
+    // The consumer's reads come before the units go back to the pool.
+    if (read_on != ReadOn::kFramework) {
+      rt.record(*done, *consumer);
+      rt.wait(*framework, *done);
     }
     for (int u = 0; u < e.num_units(); ++u) e.release(u);
     rt.record(*done, *framework);
@@ -420,6 +478,21 @@ TEST_P(DeviceEngine, OrdersItsWorkWithTheFrameworksStream) {
     ASSERT_EQ("", dev.error);
     ASSERT_EQ(cpu.params.size(), dev.params.size());
     for (size_t p = 0; p < cpu.params.size(); ++p) EXPECT_TRUE(cpu.params[p] == dev.params[p]) << "param " << p;
+  }
+  // A DLPack consumer on a stream of its own reads the params after Engine::order_stream: the same bits, no race.
+  for (const char* stage : {"2", "3"}) {
+    std::string c = config;
+    c.replace(c.find("\"stage\": 2"), 10, std::string("\"stage\": ") + stage);
+    const FrameworkRun ordered = train_on_framework_stream(c, *rt_, true, ReadOn::kConsumerOrdered);
+    ASSERT_EQ("", ordered.error);
+    const Trained cpu = train(c, nullptr, root);
+    for (size_t p = 0; p < cpu.params.size(); ++p) EXPECT_TRUE(cpu.params[p] == ordered.params[p]) << "param " << p;
+  }
+  if (rt_->emulated()) {  // without order_stream, the consumer's reads race with the step's writes
+    std::unique_ptr<device::Emulator> unchecked = testing_device::emulator(3);
+    const FrameworkRun racy = train_on_framework_stream(config, *unchecked, true, ReadOn::kConsumerUnordered);
+    EXPECT_NE(std::string::npos, racy.error.find("a race")) << racy.error;
+    EXPECT_NE(std::string::npos, racy.error.find("stream 'consumer'")) << racy.error;
   }
   if (rt_->emulated()) {  // the negative: the same without the stream handed to the engine
     std::unique_ptr<device::Emulator> unchecked = testing_device::emulator(3);

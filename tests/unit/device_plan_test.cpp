@@ -88,22 +88,13 @@ TEST(DevicePlan, OffloadedOptimizerKeepsMasterStateAndGradShardsOnTheHost) {
         EXPECT_EQ(up.master.elems, layout.units[u].shard_elems);
         host += up.master.bytes() + up.state[0].bytes() + up.state[1].bytes() + (stage >= 2 ? up.grads.bytes() : 0);
       }
-      // One transfer carries one reduction's shard: a unit's at stage 1, a bucket's at stages 2-3; two slots.
+      // One transfer carries one unit's shard; two slots, each a multiple of 256 elements.
       size_t piece = 0, param_piece = 0;
-      if (plan.bucketed()) {
-        ASSERT_GE(plan.buckets.size(), 2u);  // the test means something only with several buckets
-        for (const BucketLayout& b : plan.buckets) {
-          size_t n = 0, p = 0;
-          for (int u : b.units) {
-            n += layout.units[u].shard_elems;
-            p += plan.units[u].params.space == kDev ? layout.units[u].shard_elems : 0;
-          }
-          piece = std::max(piece, n), param_piece = std::max(param_piece, p);
-        }
-      } else {
-        for (const UnitLayout& ul : layout.units) piece = std::max(piece, ul.shard_elems);
-        param_piece = piece;
+      for (size_t u = 0; u < layout.units.size(); ++u) {
+        piece = std::max(piece, layout.units[u].shard_elems);
+        if (plan.units[u].params.space == kDev) param_piece = std::max(param_piece, layout.units[u].shard_elems);
       }
+      piece = (piece + 255) / 256 * 256, param_piece = (param_piece + 255) / 256 * 256;
       EXPECT_EQ(plan.cpu_offload_grad_slots.elems, 2 * piece);
       EXPECT_EQ(plan.cpu_offload_grad_slots.dtype, DType::kF32);
       EXPECT_EQ(plan.cpu_offload_param_slots.elems, 2 * param_piece);
@@ -163,8 +154,17 @@ TEST(DevicePlan, OffloadedParamsLeavePersistentUnitsAndTheGatheredUnitOnTheDevic
   }
   EXPECT_GT(piece, 0u);
   EXPECT_LE(piece, persistent_piece);
-  EXPECT_EQ(plan.cpu_offload_param_slots.elems, 2 * piece);
-  EXPECT_EQ(plan.cpu_offload_grad_slots.elems, 2 * grad_piece);
+  auto slot = [](size_t elems) { return (elems + 255) / 256 * 256; };  // each slot a multiple of 256 elements
+  EXPECT_EQ(plan.cpu_offload_param_slots.elems, 2 * slot(piece));
+  EXPECT_EQ(plan.cpu_offload_grad_slots.elems, 2 * slot(grad_piece));
+  // What the engine stages fits one slot: a unit's reduced shard (in the communication dtype, at most the
+  // accumulation dtype's size) or updated range, and a persistent unit's new params.
+  for (const UnitPlan& up : plan.units) {
+    EXPECT_LE(std::max(up.grads.elems, up.update_elems) * 4, plan.cpu_offload_grad_slots.bytes() / 2);
+    if (up.persistent) {
+      EXPECT_LE(up.update_elems * 2, plan.cpu_offload_param_slots.bytes() / 2);
+    }
+  }
   EXPECT_NE(plan.describe().find("optimizer state, gradient shards offloaded to pinned host memory"), std::string::npos)
       << plan.describe();
   EXPECT_NE(plan.describe().find("param shards offloaded to host memory"), std::string::npos) << plan.describe();

@@ -787,8 +787,9 @@ ZERO_API zero_status_t zero_engine_window(zero_window_info_t* out_info, const ze
  * "emulator" (libzero's host emulator of a device: a test tool, not a device, that runs the device engine on the
  * CPU, faults when the host touches device memory and fails on an access no stream order or event orders). Before
  * zero_engine_finalize; finalize refuses, on the rank that has it, what the device engine does not run yet (more
- * than one rank, a model-parallel group, offload). zero_param_data and zero_grad_data then return device memory:
- * read and write it with zero_engine_copy, or on the framework's stream given with zero_engine_set_stream. Local. */
+ * than one rank, a model-parallel group, offload to NVMe). zero_param_data and zero_grad_data then return device
+ * memory: read and write it with zero_engine_copy, or on the framework's stream given with zero_engine_set_stream.
+ * Local. */
 ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char* device);
 
 /* The framework's stream for a device engine: a cudaStream_t of the engine's device (NULL is CUDA's legacy default
@@ -803,6 +804,19 @@ ZERO_API zero_status_t zero_engine_set_stream(zero_engine_t* engine, void* strea
 /* Copies `n_bytes` from `src` to `dst`, each in host memory or in the engine's memory (device memory of a device
  * engine), ordered after the engine's work and complete on return; the ranges must not overlap. Local. */
 ZERO_API zero_status_t zero_engine_copy(zero_engine_t* engine, void* dst, const void* src, size_t n_bytes);
+
+/* Where the engine's memory is, as DLPack numbers devices (DLDeviceType, device id): (1, 0) kDLCPU for the CPU
+ * engine, (2, ordinal) kDLCUDA for "cuda", (12, 0) kDLExtDev for "emulator" (memory no consumer may read: the host
+ * must not touch it). What a binding exporting zero_param_data's memory through DLPack says. Local. */
+ZERO_API zero_status_t zero_engine_device(int32_t* out_device_type, int32_t* out_device_id,
+                                          const zero_engine_t* engine);
+
+/* Work queued on `stream` from now on runs after the engine's device work queued so far, with no host wait: what a
+ * consumer of the engine's memory on a stream other than zero_engine_set_stream's calls before using it (DLPack's
+ * __dlpack__(stream=) handshake). `stream` is a cudaStream_t of the engine's device, including CUDA's special
+ * handles as DLPack consumers pass them (1: the legacy default stream, 2: the per-thread one). A device engine
+ * only. Local. */
+ZERO_API zero_status_t zero_engine_order_stream(zero_engine_t* engine, void* stream);
 
 #endif /* ZERO_EXPERIMENTAL_API */
 
