@@ -16,7 +16,7 @@ from . import _native
 from ._dtypes import CODES, NUMPY, code_of_array, frozen_code_of_array
 from .comm import Comm
 from .errors import InvalidArgumentError, InvalidStateError
-from .views import View, make_view
+from .views import DeviceView, View, make_view
 
 ConfigLike = Union[Mapping[str, Any], str, "os.PathLike[str]"]
 
@@ -72,11 +72,23 @@ class Engine:
     units around their use, add gradients into ``grad(i)`` and declare them with ``grad_ready(i)``, then
     ``backward_end()``; after ``gradient_accumulation_steps`` micro-steps ``step()``. Use it as a context
     manager, or call ``close()``.
+
+    ``device`` (experimental): ``"cuda"`` puts the model states in the current CUDA device's memory and runs the norm
+    and the step there (one rank so far); ``"emulator"`` runs the same on libzero's host emulator of a device, a test
+    tool, not a device. ``param()`` and ``grad()`` are then :class:`~libzero.views.DeviceView` objects: DLPack
+    exports (``torch.from_dlpack`` on CUDA) and explicit copies, never numpy arrays over device memory.
     """
 
-    def __init__(self, config: ConfigLike, comm: Comm | None = None) -> None:
+    def __init__(self, config: ConfigLike, comm: Comm | None = None, device: str | None = None) -> None:
         self._comm = comm if comm is not None else Comm.world()
         self._native: Any = _native.Engine(config_text(config), self._comm._native)
+        self._device: str | None = None
+        if device is not None:
+            try:
+                self.set_device(device)
+            except BaseException:
+                self._native.close()
+                raise
         self._names: list[str] = []
         self._ids: dict[str, int] = {}
         self._inits: list[Any] = []  # initial values, read by finalize on rank 0
@@ -275,13 +287,30 @@ class Engine:
         """Stage 3: starts the all-gather of ``unit`` now, so that it moves while you compute. Collective."""
         self._n.prefetch(int(unit))
 
-    def param(self, param: int | str) -> View:
+    @property
+    def device(self) -> str | None:
+        """The device the engine runs on (``"cuda"``, ``"emulator"``), or None for the CPU engine."""
+        return self._device
+
+    def set_device(self, device: str) -> None:
+        """Runs the engine on ``device`` (see the class's documentation); before ``finalize()``."""
+        self._n.set_device(device)
+        self._device = device
+
+    def set_stream(self, stream: Any) -> None:
+        """A device engine's work is ordered on the framework's ``stream`` from now on (a ``torch.cuda.Stream``, or
+        a ``cudaStream_t`` as an integer; 0 is CUDA's legacy default stream), through events: no call waits for the
+        device except the step's norm. Without it every call's device work is complete when it returns."""
+        handle = getattr(stream, "cuda_stream", stream)
+        self._n.set_stream(int(handle))
+
+    def param(self, param: int | str) -> View | DeviceView:
         """The param's values (a numpy view of engine memory, in the compute dtype; a frozen param's in its own)
         while its unit is gathered. Writes are not preserved (values change only in step()), except on the modifier
         rank of ``gathered(..., modifier_rank=r)`` / ``release_modified``."""
         return make_view(self, self._id(param), "param")
 
-    def grad(self, param: int | str) -> View:
+    def grad(self, param: int | str) -> View | DeviceView:
         """The buffer this rank ADDS the param's gradient into for this micro-step (fp32 by default), valid until
         grad_ready(param). With fp16, the gradient of the loss multiplied by loss_scale."""
         return make_view(self, self._id(param), "grad")

@@ -247,8 +247,95 @@ for _name in _DATA_METHODS:
         setattr(View, _name, _checked(_name))
 
 
-def make_view(engine: Any, param: int, what: str) -> View:
-    """A checked view of `param`'s values (`what` = "param") or gradient buffer ("grad")."""
+# DLPack's device types (DLDeviceType) a device engine's memory is exported as.
+KDLCPU, KDLCUDA, KDLEXTDEV = 1, 2, 12
+
+
+class DeviceView:
+    """A param's values or gradient buffer in a device engine's memory, with the same lease as :class:`View` (it
+    refuses to be used once the memory is no longer its own). The host must not touch device memory, so this is no
+    numpy array: consumers take it through DLPack (``torch.from_dlpack(view)`` on CUDA: a tensor over the engine's
+    memory, ordered after the engine's work on the consumer's stream), and the host reads and writes it with explicit
+    copies (``numpy()``, ``copy_from()``). The emulator's memory is exported as ``kDLExtDev``, which no consumer
+    reads."""
+
+    __slots__ = ("_lease", "shape", "dtype", "__weakref__")
+
+    def __init__(self, lease: _Lease, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self._lease = lease
+        self.shape = shape
+        self.dtype = dtype
+
+    def _check(self) -> None:
+        self._lease.check()
+
+    @property
+    def valid(self) -> bool:
+        """Whether the view may still be used."""
+        try:
+            self._check()
+            return True
+        except StaleViewError:
+            return False
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def _address(self) -> int:
+        return int(self._lease.native.address(self._lease.param, self._lease.grad_epoch is not None))
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the values, complete on return (ordered after the engine's work)."""
+        self._check()
+        out = np.empty(self.shape, dtype=self.dtype)
+        self._lease.native.copy(out.ctypes.data, self._address(), self.nbytes)
+        return out
+
+    def copy_from(self, values: Any) -> None:
+        """Writes ``values`` (the view's shape, converted to its dtype) into the device memory, complete on return
+        (ordered after the engine's work)."""
+        self._check()
+        src = np.ascontiguousarray(np.asarray(values, dtype=self.dtype))
+        if src.shape != self.shape:
+            raise InvalidArgumentError(f"copy_from: values of shape {src.shape} into a view of shape {self.shape}")
+        self._lease.native.copy(self._address(), src.ctypes.data, self.nbytes)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        device = self._lease.native.device()
+        return (int(device[0]), int(device[1]))
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: Any = None) -> Any:
+        self._check()
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"libzero's memory is on DLPack device {device}; dl_device {tuple(dl_device)} asked for")
+        if copy:
+            raise BufferError("libzero exports its device memory as it is (copy=True asked for)")
+        if device[0] == KDLCUDA:
+            # DLPack's handshake: the consumer's stream (None: the legacy default one, 1) waits for the engine's
+            # work; -1: the consumer orders it itself.
+            if stream is None:
+                stream = 1
+            if stream != -1:
+                self._lease.native.order_stream(int(stream))
+        elif stream is not None and stream != -1:
+            raise BufferError(f"the memory of libzero's {self._lease.engine.device!r} device takes no stream")
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        return self._lease.native.device_dlpack(self._lease.param, self._lease.grad_epoch is not None, versioned,
+                                                self._lease)
+
+    def __repr__(self) -> str:
+        return f"DeviceView(shape={self.shape}, dtype={self.dtype}, device={self._lease.engine.device!r})"
+
+
+def make_view(engine: Any, param: int, what: str) -> Any:
+    """A checked view of `param`'s values (`what` = "param") or gradient buffer ("grad"): a :class:`View` of host
+    memory, or a :class:`DeviceView` on a device engine."""
     if not engine._infos:
         raise InvalidStateError("views of params and gradients exist after finalize(): call engine.finalize() first")
     lease = _Lease(engine, param, what)
@@ -261,6 +348,14 @@ def make_view(engine: Any, param: int, what: str) -> View:
     else:
         lease.grad_epoch = engine._grad_epoch(param)
         lease.zero_dtype = CODES[info["grad_dtype"]]
+    if engine.device is not None:
+        dtype = NUMPY[info["grad_dtype"] if what == "grad" else info["param_dtype"]]
+        lease.native.address(param, what == "grad")  # fails as zero_param_data does (a unit not gathered)
+        if what == "param":
+            lease.generation = lease.native.unit_state(lease.unit)[1]
+        device_view = DeviceView(lease, tuple(int(d) for d in info["shape"]), dtype)
+        engine._leases.add(lease)
+        return device_view
     array = lease.native.array(param, what == "grad", BF16, lease)
     if what == "param":
         # The generation after the array was made: zero_param_data succeeded, so the unit is gathered now.

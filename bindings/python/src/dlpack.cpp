@@ -70,29 +70,12 @@ DLDataType dl_type(int32_t zero_dtype) {
   }
 }
 
-}  // namespace
-
-py::capsule to_dlpack(const py::array& array, int32_t zero_dtype, bool versioned) {
-  const DLDataType type = dl_type(zero_dtype);
-  // The item size as numpy reports it (pybind11 before 2.12 reads it from numpy 1's struct layout).
-  const auto itemsize = array.attr("itemsize").cast<py::ssize_t>();
-  if (static_cast<py::ssize_t>(type.bits / 8) != itemsize)
-    throw std::invalid_argument("to_dlpack: the array's items are not the size of the zero dtype");
-  auto* ex = new Export();
-  ex->shape.assign(array.shape(), array.shape() + array.ndim());
-  for (py::ssize_t d = 0; d < array.ndim(); ++d) {
-    if (array.strides(d) % itemsize != 0) {
-      delete ex;
-      throw std::invalid_argument("to_dlpack: a stride is not a whole number of elements");
-    }
-    ex->strides.push_back(array.strides(d) / itemsize);
-  }
-  ex->array = array.ptr();
-  Py_INCREF(ex->array);
+// `ex` carries the shape and strides; the capsule takes it over.
+py::capsule export_tensor(Export* ex, void* data, DLDevice device, DLDataType type, bool versioned) {
   DLTensor& t = versioned ? ex->versioned.dl_tensor : ex->managed.dl_tensor;
-  t.data = const_cast<void*>(array.data());
-  t.device = {1, 0};
-  t.ndim = static_cast<int32_t>(array.ndim());
+  t.data = data;
+  t.device = device;
+  t.ndim = static_cast<int32_t>(ex->shape.size());
   t.dtype = type;
   t.shape = ex->shape.data();
   t.strides = ex->strides.data();
@@ -115,6 +98,40 @@ py::capsule to_dlpack(const py::array& array, int32_t zero_dtype, bool versioned
     throw py::error_already_set();
   }
   return py::reinterpret_steal<py::capsule>(capsule);
+}
+
+}  // namespace
+
+py::capsule to_dlpack(const py::array& array, int32_t zero_dtype, bool versioned) {
+  const DLDataType type = dl_type(zero_dtype);
+  // The item size as numpy reports it (pybind11 before 2.12 reads it from numpy 1's struct layout).
+  const auto itemsize = array.attr("itemsize").cast<py::ssize_t>();
+  if (static_cast<py::ssize_t>(type.bits / 8) != itemsize)
+    throw std::invalid_argument("to_dlpack: the array's items are not the size of the zero dtype");
+  auto* ex = new Export();
+  ex->shape.assign(array.shape(), array.shape() + array.ndim());
+  for (py::ssize_t d = 0; d < array.ndim(); ++d) {
+    if (array.strides(d) % itemsize != 0) {
+      delete ex;
+      throw std::invalid_argument("to_dlpack: a stride is not a whole number of elements");
+    }
+    ex->strides.push_back(array.strides(d) / itemsize);
+  }
+  ex->array = array.ptr();
+  Py_INCREF(ex->array);
+  return export_tensor(ex, const_cast<void*>(array.data()), {1, 0}, type, versioned);
+}
+
+py::capsule to_dlpack_device(void* data, const std::vector<int64_t>& shape, int32_t zero_dtype, DLDevice device,
+                             const py::object& owner, bool versioned) {
+  const DLDataType type = dl_type(zero_dtype);
+  auto* ex = new Export();
+  ex->shape = shape;
+  ex->strides.assign(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) ex->strides[d - 1] = ex->strides[d] * shape[d];
+  ex->array = owner.ptr();
+  Py_INCREF(ex->array);
+  return export_tensor(ex, data, device, type, versioned);
 }
 
 }  // namespace zero_py

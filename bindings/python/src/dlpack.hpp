@@ -1,8 +1,8 @@
-// DLPack export of host arrays: the versioned capsule ("dltensor_versioned", DLPack 1.0) for consumers that ask
-// for it (max_version >= 1: numpy 2, recent torch), the unversioned one ("dltensor") every older consumer accepts
-// (numpy treats unversioned tensors as read-only). Written here because numpy refuses to export dtypes it does not own,
-// and libzero's bf16 buffers are shown as ml_dtypes.bfloat16 or uint16: the capsule carries the engine's own element
-// type.
+// DLPack export of host arrays (and of a device engine's memory, to_dlpack_device): the versioned capsule
+// ("dltensor_versioned", DLPack 1.0) for consumers that ask for it (max_version >= 1: numpy 2, recent torch), the
+// unversioned one ("dltensor") every older consumer accepts (numpy treats unversioned tensors as read-only). Written
+// here because numpy refuses to export dtypes it does not own, and libzero's bf16 buffers are shown as
+// ml_dtypes.bfloat16 or uint16: the capsule carries the engine's own element type.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -15,7 +15,7 @@ namespace zero_py {
 
 // The DLPack ABI (dlpack.h, version 0.8: the layout of DLManagedTensor, unchanged since 0.2).
 struct DLDevice {
-  int32_t device_type;  // 1: kDLCPU
+  int32_t device_type;  // 1: kDLCPU, 2: kDLCUDA, 12: kDLExtDev
   int32_t device_id;
 };
 struct DLDataType {
@@ -51,5 +51,8 @@ struct DLManagedTensorVersioned {
 };
 
 pybind11::capsule to_dlpack(const pybind11::array& array, int32_t zero_dtype, bool versioned);
+// A compact row-major tensor at `data` on `device` (a device engine's memory), kept alive by `owner`.
+pybind11::capsule to_dlpack_device(void* data, const std::vector<int64_t>& shape, int32_t zero_dtype, DLDevice device,
+                                   const pybind11::object& owner, bool versioned);
 
 }  // namespace zero_py

@@ -359,6 +359,40 @@ class Engine {
   }
   void abort() { zero_engine_abort(engine_ != nullptr ? engine_ : closing_); }
   void set_num_threads(int32_t threads) { check(zero_engine_set_num_threads(get(), threads), engine_); }
+
+  // ---- A device engine (zero.h's experimental section). Streams and addresses cross as integers.
+  void set_device(const std::string& device) { check(zero_engine_set_device(get(), device.c_str()), engine_); }
+  void set_stream(uintptr_t stream) { check(zero_engine_set_stream(get(), reinterpret_cast<void*>(stream)), engine_); }
+  void order_stream(uintptr_t stream) {
+    check(zero_engine_order_stream(get(), reinterpret_cast<void*>(stream)), engine_);
+  }
+  py::tuple device() const {
+    int32_t type = 0, id = 0;
+    check(zero_engine_device(&type, &id, get()), engine_);
+    return py::make_tuple(type, id);
+  }
+  void copy(uintptr_t dst, uintptr_t src, size_t bytes) {
+    call([=](zero_engine_t* e) {
+      return zero_engine_copy(e, reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+    });
+  }
+  uintptr_t address(int32_t param, bool grad) const {
+    void* data = nullptr;
+    check(grad ? zero_grad_data(&data, get(), param) : zero_param_data(&data, get(), param), engine_);
+    return reinterpret_cast<uintptr_t>(data);
+  }
+  // A DLPack capsule over the param's values (`grad`: its gradient buffer) in the engine's device memory, owned by
+  // `owner` (which keeps this engine alive).
+  py::capsule device_dlpack(int32_t param, bool grad, bool versioned, const py::object& owner) const {
+    zero_param_info_t info;
+    check(zero_param_info_init(&info, sizeof info));
+    check(zero_param_info(&info, get(), param), engine_);
+    int32_t type = 0, id = 0;
+    check(zero_engine_device(&type, &id, get()), engine_);
+    return zero_py::to_dlpack_device(
+        reinterpret_cast<void*>(address(param, grad)), std::vector<int64_t>(info.shape, info.shape + info.ndim),
+        grad ? info.grad_dtype : info.param_dtype, zero_py::DLDevice{type, id}, owner, versioned);
+  }
   // zero_engine_set_model_parallel; None: no model-parallel group.
   void set_model_parallel(const Comm* group) {
     check(zero_engine_set_model_parallel(get(), group != nullptr ? group->get() : nullptr), engine_);
@@ -723,6 +757,13 @@ PYBIND11_MODULE(_native, m) {
       .def("close", &Engine::close)
       .def("abort", &Engine::abort)
       .def("set_num_threads", &Engine::set_num_threads)
+      .def("set_device", &Engine::set_device)
+      .def("set_stream", &Engine::set_stream)
+      .def("order_stream", &Engine::order_stream)
+      .def("device", &Engine::device)
+      .def("copy", &Engine::copy)
+      .def("address", &Engine::address)
+      .def("device_dlpack", &Engine::device_dlpack)
       .def("set_model_parallel", &Engine::set_model_parallel, py::arg("group").none(true))
       .def("add_param_group", &Engine::add_param_group)
       .def("add_param", &Engine::add_param)

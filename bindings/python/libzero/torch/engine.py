@@ -35,6 +35,20 @@ _UNFINISHED = (
 _ENGINES: "weakref.WeakSet[TorchEngine]" = weakref.WeakSet()
 
 
+def _cuda_device(named: list[tuple[str, torch.nn.Parameter]]) -> torch.device | None:
+    """The GPU the model's params are on (None for a CPU or meta model); params on two devices are refused."""
+    devices = {p.device for _, p in named if p.device.type != "meta"}
+    if len(devices) > 1:
+        raise ValueError(f"the model's params are on {len(devices)} devices ({sorted(map(str, devices))}): libzero "
+                         "trains a model on one device per process; move it with model.to(device) first")
+    device = next(iter(devices), None)
+    if device is None or device.type == "cpu":
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"the model's params are on {device}: libzero runs on the CPU or on CUDA GPUs")
+    return device
+
+
 class TorchEngine(LearningRates, torch.nn.Module):
     """A torch model trained by a libzero engine (see libzero.torch's documentation). ``engine.module`` is the model,
     ``engine.engine`` the underlying :class:`libzero.Engine`. This class runs stages 0-2; ``initialize`` picks
@@ -121,6 +135,10 @@ class TorchEngine(LearningRates, torch.nn.Module):
         # quantized storage) are kept as they are. Both are sharded at stage 3 with their unit.
         unit_of = units if units is not None else default_units(model)
         named = [(n, p) for n, p in model.named_parameters() if p.numel() > 0]
+        cuda = _cuda_device(named)
+        if cuda is not None:  # a device engine on the model's GPU (one process so far)
+            with torch.cuda.device(cuda):
+                self.engine.set_device("cuda")
         raw_units = number_units(named, unit_of)
         group_of: dict[int, int] = {}
         for gi, g in enumerate(groups[1:], start=1):
@@ -153,6 +171,9 @@ class TorchEngine(LearningRates, torch.nn.Module):
             self._tensor_dtype.append(dtype)
             self._shape.append(p.shape)
         self.engine.finalize()
+        if cuda is not None:
+            # The engine's work is ordered on torch's stream by events, as the model's own kernels are.
+            self.engine.set_stream(torch.cuda.current_stream(cuda))
         # A param built on the meta device cannot take a real tensor as its data: a real (empty) one replaces it in
         # every module that holds it (tied weights included); the engine's memory backs it from here on.
         meta = {id(p): i for i, p in enumerate(self._params) if p.device.type == "meta"}
