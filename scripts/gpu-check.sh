@@ -141,7 +141,10 @@ run() {
     echo "== benchmarks"
     check bench.kernels pass "$bin/bench_gpu_kernels" --sizes 16,64,256 --segments 1,64 --reps "$reps"
     check bench.offload pass "$bin/bench_offload_pipeline" --queue cuda --params 256 --piece 16 --reps 5
-    cat "$logs/bench.kernels.log" "$logs/bench.offload.log"
+    # The device engine's whole zero_step against torch's fused AdamW on the same GPU (the machine's torch).
+    check bench.step-vs-torch pass python3 "$root/bench/step_vs_torch.py" --lib "$bundle/lib/libzero.so.1" \
+      --device cuda --sizes 16,64,256 --reps 5
+    cat "$logs/bench.kernels.log" "$logs/bench.offload.log" "$logs/bench.step-vs-torch.log"
   fi
   echo "== gpu-check: $( ((emulator)) && echo "the bundle on the emulator (no GPU)" || echo "on the GPU")"
   printf "%s\n" "${rows[@]}"
