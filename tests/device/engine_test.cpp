@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -289,6 +290,17 @@ TEST_P(DeviceEngine, SkipsAnOverflowAndTakesModifiedParamsAsTheCpuEngine) {
   fs::remove_all(root);
 }
 
+// An engine of `config` on `rt` with the test model's params, finalized.
+std::unique_ptr<Engine> finalized_on(const std::string& config, std::shared_ptr<device::Runtime> rt,
+                                     const std::vector<Param>& params) {
+  auto e = std::make_unique<Engine>(parse_config(config, 1), make_single_communicator());
+  e->set_device(std::move(rt));
+  e->add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
+  for (const Param& p : params) e->add_param(p.shape, ParamInit{p.init.data(), DType::kF32});
+  e->finalize();
+  return e;
+}
+
 // A device that fails or stops: the call that meets it returns an error that says so, never a hang. A kernel that
 // faults is reported by the next call that waits for the device (sticky, as CUDA's); a device that stops makes the
 // host's wait end at libzero.timeout_s with ZERO_ERR_TIMEOUT naming the call.
@@ -299,12 +311,9 @@ TEST(DeviceEngineFaults, AFailedOrStoppedDeviceIsAnErrorOfTheCall) {
     SCOPED_TRACE(stall ? "stalled" : "failed");
     std::shared_ptr<device::Emulator> rt = testing_device::emulator(5);
     {
-      Engine e(parse_config(config, 1), make_single_communicator());
-      e.set_device(rt);
-      e.add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
       const std::vector<Param> params = model();
-      for (const Param& p : params) e.add_param(p.shape, ParamInit{p.init.data(), DType::kF32});
-      e.finalize();
+      const std::unique_ptr<Engine> engine = finalized_on(config, rt, params);
+      Engine& e = *engine;
       for (size_t p = 0; p < params.size(); ++p)
         if (!params[p].shape.frozen) e.grad_ready(static_cast<int>(p));
       e.backward_end();
@@ -337,12 +346,9 @@ TEST(DeviceEngineFaults, AStoppedOffloadCopyIsATimeout) {
       "libzero": {"timeout_s": 1}})";
   std::shared_ptr<device::Emulator> rt = testing_device::emulator(9);
   {
-    Engine e(parse_config(config, 1), make_single_communicator());
-    e.set_device(rt);
-    e.add_param_group("second", 0.5e-2, 0.0, 0.8, 0.9, 1e-6);
     const std::vector<Param> params = model();
-    for (const Param& p : params) e.add_param(p.shape, ParamInit{p.init.data(), DType::kF32});
-    e.finalize();
+    const std::unique_ptr<Engine> engine = finalized_on(config, rt, params);
+    Engine& e = *engine;
     ASSERT_NE(nullptr, e.offload_transfers());
     rt->stall_here(e.offload_transfers()->to_host_stream());
     std::string what;

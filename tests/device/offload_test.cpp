@@ -158,18 +158,26 @@ struct Planted {
   }
 };
 
+// The two queues and the pipeline over a Planted's slots.
+struct Pipeline {
+  explicit Pipeline(Planted& t)
+      : to_host(*t.rt, *t.engine, "to the host", kTimeout),
+        to_device(*t.rt, *t.engine, "to the device", kTimeout),
+        pipe(t.buffers(), to_host, to_device) {}
+  device::DeviceTransferQueue to_host, to_device;
+  OffloadPipeline pipe;
+};
+
 TEST(DeviceEmulatorOffload, ACopyNotOrderedAfterTheReductionIsARace) {
   Planted t;
   {
-    device::DeviceTransferQueue to_host(*t.rt, *t.engine, "to the host", kTimeout);
-    device::DeviceTransferQueue to_device(*t.rt, *t.engine, "to the device", kTimeout);
-    OffloadPipeline pipe(t.buffers(), to_host, to_device);
+    Pipeline offload(t);
     t.rt->fill_zero(t.bucket, 4096, *t.engine);  // the reduction writes the bucket
-    pipe.stage_gradients(t.bucket, 4096, nullptr, "staged");
-    pipe.finish_gradients();
+    offload.pipe.stage_gradients(t.bucket, 4096, nullptr, "staged");
+    offload.pipe.finish_gradients();
     EXPECT_EQ("", t.races());
     t.rt->fill_zero(t.bucket, 4096, *t.engine);
-    to_host.wait(to_host.copy(t.slots[0], t.bucket, 4096, "a copy without after_engine"));
+    offload.to_host.wait(offload.to_host.copy(t.slots[0], t.bucket, 4096, "a copy without after_engine"));
   }
   EXPECT_NE(std::string::npos, t.races().find("on stream 'to the host' reads")) << t.races();
   EXPECT_NE(std::string::npos, t.races().find("with no event ordering")) << t.races();
@@ -178,15 +186,13 @@ TEST(DeviceEmulatorOffload, ACopyNotOrderedAfterTheReductionIsARace) {
 TEST(DeviceEmulatorOffload, ABucketRewrittenBeforeItsCopyReadItIsARace) {
   Planted t;
   {
-    device::DeviceTransferQueue to_host(*t.rt, *t.engine, "to the host", kTimeout);
-    device::DeviceTransferQueue to_device(*t.rt, *t.engine, "to the device", kTimeout);
-    OffloadPipeline pipe(t.buffers(), to_host, to_device);
-    pipe.reuse_after(pipe.stage_gradients(t.bucket, 4096, nullptr, "staged"));
+    Pipeline offload(t);
+    offload.pipe.reuse_after(offload.pipe.stage_gradients(t.bucket, 4096, nullptr, "staged"));
     t.rt->fill_zero(t.bucket, 4096, *t.engine);  // the next micro-step, after the fence
     EXPECT_EQ("", t.races());
-    pipe.stage_gradients(t.bucket, 4096, nullptr, "staged again");
+    offload.pipe.stage_gradients(t.bucket, 4096, nullptr, "staged again");
     t.rt->fill_zero(t.bucket, 4096, *t.engine);  // no fence
-    pipe.finish_gradients();
+    offload.pipe.finish_gradients();
   }
   EXPECT_NE(std::string::npos, t.races().find("on stream 'engine' writes")) << t.races();
   EXPECT_NE(std::string::npos, t.races().find("with no event ordering")) << t.races();
@@ -195,9 +201,7 @@ TEST(DeviceEmulatorOffload, ABucketRewrittenBeforeItsCopyReadItIsARace) {
 TEST(DeviceEmulatorOffload, NewParamsOrderedBothWaysOrARace) {
   Planted t;
   {
-    device::DeviceTransferQueue to_host(*t.rt, *t.engine, "to the host", kTimeout);
-    device::DeviceTransferQueue to_device(*t.rt, *t.engine, "to the device", kTimeout);
-    OffloadPipeline pipe(t.buffers(), to_host, to_device);
+    Pipeline offload(t);
     auto send = [&](char* slot, std::vector<OffloadPipeline::ToDevice>& copies) {
       std::memset(slot, 1, 4096);
       copies.push_back({t.params, slot, 4096});
@@ -205,26 +209,26 @@ TEST(DeviceEmulatorOffload, NewParamsOrderedBothWaysOrARace) {
     // The engine's stream uses the old params; three sends follow it (the third reuses the first slot once its
     // copy is done); the engine uses the new params once they are there.
     t.rt->fill_zero(t.params, 4096, *t.engine);
-    for (int i = 0; i < 3; ++i) pipe.send_params(send, "params");
-    pipe.finish_params();
+    for (int i = 0; i < 3; ++i) offload.pipe.send_params(send, "params");
+    offload.pipe.finish_params();
     t.rt->fill_zero(t.params, 4096, *t.engine);
     EXPECT_EQ("", t.races());
     // New params copied while the engine's stream may still use the old ones.
     t.rt->fill_zero(t.params, 4096, *t.engine);
-    to_device.wait(to_device.copy(t.params, t.slots[2], 4096, "a copy without after_engine"));
+    offload.to_device.wait(offload.to_device.copy(t.params, t.slots[2], 4096, "a copy without after_engine"));
     EXPECT_NE(std::string::npos, t.races().find("on stream 'to the device' writes")) << t.races();
     // The engine's stream uses the params before their copy is done.
     size_t before = t.rt->races().size();
-    pipe.send_params(send, "params");
+    offload.pipe.send_params(send, "params");
     t.rt->fill_zero(t.params, 4096, *t.engine);
-    pipe.finish_params();
+    offload.pipe.finish_params();
     EXPECT_GT(t.rt->races().size(), before);
     EXPECT_NE(std::string::npos, t.races().find("on stream 'engine' writes")) << t.races();
     // The host rewrites a slot whose copy it has not waited for.
     before = t.rt->races().size();
-    to_device.after_engine();
-    to_device.copy(t.params, t.slots[2], 4096, "a copy from the slot");
-    to_host.host_access(t.slots[2], 4096, true);
+    offload.to_device.after_engine();
+    offload.to_device.copy(t.params, t.slots[2], 4096, "a copy from the slot");
+    offload.to_host.host_access(t.slots[2], 4096, true);
     EXPECT_GT(t.rt->races().size(), before) << t.races();
   }
 }

@@ -1,16 +1,14 @@
 """A device engine from Python, on libzero's host emulator of a device (a test tool, not a device): the same bits as
 the CPU engine at every stage, device memory reached only through explicit copies and DLPack, views that go stale
-as host views do. On a GPU the same calls take ``device="cuda"`` (scripts/gpu-check.sh)."""
+as host views do. On a GPU the same calls take ``device="cuda"``."""
 
 from __future__ import annotations
-
-import ctypes
-import json
 
 import numpy as np
 import pytest
 
 import libzero
+from dlpack_capsule import dltensor
 from libzero.views import KDLCPU, KDLEXTDEV, DeviceView
 
 SHAPES = {"a": (7,), "b": (3, 5), "w": (64, 33), "big": (5000,)}
@@ -76,30 +74,6 @@ def test_the_emulated_device_trains_as_the_cpu_engine_bit_for_bit(stage, dtype):
         assert cpu[name].tobytes() == dev[name].tobytes(), name
 
 
-def dltensor(capsule) -> tuple[int, int, int, int, list[int], tuple[int, int]]:
-    """(data, device_type, device_id, ndim, shape, (dtype code, bits)) of an unversioned DLPack capsule."""
-
-    class DLTensor(ctypes.Structure):
-        _fields_ = [
-            ("data", ctypes.c_void_p),
-            ("device_type", ctypes.c_int32),
-            ("device_id", ctypes.c_int32),
-            ("ndim", ctypes.c_int32),
-            ("code", ctypes.c_uint8),
-            ("bits", ctypes.c_uint8),
-            ("lanes", ctypes.c_uint16),
-            ("shape", ctypes.POINTER(ctypes.c_int64)),
-            ("strides", ctypes.POINTER(ctypes.c_int64)),
-            ("byte_offset", ctypes.c_uint64),
-        ]
-
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype = ctypes.c_void_p
-    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    t = DLTensor.from_address(get(capsule, b"dltensor"))
-    return t.data, t.device_type, t.device_id, t.ndim, [t.shape[i] for i in range(t.ndim)], (t.code, t.bits)
-
-
 def test_device_memory_is_exported_as_such_and_never_as_a_host_array():
     with libzero.Engine(config(3, "bf16"), libzero.Comm.single(), device="emulator") as e:
         w = e.add_param("w", (4, 3), init=np.ones((4, 3), np.float32))
@@ -109,9 +83,12 @@ def test_device_memory_is_exported_as_such_and_never_as_a_host_array():
             p = e.param(w)
             assert isinstance(p, DeviceView) and p.shape == (4, 3) and p.nbytes == 24
             assert p.__dlpack_device__() == (KDLEXTDEV, 0)
-            data, device_type, device_id, ndim, shape, dtype = dltensor(p.__dlpack__())
-            assert (device_type, device_id, ndim, shape, dtype) == (KDLEXTDEV, 0, 2, [4, 3], (4, 16))  # bf16
-            assert data == e._n.address(w, False)
+            capsule = p.__dlpack__()
+            t = dltensor(capsule)
+            assert (t.device_type, t.device_id, t.ndim, t.shape[0], t.shape[1]) == (KDLEXTDEV, 0, 2, 4, 3)
+            assert (t.code, t.bits) == (4, 16)  # bf16
+            assert t.data == e._n.address(w, False)
+            del capsule
             # The emulator's memory has no stream a consumer could name, and no consumer may read it.
             with pytest.raises(BufferError, match="takes no stream"):
                 p.__dlpack__(stream=7)
@@ -145,4 +122,3 @@ def test_a_cpu_engine_has_no_device_and_no_stream():
     with libzero.Engine(config(0, "fp32"), libzero.Comm.single(), device="emulator"):
         with pytest.raises(libzero.ZeroError, match="another device engine"):
             libzero.Engine(config(0, "fp32"), libzero.Comm.single(), device="emulator")
-    json.dumps(config(0, "fp32"))

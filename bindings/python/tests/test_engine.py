@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import os
@@ -15,6 +14,7 @@ import pytest
 
 import libzero
 import training
+from dlpack_capsule import dltensor
 
 SGD = {"train_batch_size": 1, "gradient_clipping": 0.0, "optimizer": {"type": "SGD", "params": {"lr": 1.0}}}
 
@@ -239,21 +239,6 @@ def test_dlpack_exports_engine_memory_without_a_copy():
     e.close()
 
 
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device_type", ctypes.c_int32),
-        ("device_id", ctypes.c_int32),
-        ("ndim", ctypes.c_int32),
-        ("code", ctypes.c_uint8),
-        ("bits", ctypes.c_uint8),
-        ("lanes", ctypes.c_uint16),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.c_void_p),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
 def test_bf16_views_carry_their_type_through_dlpack():
     e = libzero.Engine({**sgd(1), "bf16": {"enabled": True}}, libzero.Comm.single())
     w = e.add_param("w", (2, 3), init=np.array([[1, 2, 3], [4, 5, -0.5]], np.float32))
@@ -267,9 +252,7 @@ def test_bf16_views_carry_their_type_through_dlpack():
             assert v.dtype == np.uint16
         assert v.view(np.uint16)[0, 0] == 0x3F80  # 1.0 in bf16
         capsule = v.__dlpack__()
-        get = ctypes.pythonapi.PyCapsule_GetPointer
-        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-        t = _DLManagedTensor.from_address(get(capsule, b"dltensor"))
+        t = dltensor(capsule)
         assert (t.code, t.bits, t.lanes, t.ndim) == (4, 16, 1, 2)  # kDLBfloat, whatever numpy shows
         assert (t.shape[0], t.shape[1]) == (2, 3) and t.data == v.__array_interface__["data"][0]
         del capsule  # unconsumed: the capsule frees its tensor
