@@ -10,6 +10,7 @@
 // stochastic rounding and Adam, so it has master, optimizer and params files; and frozen params, one beside trained
 // ones and one in a unit of its own, so it is format 3 with a frozen file).
 #include <unistd.h>
+#define XXH_INLINE_ALL  // header-only, as libzero uses it
 #include <xxhash.h>
 
 #include <cstdint>

@@ -4,6 +4,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+// xxHash from its header alone (static inline functions): libzero needs no libxxhash at run time.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include <cerrno>

@@ -1,5 +1,6 @@
 #include "checkpoint/manifest.hpp"
 
+#define XXH_INLINE_ALL  // header-only, as in file_io.cpp
 #include <xxhash.h>
 
 #include <cmath>
