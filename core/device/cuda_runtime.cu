@@ -39,6 +39,26 @@ class CudaEvent final : public device::Event {
 cudaStream_t stream_of(device::Stream& s) { return static_cast<CudaStream&>(s).stream; }
 cudaEvent_t event_of(const device::Event& e) { return static_cast<const CudaEvent&>(e).event; }
 
+// The runtime's device is the calling thread's current device for one call, and the caller's again after it: a
+// framework whose current device is another (torch on cuda:0 while the engine runs on cuda:1) keeps it.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+    changed_ = previous_ != device;
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
 class CudaRuntime final : public device::Runtime {
  public:
   CudaRuntime() {
@@ -70,7 +90,7 @@ class CudaRuntime final : public device::Runtime {
 
   // Streams, events and pinned memory belong to the current device of the calling thread: the runtime's.
   std::unique_ptr<device::Stream> create_stream(const std::string&) override {
-    select_device();
+    const DeviceScope on(device_);
     return std::make_unique<CudaStream>();
   }
   std::unique_ptr<device::Stream> external_stream(void* native) override {
@@ -78,15 +98,15 @@ class CudaRuntime final : public device::Runtime {
   }
   void* native(device::Stream& stream) override { return stream_of(stream); }
   std::unique_ptr<device::Event> create_event() override {
-    select_device();
+    const DeviceScope on(device_);
     return std::make_unique<CudaEvent>();
   }
   void record(device::Event& event, device::Stream& stream) override {
-    select_device();
+    const DeviceScope on(device_);
     check(cudaEventRecord(event_of(event), stream_of(stream)), "cudaEventRecord");
   }
   void wait(device::Stream& stream, const device::Event& event) override {
-    select_device();
+    const DeviceScope on(device_);
     check(cudaStreamWaitEvent(stream_of(stream), event_of(event), 0), "cudaStreamWaitEvent");
   }
   bool done(const device::Event& event) override {
@@ -111,7 +131,7 @@ class CudaRuntime final : public device::Runtime {
   }
 
   void* allocate(size_t bytes, device::Stream& stream) override {
-    select_device();
+    const DeviceScope on(device_);
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     const cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, pool_, stream_of(stream));
@@ -126,7 +146,7 @@ class CudaRuntime final : public device::Runtime {
     if (p != nullptr) check(cudaFreeAsync(p, stream_of(stream)), "cudaFreeAsync");
   }
   void* allocate_pinned(size_t bytes) override {
-    select_device();
+    const DeviceScope on(device_);
     void* p = nullptr;
     const cudaError_t err = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
     if (err == cudaErrorMemoryAllocation) {
@@ -139,7 +159,7 @@ class CudaRuntime final : public device::Runtime {
   // No copy still uses it (the caller's contract): freed without waiting for the device.
   void release_pinned(void* p) override {
     if (p == nullptr) return;
-    select_device();
+    const DeviceScope on(device_);
     check(cudaFreeHost(p), "cudaFreeHost");
   }
 
@@ -147,41 +167,39 @@ class CudaRuntime final : public device::Runtime {
   // the runtime's device current first.
   void copy(void* dst, const void* src, size_t bytes, device::Stream& stream) override {
     if (bytes == 0) return;
-    select_device();
+    const DeviceScope on(device_);
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_of(stream)), "cudaMemcpyAsync");
   }
   void fill_zero(void* p, size_t bytes, device::Stream& stream) override {
     if (bytes == 0) return;
-    select_device();
+    const DeviceScope on(device_);
     check(cudaMemsetAsync(p, 0, bytes, stream_of(stream)), "cudaMemsetAsync");
   }
 
   void step(OptimizerKind kind, DType grad, CopyMode copy_mode, const LaunchTable& table, const KernelArgs*, size_t,
             const KernelArgs* segments, const StepChunk* chunks, device::Stream& stream) override {
-    select_device();
+    const DeviceScope on(device_);
     launch_step(kind, grad, copy_mode, table, segments, chunks, stream_of(stream));
   }
   void sum_squares(DType grad, const void* grads, size_t n, double* scratch, double* result,
                    device::Stream& stream) override {
-    select_device();
+    const DeviceScope on(device_);
     launch_sum_squares(grad, grads, n, scratch, result, stream_of(stream));
   }
   void narrow(DType to, void* dst, const float* src, size_t n, device::Stream& stream) override {
-    select_device();
+    const DeviceScope on(device_);
     launch_narrow(to, dst, src, n, stream_of(stream));
   }
   void widen(DType from, float* dst, const void* src, size_t n, device::Stream& stream) override {
-    select_device();
+    const DeviceScope on(device_);
     launch_widen(from, dst, src, n, stream_of(stream));
   }
   void accumulate(DType from, float* acc, const void* src, size_t n, bool into_zero, device::Stream& stream) override {
-    select_device();
+    const DeviceScope on(device_);
     launch_accumulate(from, acc, src, n, into_zero, stream_of(stream));
   }
 
  private:
-  void select_device() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
-
   int device_ = 0;
   cudaMemPool_t pool_ = nullptr;
 };

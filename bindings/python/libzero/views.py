@@ -300,10 +300,17 @@ class DeviceView:
         """Writes ``values`` (the view's shape, converted to its dtype) into the device memory, complete on return
         (ordered after the engine's work)."""
         self._check()
+        if hasattr(values, "__dlpack_device__") and tuple(values.__dlpack_device__())[0] != KDLCPU:
+            raise InvalidArgumentError("copy_from takes host values; copy device tensors with torch.from_dlpack(view)"
+                                       ".copy_(tensor)")
         src = np.ascontiguousarray(np.asarray(values, dtype=self.dtype))
         if src.shape != self.shape:
             raise InvalidArgumentError(f"copy_from: values of shape {src.shape} into a view of shape {self.shape}")
         self._lease.native.copy(self._address(), src.ctypes.data, self.nbytes)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise TypeError("a DeviceView is device memory, which the host must not touch: view.numpy() copies it to a "
+                        "host array, torch.from_dlpack(view) shares it on the device")
 
     def __dlpack_device__(self) -> tuple[int, int]:
         device = self._lease.native.device()
@@ -316,18 +323,20 @@ class DeviceView:
             raise BufferError(f"libzero's memory is on DLPack device {device}; dl_device {tuple(dl_device)} asked for")
         if copy:
             raise BufferError("libzero exports its device memory as it is (copy=True asked for)")
-        if device[0] == KDLCUDA:
-            # DLPack's handshake: the consumer's stream (None: the legacy default one, 1) waits for the engine's
-            # work; -1: the consumer orders it itself.
-            if stream is None:
-                stream = 1
-            if stream != -1:
-                self._lease.native.order_stream(int(stream))
-        elif stream is not None and stream != -1:
+        if device[0] == KDLCUDA and stream == 0:
+            raise BufferError("stream 0 is ambiguous on CUDA (DLPack: 1 is the legacy default stream, 2 the "
+                              "per-thread one)")
+        if device[0] != KDLCUDA and stream is not None and stream != -1:
             raise BufferError(f"the memory of libzero's {self._lease.engine.device!r} device takes no stream")
         versioned = max_version is not None and tuple(max_version)[0] >= 1
-        return self._lease.native.device_dlpack(self._lease.param, self._lease.grad_epoch is not None, versioned,
-                                                self._lease)
+        capsule = self._lease.native.device_dlpack(self._lease.param, self._lease.grad_epoch is not None, versioned,
+                                                   self._lease)
+        # DLPack's handshake, after every engine call that may queue work on the memory (the capsule's address):
+        # the consumer's stream (None: the legacy default one, 1) waits for the engine's work; -1: the consumer
+        # orders it itself.
+        if device[0] == KDLCUDA and stream != -1:
+            self._lease.native.order_stream(1 if stream is None else int(stream))
+        return capsule
 
     def __repr__(self) -> str:
         return f"DeviceView(shape={self.shape}, dtype={self.dtype}, device={self._lease.engine.device!r})"

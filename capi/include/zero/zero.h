@@ -801,8 +801,9 @@ ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char*
  * Local. */
 ZERO_API zero_status_t zero_engine_set_stream(zero_engine_t* engine, void* stream);
 
-/* Copies `n_bytes` from `src` to `dst`, each in host memory or in the engine's memory (device memory of a device
- * engine), ordered after the engine's work and complete on return; the ranges must not overlap. Local. */
+/* Copies `n_bytes` from `src` to `dst`, each in host memory or in the engine's memory (for a "cuda" engine, any
+ * memory of its device, a framework's tensors included), ordered after the engine's work and complete on return;
+ * the ranges must not overlap. Local. */
 ZERO_API zero_status_t zero_engine_copy(zero_engine_t* engine, void* dst, const void* src, size_t n_bytes);
 
 /* Where the engine's memory is, as DLPack numbers devices (DLDeviceType, device id): (1, 0) kDLCPU for the CPU
@@ -814,8 +815,8 @@ ZERO_API zero_status_t zero_engine_device(int32_t* out_device_type, int32_t* out
 /* Work queued on `stream` from now on runs after the engine's device work queued so far, with no host wait: what a
  * consumer of the engine's memory on a stream other than zero_engine_set_stream's calls before using it (DLPack's
  * __dlpack__(stream=) handshake). `stream` is a cudaStream_t of the engine's device, including CUDA's special
- * handles as DLPack consumers pass them (1: the legacy default stream, 2: the per-thread one). A device engine
- * only. Local. */
+ * handles as DLPack consumers pass them (1: the legacy default stream, 2: the per-thread one); on the emulator, a
+ * stream it made. ZERO_ERR_INVALID_STATE for an engine without a device. Local. */
 ZERO_API zero_status_t zero_engine_order_stream(zero_engine_t* engine, void* stream);
 
 #endif /* ZERO_EXPERIMENTAL_API */

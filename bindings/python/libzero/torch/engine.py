@@ -136,7 +136,13 @@ class TorchEngine(LearningRates, torch.nn.Module):
         unit_of = units if units is not None else default_units(model)
         named = [(n, p) for n, p in model.named_parameters() if p.numel() > 0]
         cuda = _cuda_device(named)
-        if cuda is not None:  # a device engine on the model's GPU (one process so far)
+        self._device = cuda if cuda is not None else torch.device("cpu")
+        if cuda is not None:  # a device engine on the model's GPU
+            if self.engine.world_size > 1:
+                raise ValueError(
+                    f"the model is on {cuda} and the job has {self.engine.world_size} ranks: libzero's device engine "
+                    "runs one process so far (NCCL and host-staged communicators are not built yet); train on one "
+                    "process, or keep the model on the CPU")
             with torch.cuda.device(cuda):
                 self.engine.set_device("cuda")
         raw_units = number_units(named, unit_of)
@@ -171,9 +177,8 @@ class TorchEngine(LearningRates, torch.nn.Module):
             self._tensor_dtype.append(dtype)
             self._shape.append(p.shape)
         self.engine.finalize()
-        if cuda is not None:
-            # The engine's work is ordered on torch's stream by events, as the model's own kernels are.
-            self.engine.set_stream(torch.cuda.current_stream(cuda))
+        self._stream_handle = None
+        self._follow_stream()
         # A param built on the meta device cannot take a real tensor as its data: a real (empty) one replaces it in
         # every module that holds it (tied weights included); the engine's memory backs it from here on.
         meta = {id(p): i for i, p in enumerate(self._params) if p.device.type == "meta"}
@@ -247,6 +252,16 @@ class TorchEngine(LearningRates, torch.nn.Module):
             p.data = p.data.clone()
 
     # ---- the training loop ---------------------------------------------------------------------------------------
+    def _follow_stream(self) -> None:
+        """A device engine's work is ordered on torch's current stream by events, as the model's own kernels are:
+        handed over again whenever the current stream changes (``with torch.cuda.stream(s)``)."""
+        if self._device.type != "cuda":
+            return
+        stream = torch.cuda.current_stream(self._device)
+        if stream.cuda_stream != self._stream_handle:
+            self.engine.set_stream(stream)
+            self._stream_handle = stream.cuda_stream
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The model's forward. If it raises, what it gathered is released (the micro-step can start over)."""
         if self._plain:  # the last loss.backward() raised before it ended
@@ -255,6 +270,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
             self._backward_ended(True)
             self._unfinished = _UNFINISHED
         self._check_finished()
+        self._follow_stream()
         try:
             return self.module(*args, **kwargs)
         except BaseException:
@@ -272,6 +288,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
         if self._plain:
             raise RuntimeError("engine.backward inside a loss.backward() that has not ended")
         self._check_finished()
+        self._follow_stream()
         if self._fp16 and not self._scaled:
             loss = loss * self.engine.loss_scale
         # The micro-step ends in autograd's final callbacks, as a plain loss.backward()'s does. Ending it after
@@ -353,6 +370,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
         averaged over the micro-steps it had). A client lr_scheduler is stepped after every step taken (with
         ``lr_kwargs``), not after a skipped fp16 step."""
         self._check_finished()
+        self._follow_stream()
         self._step_calls += 1
         window = self.engine.window
         ended = int(window["micro_steps"])

@@ -182,8 +182,10 @@ class Stage3Engine(TorchEngine):
         return from_engine(self.engine.param(i), self._tensor_dtype[i], self._shape[i])
 
     def _setup_stage3(self) -> None:
-        self._full = [torch.empty(tuple(self._shape[i]), dtype=self._tensor_dtype[i]) for i in range(len(self._params))]
-        self._empty = [torch.empty(0, dtype=self._tensor_dtype[i]) for i in range(len(self._params))]
+        on = self._device  # the full params live where the model computes: the engine's device, or host memory
+        self._full = [torch.empty(tuple(self._shape[i]), dtype=self._tensor_dtype[i], device=on)
+                      for i in range(len(self._params))]
+        self._empty = [torch.empty(0, dtype=self._tensor_dtype[i], device=on) for i in range(len(self._params))]
         self._trained_in = {u: sum(self._trained[i] for i in self._members[u]) for u in self._units}
         self._frozen_in = {u: len(self._members[u]) - self._trained_in[u] for u in self._units}
         for i, p in enumerate(self._params):
@@ -272,7 +274,7 @@ class Stage3Engine(TorchEngine):
             # hooks, a submodule called directly —, a view the model handed out). Leave them that memory (it
             # holds exactly the values they saw) and use a new one from the next gather on.
             if torch._C._storage_Use_Count(storage._cdata) > 2:
-                self._full[i] = torch.empty(tuple(full.shape), dtype=full.dtype)
+                self._full[i] = torch.empty(tuple(full.shape), dtype=full.dtype, device=full.device)
                 self._full[i].untyped_storage().resize_(0)
             else:
                 storage.resize_(0)
@@ -308,7 +310,7 @@ class Stage3Engine(TorchEngine):
         self._gather(self._unit[x.param])
         if self._unit[x.param] in self._block_module:
             self._release_other_blocks(self._unit[x.param])
-        out = torch.empty(0, dtype=x.dtype)
+        out = torch.empty(0, dtype=x.dtype, device=self._device)
         return out.set_(self._full[x.param].untyped_storage(), x.offset, x.size, x.stride)
 
     # ---- the forward hooks ---------------------------------------------------------------------------------------
