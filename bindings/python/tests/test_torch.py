@@ -645,3 +645,19 @@ def test_a_rank_that_aborts_is_named_by_the_others_within_seconds():
             eng.step()
         assert time.monotonic() - began < 10
     eng.engine.close()
+
+
+
+def test_a_cpu_or_meta_model_trains_on_the_cpu_engine():
+    """The device engine is chosen by the model's params: a CPU model, a meta-device one (its params take the
+    engine's memory) and a mix of the two need none. (A CUDA model's device engine is the GPU check's.)"""
+    from libzero.torch.engine import _cuda_device
+
+    assert _cuda_device(list(torch.nn.Linear(3, 2).named_parameters())) is None
+    assert _cuda_device(list(torch.nn.Linear(3, 2, device="meta").named_parameters())) is None
+    mixed = [("a", torch.nn.Parameter(torch.zeros(2))), ("b", torch.nn.Parameter(torch.zeros(2, device="meta")))]
+    assert _cuda_device(mixed) is None
+    engine = lzt.initialize(torch.nn.Linear(3, 2), {"train_batch_size": 1, "optimizer": {"type": "SGD", "params":
+                                                     {"lr": 0.1}}}, comm=libzero.Comm.single())
+    assert engine.engine.device is None
+    engine.close()
