@@ -5,20 +5,23 @@
 #
 #   bash scripts/gpu-check.sh --prepare [--build DIR] [--out DIR]
 #     On the CPU machine: builds (unless --build names a -DZERO_CUDA=ON build that has them) the test and benchmark
-#     programs for sm_90 and collects them into a bundle (default build/gpu-bundle): the programs stripped of debug
-#     information, the CUDA module, libzero.so.1 and every shared library they need but glibc's, found through
+#     programs and the GPT example for sm_90 and collects them into a bundle (default build/gpu-bundle): the programs
+#     stripped of debug information, the CUDA module, libzero.so.1 and every shared library they need but glibc's and
+#     cuBLAS's (half a gigabyte: the GPU machine's own, torch's or the toolkit's, is found at --run), found through
 #     LD_LIBRARY_PATH=bundle/lib. Fails if the bundle is over 48 MiB (the repository travels beside it).
 #
 #   bash scripts/gpu-check.sh --run [--bundle DIR] [--reps N] [--emulator]
 #     On the GPU machine, nothing built there: a probe (driver, CUDA, NCCL, torch), every GPU test (a skip is a
 #     failure), the device engine against the CPU engine's bits, the kernel and ZeRO-Offload benchmarks, and one
-#     table of what ran. --emulator is the CPU machine's check of the same bundle (CTest gpu-check.bundle): the
-#     tests' emulator halves, and the GPU halves load and report themselves skipped.
+#     table of what ran; the GPT example (examples/gpt/train_gpt_device.cpp) trains on the GPU at stages 0-3 (the
+#     same weights at each), twice alike (the same weights: a run repeats itself bit for bit), and a larger model for
+#     tokens/s. --emulator is the CPU machine's check of the same bundle (CTest gpu-check.bundle): the tests'
+#     emulator halves and the GPT's CPU run, and the GPU halves load and report themselves skipped.
 #
 #   bash scripts/gpu-check.sh [--reps N]
 #     Where a GPU and the build's dependencies both are: --prepare, then --run.
 #
-# Not covered yet: the GPT example on the GPU (cuBLASLt), NCCL, several processes.
+# Not covered yet: NCCL, several processes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mode=both build= out=$root/build/gpu-bundle bundle= reps=20 emulator=0
@@ -38,7 +41,7 @@ done
 bundle=${bundle:-$out}
 
 programs=(tests/test_device_runtime tests/test_capi_device tests/test_gpu_kernels tests/zero_unit_tests bench_gpu_kernels
-          bench_offload_pipeline)
+          bench_offload_pipeline train_gpt_device)
 modules=(libzero.so.1 libzero-cuda.so.1)
 max_bytes=$((48 << 20))
 
@@ -52,7 +55,7 @@ prepare() {
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
     cmake --build "$build" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels \
-      zero_unit_tests bench_gpu_kernels bench_offload_pipeline zero zero_cuda_module
+      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module
   fi
   rm -rf "$out"
   mkdir -p "$out/bin" "$out/lib"
@@ -66,7 +69,7 @@ prepare() {
   libs=$(for f in "$out"/bin/* "$out"/lib/*; do ldd "$f"; done | awk '$3 ~ /^\// {print $3}' | sort -u)
   for l in $libs; do
     case $(basename "$l") in
-      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libzero*) ;;
+      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libzero*|libcublas*) ;;
       *) cp -L "$l" "$out/lib/" ;;
     esac
   done
@@ -74,6 +77,7 @@ prepare() {
 libzero GPU check bundle
 commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 built on: $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)
+cuBLASLt: the GPU machine's own (torch's nvidia-cublas wheel or a CUDA toolkit), found at --run
 device code: $( (cuobjdump --list-elf "$out/lib/libzero-cuda.so.1" 2>/dev/null || true) | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' ')
 EOF
   local bytes
@@ -87,11 +91,20 @@ run() {
   [[ -f $bundle/MANIFEST ]] || { echo "gpu-check: no bundle at $bundle (--prepare makes one)"; exit 1; }
   export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export ZERO_CUDA_MODULE=$bundle/lib/libzero-cuda.so.1
+  # cuBLASLt for the GPT example: the one PyPI's torch brings (nvidia-cublas), or a CUDA toolkit's.
+  local cublas_dir=
+  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/local/cuda/lib64; do
+    for sub in nvidia/cu13/lib nvidia/cublas/lib .; do
+      [[ -e $d/$sub/libcublasLt.so.13 ]] && { cublas_dir=$(cd "$d/$sub" && pwd); break 2; }
+    done
+  done
+  [[ -n $cublas_dir ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cublas_dir
   local bin=$bundle/bin logs
   logs=$(mktemp -d)
   echo "== probe"
   cat "$bundle/MANIFEST"
   echo "running on: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
+  echo "cuBLASLt: ${cublas_dir:-not found (the GPT example cannot load)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: no GPU"
   (command -v nvcc >/dev/null && nvcc --version | tail -1) || echo "nvcc: not found"
   python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPU', torch.cuda.is_available(),
@@ -109,7 +122,9 @@ run() {
     "$@" >"$logs/$name.log" 2>&1 || rc=$?
     local ms=$((($(date +%s%N) - start) / 1000000))
     local secs=$((ms / 1000)).$((ms % 1000 / 100))
-    if ((rc != 0)); then
+    if ((rc == 77)) && [[ $expect == skip ]]; then
+      verdict="ok (skip)"
+    elif ((rc != 0)); then
       verdict="FAILED (exit $rc)"
     elif grep -q "Running 0 tests" "$logs/$name.log"; then
       verdict="FAILED (no test matched)"
@@ -137,6 +152,47 @@ run() {
   check device-capi pass "$bin/test_capi_device"
   check unit.kernels-and-plans pass "$bin/zero_unit_tests" \
     --gtest_filter='LaunchTable.*:Kernels.*:OffloadPipeline.*:DevicePlan.*' --gtest_brief=1
+  local small=(--layers 2 --channels 64 --heads 4 --seq-len 10 --micro-batch 16)
+  if ((emulator)); then
+    check gpt.cpu pass "$bin/train_gpt_device" --device cpu "${small[@]}" --compare-stages --compare-steps 3 --digest
+    check gpt.cuda skip "$bin/train_gpt_device" --device cuda --steps 1
+  else
+    check gpt.stages pass "$bin/train_gpt_device" "${small[@]}" --compare-stages --compare-steps 30 --digest
+    check gpt.repeat.1 pass "$bin/train_gpt_device" --steps 60 --bf16 --digest
+    check gpt.repeat.2 pass "$bin/train_gpt_device" --steps 60 --bf16 --digest
+    check gpt.learns pass "$bin/train_gpt_device" "${small[@]}" --micro-batch 64 --steps 300 --lr 5e-3 \
+      --untied-head --print-every 100
+    check gpt.larger pass "$bin/train_gpt_device" --layers 12 --channels 768 --heads 12 --seq-len 256 \
+      --micro-batch 8 --steps 30 --print-every 10
+  fi
+  # The GPT's stages give the same weights, and a run repeats itself (both logs carry the weights' digest).
+  gpt_same() {  # gpt_same NAME LOG-PATTERN: every digest in the matching logs is the same
+    local name=$1 digests
+    shift
+    digests=$(cat "$@" 2>/dev/null | awk '/weights digest [0-9a-f]+$/ {print $NF} $1 ~ /^[0-3]$/ && NF == 10 {print $NF}' |
+      sort -u)
+    if [[ -n $digests && $(echo "$digests" | wc -l) == 1 ]]; then
+      rows+=("$(printf "%-34s %-36s %7s" "$name" "ok (one digest: $digests)" "")")
+    else
+      failed+=("$name")
+      rows+=("$(printf "%-34s %-36s" "$name" "FAILED (digests: $(echo "$digests" | tr '\n' ' '))")")
+    fi
+  }
+  if ((emulator)); then
+    gpt_same gpt.cpu.stages-agree "$logs/gpt.cpu.log"
+  else
+    gpt_same gpt.stages-agree "$logs/gpt.stages.log"
+    gpt_same gpt.run-repeats "$logs/gpt.repeat.1.log" "$logs/gpt.repeat.2.log"
+    # It learns the additions' answer digits (the CPU's recipe reaches 1.16 in 100 steps of 32 sequences).
+    local heldout
+    heldout=$(awk '/^held-out loss/ {print $3}' "$logs/gpt.learns.log" 2>/dev/null)
+    if [[ -n $heldout ]] && awk -v l="$heldout" 'BEGIN {exit !(l < 1.6)}'; then
+      rows+=("$(printf "%-34s %-36s" gpt.learned "ok (held-out loss $heldout < 1.6)")")
+    else
+      failed+=(gpt.learned)
+      rows+=("$(printf "%-34s %-36s" gpt.learned "FAILED (held-out loss ${heldout:-missing})")")
+    fi
+  fi
   if ((!emulator)); then
     echo "== benchmarks"
     check bench.kernels pass "$bin/bench_gpu_kernels" --sizes 16,64,256 --segments 1,64 --reps "$reps"
@@ -144,7 +200,8 @@ run() {
     # The device engine's whole zero_step against torch's fused AdamW on the same GPU (the machine's torch).
     check bench.step-vs-torch pass python3 "$root/bench/step_vs_torch.py" --lib "$bundle/lib/libzero.so.1" \
       --device cuda --sizes 16,64,256 --reps 5
-    cat "$logs/bench.kernels.log" "$logs/bench.offload.log" "$logs/bench.step-vs-torch.log"
+    cat "$logs/bench.kernels.log" "$logs/bench.offload.log" "$logs/bench.step-vs-torch.log" "$logs/gpt.stages.log" \
+      "$logs/gpt.learns.log" "$logs/gpt.larger.log"
   fi
   echo "== gpu-check: $( ((emulator)) && echo "the bundle on the emulator (no GPU)" || echo "on the GPU")"
   printf "%s\n" "${rows[@]}"

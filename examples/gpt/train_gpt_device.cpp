@@ -1,0 +1,496 @@
+// Trains the GPT on one GPU through libzero's public C API: a device engine (zero_engine_set_device "cuda") holds the
+// params, gradients, master weights and optimizer state in the GPU's memory and steps them there, ordered on the
+// model's own CUDA stream (zero_engine_set_stream); the model is device/: a kernel per layer, no atomics, cuBLASLt
+// for the matmuls. --device cpu runs the same trainer and the same layer code on the CPU engine and the CPU, which
+// is how the CPU machine checks it. One process (several GPUs over NCCL are not built yet).
+//
+//   train_gpt_device [--device cuda|cpu] [--stage 3] [--steps 200] [--compare-stages] [--digest] [--help]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data.hpp"
+#include "device/host_backend.hpp"
+#include "device/model_runner.hpp"
+#define ZERO_EXPERIMENTAL_API  // the device engine's calls
+#include "zero/zero.h"
+
+namespace {
+
+using gpt::Block;
+using gpt::Embedding;
+
+#define ZCHECK(call)                                                                                                  \
+  do {                                                                                                                \
+    zero_status_t s_ = (call);                                                                                        \
+    if (s_ != ZERO_OK)                                                                                                \
+      throw std::runtime_error(std::string(#call) + " failed: " + zero_status_string(s_) + ": " + zero_last_error()); \
+  } while (0)
+
+constexpr int kNoDevice = 77;  // CTest's and gpu-check's "skipped"
+
+struct Options {
+  gpt::ModelConfig model;
+  std::string device = "cuda";
+  int steps = 200, micro_batch = 8, grad_accum = 1, stage = 3, print_every = 10, warmup = 30, compare_steps = 10;
+  double lr = 2e-3, weight_decay = 0.1, clip = 1.0, beta2 = 0.95;
+  bool checkpointing = false, bf16 = false, compare = false, digest = false;
+  uint64_t seed = 1234;
+};
+
+const char* kHelp = R"(train_gpt_device: the GPT example on one GPU, with libzero's device engine.
+
+usage: train_gpt_device [options]
+
+  --device cuda|cpu       cuda (default): the model's kernels and the engine on the current CUDA device; cpu: the
+                          same layer code item by item on the CPU, with the CPU engine (no GPU needed)
+  --layers L --channels C --heads H --seq-len T --untied-head
+                          the model (default 4 layers, 192 channels, 6 heads, context 64, tied head)
+  --steps S --micro-batch B --grad-accum G
+                          optimizer steps (default 200), sequences per micro-step (8), micro-steps per step (1)
+  --stage 0|1|2|3         ZeRO stage (default 3)
+  --lr X --warmup N --clip X --weight-decay X --beta2 X
+                          AdamW (2e-3 after 30 linear warmup steps; clipping 1, decay 0.1, beta2 0.95)
+  --bf16                  bf16 params with fp32 master weights (the model computes in fp32)
+  --activation-checkpointing
+                          keep only each block's input; recompute the block's forward during backward
+  --seed N                data and initialisation seed (default 1234)
+  --print-every N         a progress line every N steps (default 10)
+  --digest                FNV-1a over every param's bytes after training: equal digests are equal weights
+  --compare-stages        train --compare-steps steps (default 10) at stages 0-3: memory and tokens/s per stage
+Exit status 77: --device cuda where no CUDA device can be used.
+)";
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value (see --help)");
+      return argv[++i];
+    };
+    auto number = [&](auto convert) {
+      const std::string value = next();
+      try {
+        size_t used = 0;
+        const auto n = convert(value, &used);
+        if (used == value.size()) return n;
+      } catch (const std::logic_error&) {
+      }
+      throw std::invalid_argument(a + " " + value + ": not a number");
+    };
+    auto integer = [&] { return number([](const std::string& v, size_t* used) { return std::stoi(v, used); }); };
+    auto real = [&] { return number([](const std::string& v, size_t* used) { return std::stod(v, used); }); };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      std::exit(0);
+    } else if (a == "--device") {
+      o.device = next();
+    } else if (a == "--layers") {
+      o.model.layers = integer();
+    } else if (a == "--channels") {
+      o.model.channels = integer();
+    } else if (a == "--heads") {
+      o.model.heads = integer();
+    } else if (a == "--seq-len") {
+      o.model.seq_len = integer();
+    } else if (a == "--untied-head") {
+      o.model.tied_head = false;
+    } else if (a == "--steps") {
+      o.steps = integer();
+    } else if (a == "--micro-batch") {
+      o.micro_batch = integer();
+    } else if (a == "--grad-accum") {
+      o.grad_accum = integer();
+    } else if (a == "--stage") {
+      o.stage = integer();
+    } else if (a == "--lr") {
+      o.lr = real();
+    } else if (a == "--warmup") {
+      o.warmup = integer();
+    } else if (a == "--clip") {
+      o.clip = real();
+    } else if (a == "--weight-decay") {
+      o.weight_decay = real();
+    } else if (a == "--beta2") {
+      o.beta2 = real();
+    } else if (a == "--bf16") {
+      o.bf16 = true;
+    } else if (a == "--activation-checkpointing") {
+      o.checkpointing = true;
+    } else if (a == "--seed") {
+      o.seed = number([](const std::string& v, size_t* used) { return std::stoull(v, used); });
+    } else if (a == "--print-every") {
+      o.print_every = integer();
+    } else if (a == "--digest") {
+      o.digest = true;
+    } else if (a == "--compare-stages") {
+      o.compare = true;
+    } else if (a == "--compare-steps") {
+      o.compare_steps = integer();
+    } else {
+      throw std::invalid_argument("unknown option " + a + " (see --help)");
+    }
+  }
+  if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device " + o.device + ": cuda or cpu");
+  if (o.model.layers < 1 || o.model.heads < 1 || o.model.channels < 1 || o.model.seq_len < 1)
+    throw std::invalid_argument("--layers, --heads, --channels and --seq-len must be positive");
+  if (o.model.channels % o.model.heads != 0 || o.stage < 0 || o.stage > 3 || o.steps < 1 || o.micro_batch < 1 ||
+      o.grad_accum < 1 || o.print_every < 1 || o.compare_steps < 1)
+    throw std::invalid_argument("invalid options (channels must divide by heads, stage 0-3, counts positive)");
+  return o;
+}
+
+std::string engine_config(const Options& o, int stage) {
+  char buffer[1024];
+  std::snprintf(buffer, sizeof buffer,
+                "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
+                " \"gradient_clipping\": %g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g,"
+                " \"betas\": [0.9, %.17g], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
+                " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000},"
+                " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %g,"
+                " \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"}}%s}",
+                o.micro_batch, o.grad_accum, o.clip, o.lr, o.beta2, o.weight_decay, stage, o.lr, o.warmup,
+                o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
+  return buffer;
+}
+
+size_t numel(const gpt::ModelConfig& c, int unit, size_t index) {
+  const auto shapes = unit == 0 ? gpt::embedding_shapes(c) : gpt::block_shapes(c);
+  size_t n = 1;
+  for (int d : shapes[index]) n *= static_cast<size_t>(d);
+  return n;
+}
+
+// Params and gradients from the engine, as pointers into its memory (the GPU's, for a device engine). In bf16 a
+// gathered unit is widened into the model's fp32 copy.
+class ZeroSource : public gpt::ParamSource<float> {
+ public:
+  ZeroSource(zero_engine_t* e, gpt::device::ModelRunner& runner, const gpt::ModelConfig& c, bool bf16)
+      : e_(e), runner_(runner), c_(c), bf16_(bf16), ids_(static_cast<size_t>(c.layers) + 1) {}
+  std::vector<std::vector<int32_t>>& ids() { return ids_; }
+
+  Embedding<const float*> gather_embedding() override { return gpt::embedding_view(gather(0)); }
+  void release_embedding() override { ZCHECK(zero_release(e_, 0)); }
+  Block<const float*> gather_block(int l) override {
+    auto p = gather(l + 1);
+    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
+  }
+  void release_block(int l) override { ZCHECK(zero_release(e_, l + 1)); }
+  // Asked for after the head and again for the encoder: the pointers stay valid until their gradients are ready.
+  Embedding<float*> embedding_grads() override {
+    if (embedding_grads_.empty()) embedding_grads_ = grads(0);
+    return gpt::embedding_view(embedding_grads_);
+  }
+  Block<float*> block_grads(int l) override {
+    auto g = grads(l + 1);
+    return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11]};
+  }
+  void block_grads_ready(int l) override {
+    for (int32_t id : ids_[static_cast<size_t>(l) + 1]) ZCHECK(zero_grad_ready(e_, id));
+  }
+  void final_norm_grads_ready() override {
+    for (size_t i = 2; i < ids_[0].size(); ++i) ZCHECK(zero_grad_ready(e_, ids_[0][i]));
+  }
+  void embedding_grads_ready() override {
+    ZCHECK(zero_grad_ready(e_, ids_[0][0]));
+    ZCHECK(zero_grad_ready(e_, ids_[0][1]));
+    embedding_grads_.clear();
+  }
+
+  // FNV-1a over the bytes of every param, unit by unit in registration order (read with zero_engine_copy, which
+  // reads device memory too).
+  uint64_t digest() {
+    uint64_t h = 1469598103934665603ull;
+    std::vector<unsigned char> bytes;
+    for (size_t unit = 0; unit < ids_.size(); ++unit) {
+      ZCHECK(zero_gather(e_, static_cast<int32_t>(unit)));
+      for (size_t i = 0; i < ids_[unit].size(); ++i) {
+        void* data = nullptr;
+        ZCHECK(zero_param_data(&data, e_, ids_[unit][i]));
+        bytes.resize(numel(c_, static_cast<int>(unit), i) * (bf16_ ? 2 : 4));
+        ZCHECK(zero_engine_copy(e_, bytes.data(), data, bytes.size()));
+        for (unsigned char b : bytes) h = (h ^ b) * 1099511628211ull;
+      }
+      ZCHECK(zero_release(e_, static_cast<int32_t>(unit)));
+    }
+    return h;
+  }
+
+ private:
+  std::vector<const float*> gather(int unit) {
+    ZCHECK(zero_gather(e_, unit));
+    const auto& ids = ids_[static_cast<size_t>(unit)];
+    std::vector<void*> data(ids.size());
+    size_t total = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ZCHECK(zero_param_data(&data[i], e_, ids[i]));
+      total += numel(c_, unit, i);
+    }
+    std::vector<const float*> out;
+    if (!bf16_) {
+      for (void* p : data) out.push_back(static_cast<const float*>(p));
+      return out;
+    }
+    float* scratch = runner_.scratch(unit, total);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const size_t n = numel(c_, unit, i);
+      runner_.widen_bf16(scratch, data[i], n);
+      out.push_back(scratch);
+      scratch += n;
+    }
+    return out;
+  }
+  std::vector<float*> grads(int unit) {
+    std::vector<float*> out;
+    for (int32_t id : ids_[static_cast<size_t>(unit)]) {
+      void* g = nullptr;
+      ZCHECK(zero_grad_data(&g, e_, id));
+      out.push_back(static_cast<float*>(g));  // fp32 gradient accumulation (the default)
+    }
+    return out;
+  }
+
+  zero_engine_t* e_;
+  gpt::device::ModelRunner& runner_;
+  gpt::ModelConfig c_;
+  bool bf16_;
+  std::vector<std::vector<int32_t>> ids_;
+  std::vector<float*> embedding_grads_;
+};
+
+// GPT-2 initialisation (train_gpt.cpp's): N(0, 0.02), residual projections scaled by 1/sqrt(2 L), biases 0, norms 1.
+// The values must stay alive until zero_engine_finalize: `init_values` holds them.
+void register_model(zero_engine_t* e, ZeroSource& src, const gpt::ModelConfig& c, uint64_t seed, bool bf16,
+                    std::vector<std::vector<float>>& init_values) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  auto add = [&](int unit, const std::string& name, const std::vector<int>& shape, int kind) {
+    std::vector<int64_t> dims(shape.begin(), shape.end());
+    size_t n = 1;
+    for (int d : shape) n *= static_cast<size_t>(d);
+    init_values.emplace_back(n);
+    std::vector<float>& init = init_values.back();
+    const float scale = kind == 2 ? 1.0f / std::sqrt(2.0f * static_cast<float>(c.layers)) : 1.0f;
+    for (auto& v : init) v = kind == 0 ? 0.0f : kind == 3 ? 1.0f : normal(rng) * scale;
+    zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
+    d.name = name.c_str();
+    d.ndim = static_cast<int32_t>(dims.size());
+    d.shape = dims.data();
+    d.dtype = bf16 ? ZERO_DTYPE_BF16 : ZERO_DTYPE_FP32;
+    d.unit = unit;
+    d.group = kind == 1 || kind == 2 ? 0 : 1;  // no weight decay on biases and norms
+    d.init_data = init.data();
+    d.init_dtype = ZERO_DTYPE_FP32;
+    int32_t id = 0;
+    ZCHECK(zero_engine_add_param(&id, e, &d));
+    src.ids()[static_cast<size_t>(unit)].push_back(id);
+  };
+  zero_param_group_desc_t no_decay = ZERO_PARAM_GROUP_DESC_INIT;
+  no_decay.name = "no_decay";
+  no_decay.weight_decay = 0.0;
+  int32_t group = 0;
+  ZCHECK(zero_engine_add_param_group(&group, e, &no_decay));
+  const auto es = gpt::embedding_shapes(c);
+  add(0, "wte", es[0], 1);
+  add(0, "wpe", es[1], 1);
+  add(0, "lnf.weight", es[2], 3);
+  add(0, "lnf.bias", es[3], 0);
+  if (!c.tied_head) add(0, "head.weight", es[4], 1);
+  const auto bs = gpt::block_shapes(c);
+  const int kinds[gpt::kBlockTensors] = {3, 0, 1, 0, 2, 0, 3, 0, 1, 0, 2, 0};
+  for (int l = 0; l < c.layers; ++l)
+    for (int i = 0; i < gpt::kBlockTensors; ++i)
+      add(l + 1, "h." + std::to_string(l) + "." + gpt::block_tensor_name(i), bs[static_cast<size_t>(i)], kinds[i]);
+}
+
+std::unique_ptr<gpt::device::ModelRunner> make_runner(const Options& o) {
+  return o.device == "cuda" ? gpt::device::make_cuda_runner(o.model, o.micro_batch, o.checkpointing)
+                            : gpt::device::make_cpu_runner(o.model, o.micro_batch, o.checkpointing);
+}
+
+struct RunResult {
+  zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
+  size_t activation_bytes = 0;
+  double tokens_per_s = 0, ms_per_step = 0, final_loss = 0, heldout_loss = 0, answers_right = 0;
+  uint64_t digest = 0;
+};
+
+// Held-out loss, and on the generated additions the share of whole answers right (argmax at every answer digit).
+void evaluate(gpt::device::ModelRunner& runner, ZeroSource& src, const gpt::Corpus& corpus, const Options& o,
+              RunResult& r) {
+  constexpr int kBatches = 8;
+  std::vector<int> tokens, targets;
+  std::vector<float> logits;
+  const int T = o.model.seq_len, V = o.model.vocab;
+  int answers = 0, exact = 0;
+  for (int batch = 0; batch < kBatches; ++batch) {
+    corpus.heldout_batch(o.micro_batch, T, tokens, targets, batch);
+    r.heldout_loss += runner.step(src, tokens.data(), targets.data(), false) / kBatches;
+    if (!corpus.arithmetic) continue;
+    runner.logits(logits);
+    for (int b = 0; b < o.micro_batch; ++b) {
+      int line_chars = 0;
+      bool line_right = true;
+      for (int t = 0; t < T; ++t) {
+        const size_t row = static_cast<size_t>(b) * T + t;
+        if (targets[row] < 0) continue;
+        const float* l = logits.data() + row * V;
+        int best = 0;
+        for (int v = 1; v < V; ++v) best = l[v] > l[best] ? v : best;
+        ++line_chars;
+        line_right = line_right && best == targets[row];
+        if (targets[row] == '\n') {
+          if (line_chars == gpt::kAdditionLine - gpt::kAnswerAt) ++answers, exact += line_right;
+          line_chars = 0, line_right = true;
+        }
+      }
+    }
+  }
+  r.answers_right = answers ? 100.0 * exact / answers : 0;
+}
+
+RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt::Corpus& corpus) {
+  // The runner (and its stream) outlives the engine, whose frees are ordered on that stream.
+  std::unique_ptr<gpt::device::ModelRunner> runner = make_runner(o);
+  zero_comm_t* comm = nullptr;
+  ZCHECK(zero_comm_create_single(&comm));
+  zero_engine_t* e = nullptr;
+  ZCHECK(zero_engine_create(&e, engine_config(o, stage).c_str(), comm));
+  RunResult result;
+  try {
+    if (o.device == "cuda") {
+      ZCHECK(zero_engine_set_device(e, "cuda"));
+      ZCHECK(zero_engine_set_stream(e, runner->stream()));
+    }
+    ZeroSource src(e, *runner, o.model, o.bf16);
+    std::vector<std::vector<float>> init_values;
+    register_model(e, src, o.model, o.seed, o.bf16, init_values);
+    ZCHECK(zero_engine_finalize(e));
+    init_values.clear();
+    if (verbose)
+      std::printf("model on: %s | engine on: %s\n", runner->describe().c_str(),
+                  o.device == "cuda" ? "the GPU (device engine)" : "the CPU (CPU engine)");
+    const double tokens_per_step = static_cast<double>(o.micro_batch) * o.model.seq_len * o.grad_accum;
+    std::vector<int> tokens, targets;
+    double total_ms = 0;
+    for (int step = 1; step <= steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      double loss = 0;
+      for (int m = 0; m < o.grad_accum; ++m) {
+        corpus.batch(o.seed, step, m, 0, o.micro_batch, o.model.seq_len, tokens, targets);
+        loss += runner->step(src, tokens.data(), targets.data(), true);
+        ZCHECK(zero_backward_end(e));
+      }
+      zero_step_info_t si = ZERO_STEP_INFO_INIT;
+      ZCHECK(zero_step(&si, e));
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      total_ms += ms;
+      result.final_loss = loss / o.grad_accum;
+      if (verbose && (step == 1 || step % o.print_every == 0 || step == steps)) {
+        std::printf("step %5d/%d | loss %.4f | %9.0f tok/s | %7.2f ms/step | grad norm %.4f\n", step, steps,
+                    result.final_loss, tokens_per_step / (ms / 1e3), ms, si.grad_norm);
+        std::fflush(stdout);
+      }
+    }
+    result.ms_per_step = total_ms / steps;
+    result.tokens_per_s = tokens_per_step / (result.ms_per_step / 1e3);
+    if (verbose) evaluate(*runner, src, corpus, o, result);
+    if (o.digest) result.digest = src.digest();
+    ZCHECK(zero_memory_stats(&result.mem, e));
+    result.activation_bytes = runner->activation_bytes();
+  } catch (...) {
+    zero_engine_destroy(e);
+    zero_comm_destroy(comm);
+    throw;
+  }
+  zero_engine_destroy(e);
+  zero_comm_destroy(comm);
+  return result;
+}
+
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+void print_memory(const RunResult& r) {
+  std::printf("\nmemory (MiB)\n%9s %9s %9s %9s %9s %11s %9s\n", "params", "grads", "master", "optim", "buffers",
+              "activations", "total");
+  std::printf("%9.2f %9.2f %9.2f %9.2f %9.2f %11.2f %9.2f\n", mib(r.mem.param_bytes), mib(r.mem.grad_bytes),
+              mib(r.mem.master_param_bytes), mib(r.mem.optimizer_state_bytes),
+              mib(r.mem.bucket_bytes + r.mem.gathered_bytes), mib(r.activation_bytes),
+              mib(r.mem.total_bytes + r.activation_bytes));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  std::string why;
+  if (o.device == "cuda" && !gpt::device::cuda_available(&why)) {
+    std::printf("train_gpt_device: no CUDA device (%s): skipped; --device cpu runs the same code on the CPU\n",
+                why.c_str());
+    return kNoDevice;
+  }
+  const gpt::Corpus corpus = gpt::Corpus::generated(o.seed);
+  const gpt::ModelConfig& c = o.model;
+  const double params = static_cast<double>(c.vocab * (c.tied_head ? 1 : 2) + c.seq_len + 2) * c.channels +
+                        static_cast<double>(c.layers) * (12.0 * c.channels * c.channels + 13.0 * c.channels);
+  std::printf("GPT: %d layers, %d channels, %d heads, context %d, %.2f M params | one process on %s, %s%s\n", c.layers,
+              c.channels, c.heads, c.seq_len, params / 1e6, o.device == "cuda" ? "a GPU" : "the CPU",
+              o.bf16 ? "bf16" : "fp32", o.checkpointing ? ", activation checkpointing" : "");
+  if (!o.compare) {
+    std::printf("stage %d, %d x %d tokens per micro-step, %d micro-step(s) per step\n", o.stage, o.micro_batch,
+                c.seq_len, o.grad_accum);
+    const RunResult r = train(o, o.stage, o.steps, true, corpus);
+    std::printf("held-out loss %.4f", r.heldout_loss);
+    if (corpus.arithmetic) std::printf(" | whole answers right %.1f %%", r.answers_right);
+    std::printf("\ntokens/s %.0f (%.2f ms per step, the mean over %d steps)\n", r.tokens_per_s, r.ms_per_step, o.steps);
+    if (o.digest) std::printf("weights digest %016llx\n", static_cast<unsigned long long>(r.digest));
+    print_memory(r);
+    return 0;
+  }
+  std::printf("\n%-6s %8s %8s %8s %8s %9s %12s %10s %10s %s\n", "stage", "params", "grads", "master", "optim",
+              "buffers", "activations", "ms/step", "tokens/s", o.digest ? "weights digest" : "");
+  for (int stage = 0; stage <= 3; ++stage) {
+    const RunResult r = train(o, stage, o.compare_steps, false, corpus);
+    std::printf("%-6d %8.2f %8.2f %8.2f %8.2f %9.2f %12.2f %10.2f %10.0f %s\n", stage, mib(r.mem.param_bytes),
+                mib(r.mem.grad_bytes), mib(r.mem.master_param_bytes), mib(r.mem.optimizer_state_bytes),
+                mib(r.mem.bucket_bytes + r.mem.gathered_bytes), mib(r.activation_bytes), r.ms_per_step, r.tokens_per_s,
+                o.digest ? [&] {
+                  static char hex[17];
+                  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r.digest));
+                  return hex;
+                }()
+                         : "");
+  }
+  std::printf("(MiB; one process, so every stage keeps whole model states: ZeRO divides them among ranks)\n");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "train_gpt_device: %s\n", e.what());
+  return 1;
+}
+
+namespace gpt {
+namespace device {
+
+std::unique_ptr<ModelRunner> make_cpu_runner(const ModelConfig& c, int batch, bool checkpointing) {
+  return std::make_unique<RunnerOn<HostBackend<float>>>(c, batch, checkpointing);
+}
+
+#ifndef GPT_WITH_CUDA
+bool cuda_available(std::string* why) {
+  if (why) *why = "this build has no CUDA (configure with -DZERO_CUDA=ON)";
+  return false;
+}
+std::unique_ptr<ModelRunner> make_cuda_runner(const ModelConfig&, int, bool) {
+  throw std::runtime_error("this build has no CUDA (configure with -DZERO_CUDA=ON)");
+}
+#endif
+
+}  // namespace device
+}  // namespace gpt
