@@ -8,15 +8,21 @@
 #     programs and the GPT example for sm_90 and collects them into a bundle (default build/gpu-bundle): the programs
 #     stripped of debug information, the CUDA module, libzero.so.1 and every shared library they need but glibc's and
 #     cuBLAS's (half a gigabyte: the GPU machine's own, torch's or the toolkit's, is found at --run), found through
-#     LD_LIBRARY_PATH=bundle/lib. Fails if the bundle is over 48 MiB (the repository travels beside it).
+#     LD_LIBRARY_PATH=bundle/lib; and in bundle/vendor what the lean build below needs that the GPU machine lacks
+#     (nlohmann/json.hpp, xxhash.h, cmocka.h and its library, GoogleTest's source). Fails if the bundle is over
+#     48 MiB (the repository travels beside it).
 #
-#   bash scripts/gpu-check.sh --run [--bundle DIR] [--reps N] [--emulator]
+#   bash scripts/gpu-check.sh --run [--bundle DIR] [--reps N] [--emulator] [--lean] [--lean-dir DIR]
 #     On the GPU machine, nothing built there: a probe (driver, CUDA, NCCL, torch), every GPU test (a skip is a
 #     failure), the device engine against the CPU engine's bits, the kernel and ZeRO-Offload benchmarks, and one
 #     table of what ran; the GPT example (examples/gpt/train_gpt_device.cpp) trains on the GPU at stages 0-3 (the
 #     same weights at each), twice alike (the same weights: a run repeats itself bit for bit), and a larger model for
 #     tokens/s. --emulator is the CPU machine's check of the same bundle (CTest gpu-check.bundle): the tests'
 #     emulator halves and the GPT's CPU run, and the GPU halves load and report themselves skipped.
+#     Where a prebuilt program does not load (another glibc, a missing library), or with --lean, it first builds
+#     them there: the lean build (-DZERO_LEAN=ON: libzero, the CUDA module and these programs; no MPI, BLAS or
+#     bindings) with the machine's nvcc, CMake and compiler and the bundle's vendored headers, in build/lean (or
+#     --lean-dir), and runs that instead (CTest unit.gpu-check.lean does it here).
 #
 #   bash scripts/gpu-check.sh [--reps N]
 #     Where a GPU and the build's dependencies both are: --prepare, then --run.
@@ -24,7 +30,7 @@
 # Not covered yet: NCCL, several processes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mode=both build= out=$root/build/gpu-bundle bundle= reps=20 emulator=0
+mode=both build= out=$root/build/gpu-bundle bundle= reps=20 emulator=0 lean=0 lean_dir=$root/build/lean
 while [[ $# -gt 0 ]]; do
   case $1 in
     --prepare) mode=prepare ;;
@@ -34,6 +40,8 @@ while [[ $# -gt 0 ]]; do
     --bundle) bundle=$2; shift ;;
     --reps) reps=$2; shift ;;
     --emulator) emulator=1 ;;
+    --lean) lean=1 ;;
+    --lean-dir) lean_dir=$2; shift ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -57,13 +65,30 @@ prepare() {
     cmake --build "$build" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels \
       zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module
   fi
+  collect "$build" "$out"
+  vendor "$out/vendor"
+  local bytes
+  bytes=$(du -sb "$out" | cut -f1)
+  echo "gpu-check: bundle $out: $((bytes >> 20)) MiB ($bytes bytes) of at most $((max_bytes >> 20)) MiB"
+  ls -l "$out/bin" "$out/lib" | awk 'NF > 5 {print "  " $5 "\t" $9}'
+  if ((bytes > max_bytes)); then echo "gpu-check: the bundle is too large to travel"; exit 1; fi
+}
+
+stripped() {  # stripped FROM TO: a copy without debug information (a plain copy where binutils is not installed)
+  if command -v strip >/dev/null; then strip --strip-debug -o "$2" "$1"; else cp "$1" "$2"; fi
+}
+
+# collect BUILD OUT: the programs and modules of BUILD, stripped, with every library they load but glibc's and
+# cuBLAS's, into OUT/bin and OUT/lib.
+collect() {
+  local build=$1 out=$2
   rm -rf "$out"
   mkdir -p "$out/bin" "$out/lib"
   for p in "${programs[@]}"; do
     [[ -x $build/$p ]] || { echo "gpu-check: $build/$p is missing (a -DZERO_CUDA=ON build makes it)"; exit 1; }
-    strip --strip-debug -o "$out/bin/$(basename "$p")" "$build/$p"
+    stripped "$build/$p" "$out/bin/$(basename "$p")"
   done
-  for m in "${modules[@]}"; do strip --strip-debug -o "$out/lib/$m" "$build/$m"; done
+  for m in "${modules[@]}"; do stripped "$build/$m" "$out/lib/$m"; done
   # Every shared library they load but glibc's own, so that the bundle runs on another distribution's image.
   local libs
   libs=$(for f in "$out"/bin/* "$out"/lib/*; do ldd "$f"; done | awk '$3 ~ /^\// {print $3}' | sort -u)
@@ -78,27 +103,84 @@ libzero GPU check bundle
 commit: $(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 built on: $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)
 cuBLASLt: the GPU machine's own (torch's nvidia-cublas wheel or a CUDA toolkit), found at --run
-device code: $( (cuobjdump --list-elf "$out/lib/libzero-cuda.so.1" 2>/dev/null || true) | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' ')
+device code: $(if command -v cuobjdump >/dev/null; then
+  cuobjdump --list-elf "$out/lib/libzero-cuda.so.1" 2>/dev/null | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' '
+else echo "sm_${CUDA_ARCH:-90} (cuobjdump is not installed to confirm it)"; fi)
 EOF
-  local bytes
-  bytes=$(du -sb "$out" | cut -f1)
-  echo "gpu-check: bundle $out: $((bytes >> 20)) MiB ($bytes bytes) of at most $((max_bytes >> 20)) MiB"
-  ls -l "$out/bin" "$out/lib" | awk 'NF > 5 {print "  " $5 "\t" $9}'
-  if ((bytes > max_bytes)); then echo "gpu-check: the bundle is too large to travel"; exit 1; fi
+}
+
+# vendor DIR: what the lean build needs from this machine's Debian packages: nlohmann-json3-dev's, libxxhash-dev's
+# and libcmocka-dev's headers, CMocka's library, googletest's source (libgtest-dev).
+vendor() {
+  local dir=$1 header cmocka
+  mkdir -p "$dir/include" "$dir/lib"
+  for header in nlohmann xxhash.h cmocka.h; do
+    [[ -e /usr/include/$header ]] || { echo "gpu-check: /usr/include/$header is missing (scripts/install-deps.sh)"; exit 1; }
+    cp -r "/usr/include/$header" "$dir/include/"
+  done
+  cmocka=$(ldconfig -p | awk '/libcmocka\.so\.0 / {print $NF; exit}')
+  [[ -n $cmocka ]] || { echo "gpu-check: libcmocka.so.0 is missing (libcmocka-dev)"; exit 1; }
+  cp -L "$cmocka" "$dir/lib/libcmocka.so"
+  [[ -d /usr/src/googletest ]] || { echo "gpu-check: /usr/src/googletest is missing (libgtest-dev)"; exit 1; }
+  cp -r /usr/src/googletest "$dir/googletest"
+}
+
+# The fallback build on the GPU machine, from the repository beside the bundle and the bundle's vendor directory:
+# the programs are collected into LEAN_DIR-bundle (with the vendor directory), which the run then uses.
+lean_build() {
+  local dir=$lean_dir nvcc gen=()
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  [[ -x $nvcc ]] || { echo "gpu-check: the lean build needs nvcc (on PATH or in /usr/local/cuda)"; exit 1; }
+  command -v cmake >/dev/null || { echo "gpu-check: the lean build needs cmake"; exit 1; }
+  [[ -d $bundle/vendor ]] || { echo "gpu-check: $bundle/vendor is missing (--prepare makes it)"; exit 1; }
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  echo "== the lean build in $dir (sm_${CUDA_ARCH:-90})"
+  local start=$SECONDS vendored
+  vendored=$(cd "$bundle/vendor" && pwd)
+  # Warnings are not errors here: another compiler may warn where ours does not, and this build only runs tests.
+  mkdir -p "$dir"
+  cmake -S "$root" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZERO_LEAN=ON -DZERO_CUDA=ON -DZERO_WERROR=OFF \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_VENDOR_DIR="$vendored" \
+    >"$dir/lean.log" 2>&1 || { tail -30 "$dir/lean.log"; echo "gpu-check: the lean build's configure failed"; exit 1; }
+  cmake --build "$dir" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels zero_unit_tests \
+    bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module >>"$dir/lean.log" 2>&1 ||
+    { tail -40 "$dir/lean.log"; echo "gpu-check: the lean build failed (log: $dir/lean.log)"; exit 1; }
+  echo "gpu-check: the lean build took $((SECONDS - start)) s"
+  collect "$dir" "$dir-bundle"
+  cp -r "$vendored" "$dir-bundle/vendor"
+  bundle=$dir-bundle
+}
+
+# Whether the bundle's programs load here: the dynamic loader finds every library they need.
+loads() {
+  local p out
+  for p in "$bundle"/bin/* "$bundle"/lib/libzero*; do
+    if ! out=$(LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ldd "$p" 2>&1) ||
+      grep -v libcublas <<<"$out" | grep -q "not found"; then
+      echo "gpu-check: $(basename "$p") does not load here: $(grep "not found" <<<"$out" | head -3 | tr -s ' \t\n' ' ')"
+      return 1
+    fi
+  done
 }
 
 run() {
   [[ -f $bundle/MANIFEST ]] || { echo "gpu-check: no bundle at $bundle (--prepare makes one)"; exit 1; }
-  export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export ZERO_CUDA_MODULE=$bundle/lib/libzero-cuda.so.1
   # cuBLASLt for the GPT example: the one PyPI's torch brings (nvidia-cublas), or a CUDA toolkit's.
-  local cublas_dir=
+  local cublas_dir= d sub
   for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/local/cuda/lib64; do
     for sub in nvidia/cu13/lib nvidia/cublas/lib .; do
       [[ -e $d/$sub/libcublasLt.so.13 ]] && { cublas_dir=$(cd "$d/$sub" && pwd); break 2; }
     done
   done
-  [[ -n $cublas_dir ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cublas_dir
+  [[ -n $cublas_dir ]] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cublas_dir
+  if ((lean)); then
+    lean_build
+  elif ! loads; then
+    echo "gpu-check: falling back on the lean build"
+    lean_build
+  fi
+  export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export ZERO_CUDA_MODULE=$bundle/lib/libzero-cuda.so.1
   local bin=$bundle/bin logs
   logs=$(mktemp -d)
   echo "== probe"
