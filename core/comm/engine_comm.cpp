@@ -59,8 +59,10 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
   count(counter, bytes, wire_bytes);
   Pending p;
   p.begin_ = std::chrono::steady_clock::now();
+  const bool data = data_in_device_memory_ && c.buf != control_staging_.get();
+  if (data && host_staged()) p.staged_ = stage_in(c);
   try {
-    const bool identity = data_in_device_memory_ && size() == 1 && c.buf != control_staging_.get();
+    const bool identity = data && size() == 1;
     if (!identity) p.request_ = comm_->start(c);
   } catch (const Error& e) {
     recorder_.end(recorder_.start(c), c.sequence, FlightRecorder::State::kFailed);
@@ -88,6 +90,7 @@ void EngineComm::wait(Pending& p) {
   const Collective& c = p.c_;
   if (p.request_ == nullptr) {
     recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
+    stage_out(p);
     return;
   }
   const auto deadline = p.begin_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -98,6 +101,7 @@ void EngineComm::wait(Pending& p) {
       if (left <= 0) break;
       if (comm_->wait(p.request_, std::min(left, 0.25))) {
         recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
+        stage_out(p);
         return;
       }
       // zero_engine_abort from another thread: return now even if the backend would keep waiting.
@@ -138,6 +142,7 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
   if (p.request_ == nullptr) {
     p.active_ = false;
     recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
+    stage_out(p);
     return true;
   }
   const auto deadline =
@@ -150,6 +155,7 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
       if (comm_->wait(p.request_, std::min(left, 0.25))) {
         p.active_ = false;
         recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
+        stage_out(p);
         return true;
       }
     }
@@ -161,6 +167,65 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
     failed_ = true;
     return false;
   }
+}
+
+// The input's and the result's ranges in the collective's buffer (zero.h's in-place conventions): an all-gather
+// sends this rank's block and receives all; a reduce-scatter sends all and keeps this rank's block; an all-reduce
+// both all; a broadcast sends the root's all to the others.
+EngineComm::Pending::Staged EngineComm::stage_in(Collective& c) {
+  const size_t elem = elem_size(c.type), ranks = static_cast<size_t>(size()), me = static_cast<size_t>(rank());
+  size_t total = c.count * elem, in_offset = 0, in_bytes = total;
+  Pending::Staged staged;
+  staged.result_bytes = total;
+  switch (c.kind) {
+    case CollKind::kAllGather:
+      total *= ranks, in_offset = me * c.count * elem, staged.result_bytes = total;
+      break;
+    case CollKind::kReduceScatter:
+      total *= ranks, in_bytes = total, staged.result_offset = me * c.count * elem;
+      break;
+    case CollKind::kAllReduce:
+      break;
+    case CollKind::kBroadcast:
+      if (c.root == rank())
+        staged.result_bytes = 0;
+      else
+        in_bytes = 0;
+      break;
+  }
+  try {
+    test_hooks::maybe_fail(("staging." + std::string(coll_kind_name(c.kind))).c_str(), rank());
+    staged.host = static_cast<char*>(staging_->acquire(total));
+    if (in_bytes != 0)
+      staging_->to_host(staged.host + in_offset, static_cast<const char*>(c.buf) + in_offset, in_bytes,
+                        c.label + " (its input, copied out of the device)");
+  } catch (const Error& e) {
+    // This rank cannot take part: the others, already in this collective or on their way, learn it now instead
+    // of at their timeout. The host buffer, if any, is not in flight yet: it goes back.
+    if (staged.host != nullptr) staging_->give_back(staged.host);
+    failed_ = true;
+    comm_->abort("its device failed to stage collective #" + std::to_string(comm_->issued() + 1) + " (" + c.label +
+                 "): " + e.what());
+    fail(e.status(), c.label + ": " + e.what());
+  }
+  staged.device = c.buf;
+  c.buf = staged.host;
+  return staged;
+}
+
+void EngineComm::stage_out(Pending& p) {
+  Pending::Staged& staged = p.staged_;
+  if (staged.host == nullptr) return;
+  try {
+    if (staged.result_bytes != 0)
+      staging_->to_device(static_cast<char*>(staged.device) + staged.result_offset, staged.host + staged.result_offset,
+                          staged.result_bytes, p.c_.label + " (its result, copied into the device)");
+  } catch (...) {
+    failed_ = true;  // the device did not take the result: this engine's data are no longer the others'
+    throw;
+  }
+  staging_->give_back(staged.host);
+  staged.host = nullptr;
 }
 
 void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/data_staging.hpp"
 #include "comm/flight_recorder.hpp"
 #include "util/error.hpp"
 
@@ -83,6 +84,13 @@ class EngineComm {
   // A device engine's: the data collectives' buffers are device memory, which a host backend must not touch. At one
   // rank they are identities (the in-place convention), so they move nothing; the control exchanges run as ever.
   void set_data_in_device_memory(bool on) { data_in_device_memory_ = on; }
+  // At more than one rank, a backend that does not accept device buffers runs a device engine's data collectives
+  // through `staging` (comm/data_staging.hpp): the host-staged path.
+  void set_data_staging(std::shared_ptr<DataStaging> staging) { staging_ = std::move(staging); }
+  // Whether this engine's data collectives go through host staging.
+  bool host_staged() const {
+    return data_in_device_memory_ && staging_ != nullptr && size() > 1 && !comm_->capabilities().device_buffers;
+  }
   // What the agreement's messages call a rank of this group ("rank", "model-parallel rank").
   void set_rank_name(std::string name) { rank_name_ = std::move(name); }
   const std::string& rank_name() const { return rank_name_; }
@@ -98,7 +106,7 @@ class EngineComm {
     Pending(Pending&& o) noexcept { *this = std::move(o); }
     Pending& operator=(Pending&& o) noexcept {
       std::swap(owner_, o.owner_), std::swap(c_, o.c_), std::swap(request_, o.request_), std::swap(slot_, o.slot_);
-      std::swap(begin_, o.begin_), std::swap(active_, o.active_);
+      std::swap(begin_, o.begin_), std::swap(active_, o.active_), std::swap(staged_, o.staged_);
       return *this;
     }
     // Dropped without wait() (an exception between start and wait): the collective may still run in the backend
@@ -116,6 +124,13 @@ class EngineComm {
     size_t slot_ = 0;
     std::chrono::steady_clock::time_point begin_;
     bool active_ = false;
+    // Host-staged: the device buffer the result goes back to, the host copy the backend works on, and the range
+    // of the result (bytes from the start of both).
+    struct Staged {
+      void* device = nullptr;
+      char* host = nullptr;
+      size_t result_offset = 0, result_bytes = 0;
+    } staged_;
   };
   Pending start_all_gather(void* buf, size_t block, ElemType type, const std::string& label);
   Pending start_reduce_scatter_sum(void* buf, size_t block, ElemType type, const std::string& label);
@@ -187,12 +202,17 @@ class EngineComm {
   // when it completes; a staging buffer left in flight is kept and never freed.
   void run_small(Collective c, size_t total_bytes, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   Pending start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
+  // Host-staged: moves c's input into a host buffer and points c at it; the result's range is returned.
+  Pending::Staged stage_in(Collective& c);
+  // Host-staged, after the collective completed: its result back into device memory, and the host buffer back.
+  void stage_out(Pending& p);
   Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
 
   std::shared_ptr<Communicator> comm_;
   double timeout_s_ = 600.0;
   bool data_in_device_memory_ = false;
+  std::shared_ptr<DataStaging> staging_;
   std::string rank_name_ = "rank";
   CommStats stats_;
   bool abandoned_ = false;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "engine/device_call.hpp"
+#include "engine/host_staging.hpp"
 #include "plan/plan_spec.hpp"
 #include "util/error.hpp"
 #include "util/log.hpp"
@@ -74,6 +75,7 @@ void Engine::set_device(std::shared_ptr<device::Runtime> runtime) {
                 "at a time so far (destroy the other first)");
   device_ = std::make_shared<device::DeviceContext>(std::move(runtime), config_.timeout_s);
   comm_.set_data_in_device_memory(true);
+  comm_.set_data_staging(std::make_shared<device::PinnedStaging>(device_));
   device::install_device_memory(device_);
   device::install_allocators(store_.allocators(), device_);
   stepper_.use_device(device_);
@@ -123,9 +125,9 @@ void Engine::copy(void* dst, const void* src, size_t bytes) {
 void Engine::check_device_config() const {
   if (!device_) return;
   const std::string on = "the device engine (" + device_->runtime().describe() + ")";
-  if (comm_.size() > 1)
-    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs one rank per job so far: its collectives over a device "
-                                           "communicator (NCCL) or a host-staged one are not built yet");
+  if (comm_.size() > 1 && !comm_.host_staged())
+    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " at more than one rank runs its collectives through host memory so far: "
+                                           "a communicator that takes device buffers (NCCL) is not built yet");
   if (model_parallel_ != nullptr) guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs without a model-parallel group so far");
   if (config_.offload.nvme() || config_.offload.params_nvme())
     guard_.fail(ZERO_ERR_UNSUPPORTED,

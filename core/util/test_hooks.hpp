@@ -11,7 +11,8 @@
 // after writing its shards), release_modified.kill (the rank dies by SIGKILL as zero_release_modified's broadcasts
 // begin), nvme.stream (an I/O error halfway through the optimizer pass over NVMe-offloaded
 // state), nvme.read (an I/O error reading that state, as a checkpoint's save does), params.write (an I/O error
-// writing a unit's new param shard to the params file in zero_step).
+// writing a unit's new param shard to the params file in zero_step), staging.KIND (a device engine's host-staged
+// collective of KIND — broadcast, all-gather, reduce-scatter — fails to copy its input out of the device).
 #pragma once
 
 namespace zero {

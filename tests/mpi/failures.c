@@ -43,6 +43,11 @@
  *                    only the destruction that followed it.
  *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
  *                    and loads it back.
+ *   staging-fails:KIND  a device engine on the host emulator, its collectives staged through host memory: the last
+ *                    rank's device fails to copy the input of its first collective of KIND (broadcast: finalize's
+ *                    initial values; all-gather: stage 3's gathers; reduce-scatter: the buckets) out of the device
+ *                    (hook staging.KIND); it gets its own error, the others ZERO_ERR_REMOTE naming it within
+ *                    seconds, in whichever call they wait.
  *   fail-in-group    stage 2: the last rank fails after a bucket's reduce-scatters were started together (a
  *                    group, hook bucket.group) and before it waits for them. Data were moving, so it gets its own
  *                    error and its engine breaks; the others, waiting in the group, get ZERO_ERR_REMOTE naming it
@@ -276,6 +281,48 @@ static void fail_at(zero_comm_t* comm, const char* site, int stage) {
   /* Training goes on: one more full step on every rank. */
   micro_step(engine, ids);
   CHECK(zero_step(NULL, engine));
+  zero_engine_destroy(engine);
+}
+
+/* staging-fails:KIND: a device engine (the host emulator) at several ranks, its collectives through host memory;
+ * the last rank's device fails to copy the input of its first collective of KIND out (hook staging.KIND), whichever
+ * call makes it. */
+static void staging_fails(zero_comm_t* comm, const char* kind, int stage) {
+  char config[512];
+  snprintf(config, sizeof config,
+           "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}, \"zero_optimization\": {\"stage\": %d,"
+           " \"stage3_param_persistence_threshold\": 0}, \"libzero\": {\"timeout_s\": 60}}",
+           stage);
+  zero_engine_t* engine = NULL;
+  int32_t ids[kNumParams];
+  CHECK(zero_engine_create(&engine, config, comm));
+  CHECK(zero_engine_set_device(engine, "emulator"));
+  register_test_model(engine, ZERO_DTYPE_FP32, NULL, ids);
+  char site[64];
+  snprintf(site, sizeof site, "staging.%s", kind);
+  set_fault(site);
+  const double t = now();
+  const char* call = "zero_engine_finalize";
+  zero_status_t s = zero_engine_finalize(engine);
+  for (int u = 0; u < kNumUnits && s == ZERO_OK; ++u) {
+    call = "zero_gather";
+    s = zero_gather(engine, u);
+    if (s == ZERO_OK) s = zero_release(engine, u);
+  }
+  for (int p = kNumParams - 1; p >= 0 && s == ZERO_OK; --p)
+    call = "zero_grad_ready", s = zero_grad_ready(engine, ids[p]);
+  if (s == ZERO_OK) call = "zero_backward_end", s = zero_backward_end(engine);
+  if (s == ZERO_OK) call = "zero_step", s = zero_step(NULL, engine);
+  unsetenv("ZERO_TEST_FAIL");
+  char fragment[64];
+  snprintf(fragment, sizeof fragment, "rank %d", g_last);
+  if (g_rank == g_last)
+    expect_status(engine, s, ZERO_ERR_INTERNAL, "injected failure at 'staging.", t, 8.0, call);
+  else
+    expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 8.0, call);
+  /* Data were about to move: no engine trains on. */
+  EXPECT(zero_gather(engine, 0) == ZERO_ERR_INVALID_STATE && strstr(zero_last_error(), "unusable") != NULL,
+         "after a failed staging: %s", zero_last_error());
   zero_engine_destroy(engine);
 }
 
@@ -788,6 +835,8 @@ int main(int argc, char** argv) {
     left = abort_with_prefetch_open(comm);
   else if (strcmp(g_scenario, "fail-in-group") == 0)
     fail_in_group(comm);
+  else if (strncmp(g_scenario, "staging-fails:", 14) == 0)
+    staging_fails(comm, g_scenario + 14, stage);
   else if (strcmp(g_scenario, "fail-in-flight") == 0) {
     g_overlap = 1;
     fail_in_group(comm);

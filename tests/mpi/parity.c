@@ -6,7 +6,7 @@
  *                            [--comm mpi|shm|shm-nodes:L|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
  *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
- *                            [--loss-averaged 0|1] [--device emulator|cuda]
+ *                            [--loss-averaged 0|1] [--device emulator|cuda] [--offload optimizer|all]
  *
  * --partial 1 ends every fourth window early, as a training loop does at the end of an epoch whose length is not a
  * multiple of the window: after k = 1, 2, ... G - 1 micro-steps in turn, zero_step_with(partial_window) steps, and
@@ -16,9 +16,11 @@
  * zero_step_with(loss_averaged): the reference sums them and divides by N x loss scale only. With it k is a power of
  * two (1 for k = 3), so the test's division is exact.
  *
- * --device puts the engine on a device (zero_engine_set_device; one rank): params and gradients are read and
- * written through zero_engine_copy, and the norm is always a device pass of its own. With "emulator" every access
- * to device memory is checked for stream order, and the weights must be the same reference bits.
+ * --device puts the engine on a device (zero_engine_set_device): params and gradients are read and written through
+ * zero_engine_copy, and the norm is always a device pass of its own; at more than one rank the collectives go
+ * through host memory (the host-staged path). With "emulator" every access to device memory is checked for stream
+ * order, and the weights must be the same reference bits. --offload optimizer (ZeRO-Offload: the fp32 master and
+ * AdamW's state in host memory, stepped by the CPU) or all (stage 3's param shards there too) with it.
  *
  * --overlap 1 sets overlap_comm: bucket reductions complete later, while backward goes on, and the new params are
  * all-gathered in the background after the step (stages 1-2: zero_gather waits for its unit); the weights must be
@@ -210,7 +212,7 @@ int main(int argc, char** argv) {
   int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0, norm_in_update = 0, partial = 0;
   int loss_averaged = 0;
   long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
-  const char *nvme_dir = NULL, *nvme_params_dir = NULL;
+  const char *nvme_dir = NULL, *nvme_params_dir = NULL, *offload = NULL;
   const char* comm_kind = "mpi";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stage") == 0)
@@ -247,6 +249,8 @@ int main(int argc, char** argv) {
       nvme_dir = argv[i + 1];
     else if (strcmp(argv[i], "--nvme-params") == 0)
       nvme_params_dir = argv[i + 1];
+    else if (strcmp(argv[i], "--offload") == 0)
+      offload = argv[i + 1];
     else if (strcmp(argv[i], "--device") == 0)
       g_device = argv[i + 1];
   }
@@ -308,6 +312,9 @@ int main(int argc, char** argv) {
     snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch),
              ", \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"%s\", \"buffer_size\": 100}",
              nvme_params_dir);
+  if (offload != NULL) /* ZeRO-Offload: "optimizer" (the master and state), or "all" (stage 3's params too) */
+    snprintf(fetch + strlen(fetch), sizeof fetch - strlen(fetch), ", \"offload_optimizer\": {\"device\": \"cpu\"}%s",
+             strcmp(offload, "all") == 0 ? ", \"offload_param\": {\"device\": \"cpu\"}" : "");
   char config[1024];
   snprintf(
       config, sizeof config,

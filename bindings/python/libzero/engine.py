@@ -74,7 +74,7 @@ class Engine:
     manager, or call ``close()``.
 
     ``device`` (experimental): ``"cuda"`` puts the model states in the current CUDA device's memory and runs the norm
-    and the step there (one rank so far); ``"emulator"`` runs the same on libzero's host emulator of a device, a test
+    and the step there (at several ranks, collectives through host memory); ``"emulator"`` runs the same on libzero's host emulator of a device, a test
     tool, not a device. ``param()`` and ``grad()`` are then :class:`~libzero.views.DeviceView` objects: DLPack
     exports (``torch.from_dlpack`` on CUDA) and explicit copies, never numpy arrays over device memory.
     """

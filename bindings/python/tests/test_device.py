@@ -1,8 +1,11 @@
 """A device engine from Python, on libzero's host emulator of a device (a test tool, not a device): the same bits as
 the CPU engine at every stage, device memory reached only through explicit copies and DLPack, views that go stale
-as host views do. On a GPU the same calls take ``device="cuda"``."""
+as host views do. On a GPU the same calls take ``device="cuda"``. Under mpirun (several ranks) the device engine's
+collectives go through host memory (host-staged), with the same bits as the CPU engine at that rank count."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -13,11 +16,17 @@ from libzero.views import KDLCPU, KDLEXTDEV, DeviceView
 
 SHAPES = {"a": (7,), "b": (3, 5), "w": (64, 33), "big": (5000,)}
 UNITS = {"a": 0, "b": 0, "w": 1, "big": 2}
+RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+WORLD = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+
+
+def comm() -> libzero.Comm:
+    return libzero.Comm.mpi() if WORLD > 1 else libzero.Comm.single()
 
 
 def config(stage: int, dtype: str) -> dict:
     cfg = {
-        "train_batch_size": 2,
+        "train_batch_size": 2 * WORLD,
         "gradient_accumulation_steps": 2,
         "gradient_clipping": 0.5,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
@@ -30,14 +39,14 @@ def config(stage: int, dtype: str) -> dict:
 
 
 def gradient(step: int, micro: int, name: str) -> np.ndarray:
-    """Dyadic values (multiples of 2^-8): sums over micro-steps are exact."""
-    rng = np.random.default_rng(1000 * step + 10 * micro + sorted(SHAPES).index(name))
+    """Dyadic values (multiples of 2^-8), each rank its own: sums over micro-steps and ranks are exact."""
+    rng = np.random.default_rng(100000 * RANK + 1000 * step + 10 * micro + sorted(SHAPES).index(name))
     return (rng.integers(-512, 513, size=SHAPES[name]) / 256.0).astype(np.float32)
 
 
 def train(stage: int, dtype: str, device: str | None) -> dict[str, np.ndarray]:
     """Three steps of two micro-steps; the params read back as host arrays."""
-    with libzero.Engine(config(stage, dtype), libzero.Comm.single(), device=device) as e:
+    with libzero.Engine(config(stage, dtype), comm(), device=device) as e:
         rng = np.random.default_rng(5)
         ids = {}
         for name, shape in SHAPES.items():

@@ -137,12 +137,7 @@ class TorchEngine(LearningRates, torch.nn.Module):
         named = [(n, p) for n, p in model.named_parameters() if p.numel() > 0]
         cuda = _cuda_device(named)
         self._device = cuda if cuda is not None else torch.device("cpu")
-        if cuda is not None:  # a device engine on the model's GPU
-            if self.engine.world_size > 1:
-                raise ValueError(
-                    f"the model is on {cuda} and the job has {self.engine.world_size} ranks: libzero's device engine "
-                    "runs one process so far (NCCL and host-staged communicators are not built yet); train on one "
-                    "process, or keep the model on the CPU")
+        if cuda is not None:  # a device engine on the model's GPU (several ranks: collectives through host memory)
             with torch.cuda.device(cuda):
                 self.engine.set_device("cuda")
         raw_units = number_units(named, unit_of)
