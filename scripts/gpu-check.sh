@@ -118,9 +118,11 @@ vendor() {
     [[ -e /usr/include/$header ]] || { echo "gpu-check: /usr/include/$header is missing (scripts/install-deps.sh)"; exit 1; }
     cp -r "/usr/include/$header" "$dir/include/"
   done
-  cmocka=$(ldconfig -p | awk '/libcmocka\.so\.0 / {print $NF; exit}')
+  cmocka=$(ldconfig -p | awk '/libcmocka\.so\.0 / && !found {print $NF; found = 1}')
   [[ -n $cmocka ]] || { echo "gpu-check: libcmocka.so.0 is missing (libcmocka-dev)"; exit 1; }
+  # Under both names, as files (links may not travel): the linker's, and the SONAME the programs then load.
   cp -L "$cmocka" "$dir/lib/libcmocka.so"
+  cp -L "$cmocka" "$dir/lib/libcmocka.so.0"
   [[ -d /usr/src/googletest ]] || { echo "gpu-check: /usr/src/googletest is missing (libgtest-dev)"; exit 1; }
   cp -r /usr/src/googletest "$dir/googletest"
 }
@@ -132,6 +134,13 @@ lean_build() {
   nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [[ -x $nvcc ]] || { echo "gpu-check: the lean build needs nvcc (on PATH or in /usr/local/cuda)"; exit 1; }
   command -v cmake >/dev/null || { echo "gpu-check: the lean build needs cmake"; exit 1; }
+  local need have
+  need=$(sed -n 's/^cmake_minimum_required(VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")
+  have=$(cmake --version | sed -n 's/^cmake version \([0-9.]*\).*/\1/p')
+  if [[ $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1) != "$need" ]]; then
+    echo "gpu-check: the lean build needs CMake $need or later; this machine has $have (pip install cmake)"
+    exit 1
+  fi
   [[ -d $bundle/vendor ]] || { echo "gpu-check: $bundle/vendor is missing (--prepare makes it)"; exit 1; }
   command -v ninja >/dev/null && gen=(-G Ninja)
   echo "== the lean build in $dir (sm_${CUDA_ARCH:-90})"
@@ -146,38 +155,57 @@ lean_build() {
     bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module >>"$dir/lean.log" 2>&1 ||
     { tail -40 "$dir/lean.log"; echo "gpu-check: the lean build failed (log: $dir/lean.log)"; exit 1; }
   echo "gpu-check: the lean build took $((SECONDS - start)) s"
-  collect "$dir" "$dir-bundle"
+  # Collected with the vendored CMocka found (test_capi_device needs libcmocka.so.0, which the machine lacks).
+  LD_LIBRARY_PATH=$vendored/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} collect "$dir" "$dir-bundle"
   cp -r "$vendored" "$dir-bundle/vendor"
   bundle=$dir-bundle
 }
 
-# Whether the bundle's programs load here: the dynamic loader finds every library they need.
+# Whether the bundle's programs load here: the dynamic loader finds every library, symbol version and symbol they
+# need (ldd -r). cuBLASLt must be found too (cublas_dir: the one the programs were linked with, by its SONAME).
 loads() {
-  local p out
+  local p out missing
   for p in "$bundle"/bin/* "$bundle"/lib/libzero*; do
-    if ! out=$(LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ldd "$p" 2>&1) ||
-      grep -v libcublas <<<"$out" | grep -q "not found"; then
-      echo "gpu-check: $(basename "$p") does not load here: $(grep "not found" <<<"$out" | head -3 | tr -s ' \t\n' ' ')"
+    out=$(LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ldd -r "$p" 2>&1) || true
+    missing=$(grep -E "not found|undefined symbol|not a dynamic" <<<"$out" || true)
+    if [[ -n $missing ]]; then
+      echo "gpu-check: $(basename "$p") does not load here: $(head -3 <<<"$missing" | tr -s ' \t\n' ' ')"
       return 1
     fi
   done
 }
 
-run() {
-  [[ -f $bundle/MANIFEST ]] || { echo "gpu-check: no bundle at $bundle (--prepare makes one)"; exit 1; }
-  # cuBLASLt for the GPT example: the one PyPI's torch brings (nvidia-cublas), or a CUDA toolkit's.
-  local cublas_dir= d sub
-  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/local/cuda/lib64; do
+# The cuBLASLt the GPT example was linked with (its SONAME, e.g. libcublasLt.so.13): PyPI's (torch's
+# nvidia-cublas wheel) or a CUDA toolkit's. Prints its directory, or nothing.
+find_cublas() {
+  local soname d sub
+  soname=$( (readelf -d "$bundle/bin/train_gpt_device" 2>/dev/null || true) | sed -n 's/.*NEEDED.*\[\(libcublasLt[^]]*\)\]/\1/p')
+  [[ -n $soname ]] || return 0
+  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/local/cuda/lib64 \
+    /usr/local/cuda/lib; do
     for sub in nvidia/cu13/lib nvidia/cublas/lib .; do
-      [[ -e $d/$sub/libcublasLt.so.13 ]] && { cublas_dir=$(cd "$d/$sub" && pwd); break 2; }
+      if [[ -e $d/$sub/$soname ]]; then
+        (cd "$d/$sub" && pwd)
+        return 0
+      fi
     done
   done
+}
+
+run() {
+  [[ -f $bundle/MANIFEST ]] || { echo "gpu-check: no bundle at $bundle (--prepare makes one)"; exit 1; }
+  # cuBLASLt for the GPT example: the one PyPI's torch brings (nvidia-cublas), or a CUDA toolkit's. Where none
+  # matches the prebuilt program's, loads() fails and the lean build links the machine's own.
+  local cublas_dir
+  cublas_dir=$(find_cublas)
   [[ -n $cublas_dir ]] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cublas_dir
   if ((lean)); then
     lean_build
   elif ! loads; then
     echo "gpu-check: falling back on the lean build"
     lean_build
+    cublas_dir=$(find_cublas)
+    [[ -n $cublas_dir ]] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cublas_dir
   fi
   export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export ZERO_CUDA_MODULE=$bundle/lib/libzero-cuda.so.1
@@ -187,6 +215,7 @@ run() {
   cat "$bundle/MANIFEST"
   echo "running on: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
   echo "cuBLASLt: ${cublas_dir:-not found (the GPT example cannot load)}"
+  echo "cmake: $( (cmake --version 2>/dev/null || echo "not found") | head -1)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: no GPU"
   (command -v nvcc >/dev/null && nvcc --version | tail -1) || echo "nvcc: not found"
   python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPU', torch.cuda.is_available(),
@@ -248,12 +277,12 @@ run() {
       --micro-batch 8 --steps 30 --print-every 10
   fi
   # The GPT's stages give the same weights, and a run repeats itself (both logs carry the weights' digest).
-  gpt_same() {  # gpt_same NAME LOG-PATTERN: every digest in the matching logs is the same
-    local name=$1 digests
-    shift
-    digests=$(cat "$@" 2>/dev/null | awk '/weights digest [0-9a-f]+$/ {print $NF} $1 ~ /^[0-3]$/ && NF == 10 {print $NF}' |
-      sort -u)
-    if [[ -n $digests && $(echo "$digests" | wc -l) == 1 ]]; then
+  gpt_same() {  # gpt_same NAME COUNT LOG...: the logs hold COUNT digests, all the same
+    local name=$1 count=$2 all digests
+    shift 2
+    all=$(cat "$@" 2>/dev/null | awk '/weights digest [0-9a-f]+$/ {print $NF} $1 ~ /^[0-3]$/ && NF == 10 {print $NF}')
+    digests=$(sort -u <<<"$all")
+    if [[ -n $all && $(wc -l <<<"$all") == "$count" && $(wc -l <<<"$digests") == 1 ]]; then
       rows+=("$(printf "%-34s %-36s %7s" "$name" "ok (one digest: $digests)" "")")
     else
       failed+=("$name")
@@ -261,11 +290,13 @@ run() {
     fi
   }
   if ((emulator)); then
-    gpt_same gpt.cpu.stages-agree "$logs/gpt.cpu.log"
+    gpt_same gpt.cpu.stages-agree 4 "$logs/gpt.cpu.log"
   else
-    gpt_same gpt.stages-agree "$logs/gpt.stages.log"
-    gpt_same gpt.run-repeats "$logs/gpt.repeat.1.log" "$logs/gpt.repeat.2.log"
-    # It learns the additions' answer digits (the CPU's recipe reaches 1.16 in 100 steps of 32 sequences).
+    gpt_same gpt.stages-agree 4 "$logs/gpt.stages.log"
+    gpt_same gpt.run-repeats 2 "$logs/gpt.repeat.1.log" "$logs/gpt.repeat.2.log"
+    # It learns the additions' answer digits: from 5.6 to below 1.6. The same recipe on the CPU (--device cpu, its
+    # other summation order) ends at a held-out loss of 0.165 with 83.6 % of the answers right, after a plateau
+    # near 1.1 that it leaves at an order-dependent step, so the bound asks for learning, not for that step.
     local heldout
     heldout=$(awk '/^held-out loss/ {print $3}' "$logs/gpt.learns.log" 2>/dev/null)
     if [[ -n $heldout ]] && awk -v l="$heldout" 'BEGIN {exit !(l < 1.6)}'; then

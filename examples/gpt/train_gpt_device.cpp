@@ -7,6 +7,7 @@
 //   train_gpt_device [--device cuda|cpu] [--stage 3] [--steps 200] [--compare-stages] [--digest] [--help]
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -125,7 +126,10 @@ Options parse(int argc, char** argv) {
     } else if (a == "--activation-checkpointing") {
       o.checkpointing = true;
     } else if (a == "--seed") {
-      o.seed = number([](const std::string& v, size_t* used) { return std::stoull(v, used); });
+      o.seed = number([](const std::string& v, size_t* used) {
+        if (v.empty() || v[0] == '-') throw std::invalid_argument(v);  // stoull would wrap it
+        return std::stoull(v, used);
+      });
     } else if (a == "--print-every") {
       o.print_every = integer();
     } else if (a == "--digest") {
@@ -139,6 +143,13 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device " + o.device + ": cuda or cpu");
+  for (double x : {o.lr, o.clip, o.weight_decay, o.beta2})
+    if (!std::isfinite(x) || x < 0) throw std::invalid_argument("--lr, --clip, --weight-decay, --beta2: finite, >= 0");
+  // Sizes the layers index with int: rows (B x T), the widest activation (4C), the attention scores (B x H x T x T).
+  const double rows = static_cast<double>(o.micro_batch) * o.model.seq_len;
+  if (rows * 4 * o.model.channels > INT32_MAX || 4.0 * o.model.channels > INT32_MAX ||
+      rows * o.model.heads * o.model.seq_len > INT32_MAX || rows * o.model.vocab > INT32_MAX)
+    throw std::invalid_argument("the model or the micro-batch is too large for this example (int indices)");
   if (o.model.layers < 1 || o.model.heads < 1 || o.model.channels < 1 || o.model.seq_len < 1)
     throw std::invalid_argument("--layers, --heads, --channels and --seq-len must be positive");
   if (o.model.channels % o.model.heads != 0 || o.stage < 0 || o.stage > 3 || o.steps < 1 || o.micro_batch < 1 ||
@@ -151,10 +162,10 @@ std::string engine_config(const Options& o, int stage) {
   char buffer[1024];
   std::snprintf(buffer, sizeof buffer,
                 "{\"train_micro_batch_size_per_gpu\": %d, \"gradient_accumulation_steps\": %d,"
-                " \"gradient_clipping\": %g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %g,"
-                " \"betas\": [0.9, %.17g], \"weight_decay\": %g}}, \"zero_optimization\": {\"stage\": %d,"
+                " \"gradient_clipping\": %.17g, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": %.17g,"
+                " \"betas\": [0.9, %.17g], \"weight_decay\": %.17g}}, \"zero_optimization\": {\"stage\": %d,"
                 " \"stage3_param_persistence_threshold\": 0, \"reduce_bucket_size\": 500000},"
-                " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %g,"
+                " \"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_min_lr\": 0, \"warmup_max_lr\": %.17g,"
                 " \"warmup_num_steps\": %d, \"warmup_type\": \"linear\"}}%s}",
                 o.micro_batch, o.grad_accum, o.clip, o.lr, o.beta2, o.weight_decay, stage, o.lr, o.warmup,
                 o.bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
@@ -228,10 +239,13 @@ class ZeroSource : public gpt::ParamSource<float> {
     ZCHECK(zero_gather(e_, unit));
     const auto& ids = ids_[static_cast<size_t>(unit)];
     std::vector<void*> data(ids.size());
+    // Each tensor's slice of the widened copy starts 256 bytes in, as the engine's own tensors and cudaMalloc's
+    // buffers do, so that the matmuls see one alignment everywhere.
+    auto slice = [](size_t n) { return (n + 63) / 64 * 64; };
     size_t total = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
       ZCHECK(zero_param_data(&data[i], e_, ids[i]));
-      total += numel(c_, unit, i);
+      total += slice(numel(c_, unit, i));
     }
     std::vector<const float*> out;
     if (!bf16_) {
@@ -243,7 +257,7 @@ class ZeroSource : public gpt::ParamSource<float> {
       const size_t n = numel(c_, unit, i);
       runner_.widen_bf16(scratch, data[i], n);
       out.push_back(scratch);
-      scratch += n;
+      scratch += slice(n);
     }
     return out;
   }
@@ -317,7 +331,7 @@ std::unique_ptr<gpt::device::ModelRunner> make_runner(const Options& o) {
 
 struct RunResult {
   zero_memory_stats_t mem = ZERO_MEMORY_STATS_INIT;
-  size_t activation_bytes = 0;
+  size_t activation_bytes = 0, scratch_bytes = 0;  // the model's: kept for backward, and everything else it holds
   double tokens_per_s = 0, ms_per_step = 0, final_loss = 0, heldout_loss = 0, answers_right = 0;
   uint64_t digest = 0;
 };
@@ -362,7 +376,12 @@ RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt:
   zero_comm_t* comm = nullptr;
   ZCHECK(zero_comm_create_single(&comm));
   zero_engine_t* e = nullptr;
-  ZCHECK(zero_engine_create(&e, engine_config(o, stage).c_str(), comm));
+  const zero_status_t created = zero_engine_create(&e, engine_config(o, stage).c_str(), comm);
+  if (created != ZERO_OK) {
+    const std::string why = zero_last_error();
+    zero_comm_destroy(comm);
+    throw std::runtime_error(std::string("zero_engine_create: ") + zero_status_string(created) + ": " + why);
+  }
   RunResult result;
   try {
     if (o.device == "cuda") {
@@ -379,7 +398,7 @@ RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt:
                   o.device == "cuda" ? "the GPU (device engine)" : "the CPU (CPU engine)");
     const double tokens_per_step = static_cast<double>(o.micro_batch) * o.model.seq_len * o.grad_accum;
     std::vector<int> tokens, targets;
-    double total_ms = 0;
+    double total_ms = 0;  // steps 2 on: the first also plans the matmuls and allocates
     for (int step = 1; step <= steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       double loss = 0;
@@ -391,7 +410,7 @@ RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt:
       zero_step_info_t si = ZERO_STEP_INFO_INIT;
       ZCHECK(zero_step(&si, e));
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      total_ms += ms;
+      if (step > 1 || steps == 1) total_ms += ms;
       result.final_loss = loss / o.grad_accum;
       if (verbose && (step == 1 || step % o.print_every == 0 || step == steps)) {
         std::printf("step %5d/%d | loss %.4f | %9.0f tok/s | %7.2f ms/step | grad norm %.4f\n", step, steps,
@@ -399,12 +418,13 @@ RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt:
         std::fflush(stdout);
       }
     }
-    result.ms_per_step = total_ms / steps;
+    result.ms_per_step = total_ms / (steps > 1 ? steps - 1 : 1);
     result.tokens_per_s = tokens_per_step / (result.ms_per_step / 1e3);
     if (verbose) evaluate(*runner, src, corpus, o, result);
     if (o.digest) result.digest = src.digest();
     ZCHECK(zero_memory_stats(&result.mem, e));
     result.activation_bytes = runner->activation_bytes();
+    result.scratch_bytes = runner->model_bytes() - result.activation_bytes;
   } catch (...) {
     zero_engine_destroy(e);
     zero_comm_destroy(comm);
@@ -417,13 +437,15 @@ RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt:
 
 double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+// The engine's (zero_memory_stats) and the model's: activations kept for backward, and its scratch (backward's
+// buffers, the logits' gradient, bf16's widened copies, cuBLASLt's workspace).
 void print_memory(const RunResult& r) {
-  std::printf("\nmemory (MiB)\n%9s %9s %9s %9s %9s %11s %9s\n", "params", "grads", "master", "optim", "buffers",
-              "activations", "total");
-  std::printf("%9.2f %9.2f %9.2f %9.2f %9.2f %11.2f %9.2f\n", mib(r.mem.param_bytes), mib(r.mem.grad_bytes),
+  std::printf("\nmemory (MiB)\n%9s %9s %9s %9s %9s %11s %9s %9s\n", "params", "grads", "master", "optim", "buffers",
+              "activations", "scratch", "total");
+  std::printf("%9.2f %9.2f %9.2f %9.2f %9.2f %11.2f %9.2f %9.2f\n", mib(r.mem.param_bytes), mib(r.mem.grad_bytes),
               mib(r.mem.master_param_bytes), mib(r.mem.optimizer_state_bytes),
-              mib(r.mem.bucket_bytes + r.mem.gathered_bytes), mib(r.activation_bytes),
-              mib(r.mem.total_bytes + r.activation_bytes));
+              mib(r.mem.bucket_bytes + r.mem.gathered_bytes), mib(r.activation_bytes), mib(r.scratch_bytes),
+              mib(r.mem.total_bytes + r.activation_bytes + r.scratch_bytes));
 }
 
 }  // namespace
@@ -449,7 +471,8 @@ int main(int argc, char** argv) try {
     const RunResult r = train(o, o.stage, o.steps, true, corpus);
     std::printf("held-out loss %.4f", r.heldout_loss);
     if (corpus.arithmetic) std::printf(" | whole answers right %.1f %%", r.answers_right);
-    std::printf("\ntokens/s %.0f (%.2f ms per step, the mean over %d steps)\n", r.tokens_per_s, r.ms_per_step, o.steps);
+    std::printf("\ntokens/s %.0f (%.2f ms per step, the mean over steps %d-%d)\n", r.tokens_per_s, r.ms_per_step,
+                o.steps > 1 ? 2 : 1, o.steps);
     if (o.digest) std::printf("weights digest %016llx\n", static_cast<unsigned long long>(r.digest));
     print_memory(r);
     return 0;

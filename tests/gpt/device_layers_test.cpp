@@ -2,7 +2,8 @@
 // against finite differences by unit.gpt.gradcheck): with the same matmuls (OpenBLAS) the device runner gives the
 // CPU model's loss, logits and every gradient bit for bit, in float and double, tied and untied, with and without
 // activation checkpointing, over two micro-steps that accumulate. Each launch's items run once in order and once in
-// reverse: equal bits mean no item reads what another item of its launch writes (what a GPU would race on).
+// reverse: equal bits mean no item reads what another item of its launch writes (what a GPU would race on); a
+// planted race shows that the comparison sees one.
 // Also: the plain-loop matmul the trainer's CPU backend uses stays within a rounding bound of OpenBLAS's.
 #include <cblas.h>
 
@@ -194,6 +195,27 @@ int check_loop_gemm() {
   return failures;
 }
 
+// The order check itself: a planted race (each item reads what its neighbour writes, as a GPU's threads would race
+// on) gives other bits in reverse order, so the check above would name it.
+struct PlantedRace {
+  float* out;
+  const float* in;
+  void operator()(size_t i) const { out[i] = in[i] + (i > 0 ? 0.5f * out[i - 1] : 0.0f); }
+};
+
+int check_planted_race() {
+  std::vector<float> in(64), forward(64, 0.0f), reverse(64, 0.0f);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 7) - 3.0f;
+  gpt::device::HostBackend<float>(&blas_gemm<float>, false).each(in.size(), PlantedRace{forward.data(), in.data()});
+  gpt::device::HostBackend<float>(&blas_gemm<float>, true).each(in.size(), PlantedRace{reverse.data(), in.data()});
+  if (same_bits(forward, reverse)) {
+    std::printf("FAIL a planted race gives the same bits in both orders: the order check would miss it\n");
+    return 1;
+  }
+  std::printf("ok   a planted race changes the bits in reverse order (what the check looks for)\n");
+  return 0;
+}
+
 }  // namespace
 
 int main() {
@@ -210,6 +232,7 @@ int main() {
       failures += check_variant<float>("float", small, 4, checkpointing);
     }
   failures += check_loop_gemm();
+  failures += check_planted_race();
   std::printf("%s\n", failures ? "FAILED" : "all passed");
   return failures ? 1 : 0;
 }

@@ -1,8 +1,10 @@
 // The device GPT's backend on CUDA: every launch on one stream (the one the trainer hands the engine), a work-item
 // kernel per layer (device/layers.hpp: one thread per item, no atomics), and the matmuls through cuBLASLt in fp32
 // (CUBLAS_COMPUTE_32F: no TF32) with a fixed workspace and, per shape, the one algorithm its heuristic named first,
-// chosen once and reused. cuBLAS gives the same bits run after run for the same algorithm, workspace and GPU, and the
-// layer kernels have no atomics, so a training run repeats itself bit for bit on the same GPU.
+// chosen once and reused. cuBLAS gives the same bits run after run for the same algorithm and workspace on the same
+// GPU model (the same SM count) with the same cuBLAS release, and the layer kernels have no atomics, so a training
+// run repeats itself bit for bit there. Every buffer the matmuls see is 256-byte aligned (cudaMalloc's, the
+// engine's, the widened copies' slices), so the algorithm depends on the shape alone.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -43,21 +45,16 @@ class CudaBackend {
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS itself reserves on Hopper
 
   CudaBackend() {
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cublasLtCreate(&lt_), "cublasLtCreate");
-    check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
-  }
-  ~CudaBackend() {
-    cudaStreamSynchronize(stream_);
-    for (auto& [key, plan] : plans_) {
-      cublasLtMatmulDescDestroy(plan.op);
-      cublasLtMatrixLayoutDestroy(plan.a), cublasLtMatrixLayoutDestroy(plan.b), cublasLtMatrixLayoutDestroy(plan.c);
+    try {
+      check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      check(cublasLtCreate(&lt_), "cublasLtCreate");
+      check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
+    } catch (...) {
+      free_all();
+      throw;
     }
-    for (void* p : blocks_) cudaFree(p);
-    cudaFree(workspace_);
-    cublasLtDestroy(lt_);
-    cudaStreamDestroy(stream_);
   }
+  ~CudaBackend() { free_all(); }
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
@@ -82,6 +79,7 @@ class CudaBackend {
     void* p = nullptr;
     check(cudaMalloc(&p, n * sizeof(U) + 1), "cudaMalloc (activations)");
     blocks_.push_back(p);
+    bytes_ += n * sizeof(U);
     check(cudaMemsetAsync(p, 0, n * sizeof(U), stream_), "cudaMemsetAsync");
     return static_cast<U*>(p);
   }
@@ -98,6 +96,8 @@ class CudaBackend {
     check(cudaStreamSynchronize(stream_), "the model's stream");
   }
   void* stream() { return stream_; }
+  // Device memory of the model's own: its buffers and cuBLASLt's workspace.
+  size_t bytes() const { return bytes_ + kWorkspaceBytes; }
   std::string describe() const {
     int device = 0;
     cudaDeviceProp prop{};
@@ -115,14 +115,35 @@ class CudaBackend {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t>;
+
+  void free_all() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& [key, plan] : plans_) destroy(plan);
+    plans_.clear();
+    for (void* p : blocks_) cudaFree(p);
+    blocks_.clear();
+    if (workspace_) cudaFree(workspace_);
+    if (lt_) cublasLtDestroy(lt_);
+    if (stream_) cudaStreamDestroy(stream_);
+    workspace_ = nullptr, lt_ = nullptr, stream_ = nullptr;
+  }
+  static void destroy(Plan& plan) {
+    if (plan.op) cublasLtMatmulDescDestroy(plan.op);
+    if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+    if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+    if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+    plan = Plan{};
+  }
 
   void matmul(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
               float beta, float* c, int ldc, const float* bias) {
+    if (bias != nullptr && alignment_of(bias) < 16) {  // the bias epilogue wants 16 bytes: the bias rows, then +=
+      each(static_cast<size_t>(m) * ldc, BiasRows<float>{c, bias, ldc});
+      bias = nullptr, beta = 1.0f;
+    }
     const uint32_t align_a = alignment_of(b), align_b = alignment_of(a), align_c = alignment_of(c);
-    const uint32_t align_bias = bias ? alignment_of(bias) : 256;
-    const Key key{trans_a,         trans_b,      m,       n,       k,       lda,       ldb, ldc,
-                  bias != nullptr, beta != 0.0f, align_a, align_b, align_c, align_bias};
+    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, bias != nullptr, align_a, align_b, align_c};
     auto found = plans_.find(key);
     if (found == plans_.end()) found = plans_.emplace(key, make_plan(key)).first;
     Plan& plan = found->second;
@@ -136,10 +157,18 @@ class CudaBackend {
   }
 
   Plan make_plan(const Key& key) {
-    const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, has_beta, align_a, align_b, align_c, align_bias] =
-        key;
-    (void)has_beta;
     Plan plan;
+    try {
+      fill_plan(plan, key);
+    } catch (...) {
+      destroy(plan);
+      throw;
+    }
+    return plan;
+  }
+
+  void fill_plan(Plan& plan, const Key& key) {
+    const auto [trans_a, trans_b, m, n, k, lda, ldb, ldc, has_bias, align_a, align_b, align_c] = key;
     check(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     check(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)), "TRANSA");
@@ -159,23 +188,25 @@ class CudaBackend {
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t workspace = kWorkspaceBytes;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
-    (void)align_bias;
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const void* value, size_t size) {
+      if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceSetAttribute(pref, attribute, value, size);
+    };
+    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t s =
-        cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+    if (s == CUBLAS_STATUS_SUCCESS)
+      s = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     check(s, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0)
       throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(m) + " x " + std::to_string(n) +
                                " x " + std::to_string(k) + " matmul");
     plan.algo = result.algo;
-    return plan;
   }
 
   cudaStream_t stream_ = nullptr;
@@ -183,6 +214,7 @@ class CudaBackend {
   void* workspace_ = nullptr;
   std::map<Key, Plan> plans_;
   std::vector<void*> blocks_;
+  size_t bytes_ = 0;
 };
 
 }  // namespace

@@ -61,6 +61,7 @@ class HostBackend {
 
   template <class U>
   U* alloc(size_t n) {
+    bytes_ += n * sizeof(U);
     blocks_.emplace_back(new unsigned char[n * sizeof(U) + 1]());
     return reinterpret_cast<U*>(blocks_.back().get());
   }
@@ -69,12 +70,14 @@ class HostBackend {
   void upload(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
   void* stream() { return nullptr; }
+  size_t bytes() const { return bytes_; }
   const char* describe() const { return "the CPU (the device layers run item by item)"; }
 
  private:
   GemmFunction<T> gemm_;
   bool reverse_;
   std::vector<std::unique_ptr<unsigned char[]>> blocks_;
+  size_t bytes_ = 0;
 };
 
 }  // namespace device

@@ -20,8 +20,11 @@ class ModelRunner {
   virtual float step(ParamSource<float>& src, const int* tokens, const int* targets, bool backward) = 0;
   virtual void logits(std::vector<float>& out) = 0;
   virtual size_t activation_bytes() const = 0;
+  // Everything the model holds in the backend's memory: activations, backward scratch, widened copies, workspace.
+  virtual size_t model_bytes() const = 0;
   // An fp32 copy of a bf16 unit, in the backend's memory: scratch(unit, n) holds n floats, and widen_bf16 fills
-  // part of it in the backend's order.
+  // part of it in the backend's order. Unit 0 has a copy of its own, the blocks share one (a block's copy is read
+  // by the launches queued before the next block's widening, on the same stream or in program order).
   virtual float* scratch(int unit, size_t n) = 0;
   virtual void widen_bf16(float* dst, const void* bf16, size_t n) = 0;
   // The stream the model's work is queued on, for zero_engine_set_stream (a cudaStream_t; null on the CPU).
@@ -41,10 +44,10 @@ class RunnerOn : public ModelRunner {
   }
   void logits(std::vector<float>& out) override { runner_.logits(out); }
   size_t activation_bytes() const override { return runner_.activation_bytes(); }
+  size_t model_bytes() const override { return backend_.bytes(); }
   float* scratch(int unit, size_t n) override {
-    if (static_cast<size_t>(unit) >= scratch_.size()) scratch_.resize(static_cast<size_t>(unit) + 1);
-    auto& slot = scratch_[static_cast<size_t>(unit)];
-    if (slot.second < n) slot = {backend_.template alloc<float>(n), n};  // a unit's size never changes
+    auto& slot = scratch_[unit == 0 ? 0 : 1];
+    if (slot.second < n) slot = {backend_.template alloc<float>(n), n};  // blocks are all the same size
     return slot.first;
   }
   void widen_bf16(float* dst, const void* bf16, size_t n) override {
@@ -56,7 +59,7 @@ class RunnerOn : public ModelRunner {
  private:
   Backend backend_;
   DeviceRunner<Backend, float> runner_;
-  std::vector<std::pair<float*, size_t>> scratch_;
+  std::pair<float*, size_t> scratch_[2] = {{nullptr, 0}, {nullptr, 0}};
 };
 
 std::unique_ptr<ModelRunner> make_cpu_runner(const ModelConfig& c, int batch, bool checkpointing);
