@@ -50,6 +50,8 @@ struct Collective {
   // The queue the collective is ordered on: a CUDA stream for a device backend (the engine's stream, so that it
   // runs after the kernels that produced its input), null for host backends and for the backend's own queue.
   void* queue = nullptr;
+  // The buffer is host memory although the engine's data live on a device (rank 0's initial values): never staged.
+  bool host_memory = false;
 };
 
 // What a backend guarantees; the engine asks for what it needs (libzero.deterministic) and reports the rest

@@ -3,7 +3,7 @@
 // collective on the copy, the result copied back — so that a device engine trains at any rank count where no
 // device communicator (NCCL) is, several processes sharing one GPU included. EngineComm drives it for every data
 // collective of a device engine whose backend does not accept device buffers; the device side implements it
-// (device/host_staging.hpp).
+// (engine/host_staging.hpp).
 #pragma once
 
 #include <cstddef>

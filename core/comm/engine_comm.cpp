@@ -59,7 +59,7 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
   count(counter, bytes, wire_bytes);
   Pending p;
   p.begin_ = std::chrono::steady_clock::now();
-  const bool data = data_in_device_memory_ && c.buf != control_staging_.get();
+  const bool data = data_in_device_memory_ && !c.host_memory && c.buf != control_staging_.get();
   if (data && host_staged()) p.staged_ = stage_in(c);
   try {
     const bool identity = data && size() == 1;
@@ -74,7 +74,8 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
     p.slot_ = recorder_.start(c);
     p.c_ = std::move(c);
   } catch (...) {
-    failed_ = abandoned_ = true;
+    failed_ = true;
+    if (p.staged_.host == nullptr) abandoned_ = true;
     throw;
   }
   p.owner_ = this;
@@ -89,20 +90,22 @@ void EngineComm::wait(Pending& p) {
   p.active_ = false;
   const Collective& c = p.c_;
   if (p.request_ == nullptr) {
-    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
-    stage_out(p);
+    complete(p);
     return;
   }
+  // A failed wait may leave the backend's request in flight, and with it the buffer it writes: the caller's, or the
+  // staging's host copy (which the staging keeps).
+  const bool staged = p.staged_.host != nullptr;
   const auto deadline = p.begin_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                        std::chrono::duration<double>(timeout_s_));
+  bool done = false;
   try {
     for (;;) {
       const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) break;
       if (comm_->wait(p.request_, std::min(left, 0.25))) {
-        recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
-        stage_out(p);
-        return;
+        done = true;
+        break;
       }
       // zero_engine_abort from another thread: return now even if the backend would keep waiting.
       if (comm_->aborted())
@@ -110,15 +113,22 @@ void EngineComm::wait(Pending& p) {
     }
   } catch (const Error& e) {
     recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
-    failed_ = abandoned_ = true;  // a failed wait may leave the backend's request (and our buffer) in flight
+    failed_ = true;
+    if (!staged) abandoned_ = true;
     fail(e.status(), c.label + ": " + e.what());
   } catch (...) {
     recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
-    failed_ = abandoned_ = true;
+    failed_ = true;
+    if (!staged) abandoned_ = true;
     throw;
   }
+  if (done) {
+    complete(p);
+    return;
+  }
   recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
-  failed_ = abandoned_ = true;
+  failed_ = true;
+  if (!staged) abandoned_ = true;
   std::string what = c.label + ": collective #" + std::to_string(c.sequence) + " (" + coll_kind_name(c.kind) + " of " +
                      std::to_string(c.count) + " " + elem_type_name(c.type) + ") did not complete within " +
                      format_seconds(timeout_s_) + " s (libzero.timeout_s / ZERO_TIMEOUT_S)";
@@ -139,10 +149,10 @@ void EngineComm::wait(Pending& p) {
 bool EngineComm::try_wait(Pending& p, double seconds) {
   if (!p.active_) return true;
   const Collective& c = p.c_;
+  // The engine is going away: a staged result is not copied back (its device buffer is about to be freed).
   if (p.request_ == nullptr) {
     p.active_ = false;
-    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
-    stage_out(p);
+    complete(p, false);
     return true;
   }
   const auto deadline =
@@ -154,8 +164,7 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
       if (left <= 0 || comm_->aborted()) return false;
       if (comm_->wait(p.request_, std::min(left, 0.25))) {
         p.active_ = false;
-        recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
-        stage_out(p);
+        complete(p, false);
         return true;
       }
     }
@@ -198,7 +207,7 @@ EngineComm::Pending::Staged EngineComm::stage_in(Collective& c) {
     staged.host = static_cast<char*>(staging_->acquire(total));
     if (in_bytes != 0)
       staging_->to_host(staged.host + in_offset, static_cast<const char*>(c.buf) + in_offset, in_bytes,
-                        c.label + " (its input, copied out of the device)");
+                        "its input, copied out of the device");
   } catch (const Error& e) {
     // This rank cannot take part: the others, already in this collective or on their way, learn it now instead
     // of at their timeout. The host buffer, if any, is not in flight yet: it goes back.
@@ -207,25 +216,42 @@ EngineComm::Pending::Staged EngineComm::stage_in(Collective& c) {
     comm_->abort("its device failed to stage collective #" + std::to_string(comm_->issued() + 1) + " (" + c.label +
                  "): " + e.what());
     fail(e.status(), c.label + ": " + e.what());
+  } catch (const std::bad_alloc&) {  // no pinned memory left
+    failed_ = true;
+    comm_->abort("it ran out of pinned host memory staging collective #" + std::to_string(comm_->issued() + 1) + " (" +
+                 c.label + ")");
+    fail(ZERO_ERR_OUT_OF_MEMORY, c.label + ": out of pinned host memory for the host-staged copy");
   }
   staged.device = c.buf;
   c.buf = staged.host;
   return staged;
 }
 
-void EngineComm::stage_out(Pending& p) {
+void EngineComm::stage_out(Pending& p, bool copy_back) {
   Pending::Staged& staged = p.staged_;
   if (staged.host == nullptr) return;
-  try {
-    if (staged.result_bytes != 0)
-      staging_->to_device(static_cast<char*>(staged.device) + staged.result_offset, staged.host + staged.result_offset,
-                          staged.result_bytes, p.c_.label + " (its result, copied into the device)");
-  } catch (...) {
-    failed_ = true;  // the device did not take the result: this engine's data are no longer the others'
-    throw;
+  if (copy_back && staged.result_bytes != 0) {
+    // A copy that fails (or stops) may still be reading the host copy: it is not given back.
+    test_hooks::maybe_fail(("unstaging." + std::string(coll_kind_name(p.c_.kind))).c_str(), rank());
+    staging_->to_device(static_cast<char*>(staged.device) + staged.result_offset, staged.host + staged.result_offset,
+                        staged.result_bytes, "its result, copied into the device");
   }
   staging_->give_back(staged.host);
   staged.host = nullptr;
+}
+
+void EngineComm::complete(Pending& p, bool copy_back) {
+  const Collective& c = p.c_;
+  try {
+    stage_out(p, copy_back);
+  } catch (const Error& e) {
+    recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
+    failed_ = true;  // this rank's data are no longer the others'
+    comm_->abort("its device failed to take the result of collective #" + std::to_string(c.sequence) + " (" + c.label +
+                 "): " + e.what());
+    fail(e.status(), c.label + ": " + e.what());
+  }
+  recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kDone);
 }
 
 void EngineComm::run(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
@@ -247,7 +273,8 @@ std::vector<EngineComm::Pending> EngineComm::start_group(std::vector<Planned> gr
     for (Planned& g : group) pendings.push_back(start_data(g.kind, g.buf, g.block, g.type, g.label));
   } catch (...) {
     comm_->group_end();
-    if (!pendings.empty()) abandoned_ = failed_ = true;  // started ones may still write into their buffers
+    // Started ones may still write into their buffers (host-staged: the staging's copies, which it keeps).
+    if (!pendings.empty()) failed_ = true, abandoned_ = abandoned_ || !host_staged();
     throw;
   }
   comm_->group_end();
@@ -309,10 +336,12 @@ void EngineComm::all_reduce_sum(void* buf, size_t n_elems, ElemType type, const 
   run(collective(CollKind::kAllGather, buf, block, type, label + " (all-gather half)"), Counter::kNone, 0, 0);
 }
 
-void EngineComm::broadcast(void* buf, size_t n_elems, ElemType type, int root, const std::string& label) {
+void EngineComm::broadcast(void* buf, size_t n_elems, ElemType type, int root, const std::string& label,
+                           bool host_memory) {
   const uint64_t n = size(), bytes = n_elems * elem_size(type);
   Collective c = collective(CollKind::kBroadcast, buf, n_elems, type, label);
   c.root = root;
+  c.host_memory = host_memory;
   run(std::move(c), Counter::kBroadcast, bytes, bytes * (n - 1) / n);
 }
 

@@ -112,7 +112,11 @@ class EngineComm {
     // Dropped without wait() (an exception between start and wait): the collective may still run in the backend
     // and write its buffer, and this rank's sequence is apart from the others'.
     ~Pending() {
-      if (active_ && owner_ != nullptr) owner_->abandoned_ = owner_->failed_ = true;
+      if (active_ && owner_ != nullptr) {
+        owner_->failed_ = true;
+        // A staged collective's backend writes the host copy only, which the staging keeps; else the caller's buffer.
+        if (staged_.host == nullptr) owner_->abandoned_ = true;
+      }
     }
     bool active() const { return active_; }
 
@@ -158,7 +162,8 @@ class EngineComm {
   // Float sum of `n` elements (a multiple of size()) on every rank: a reduce-scatter and an all-gather, so every
   // element is summed once (in rank order on a deterministic backend) and every rank gets the same bits.
   void all_reduce_sum(void* buf, size_t n, ElemType type, const std::string& label);
-  void broadcast(void* buf, size_t n, ElemType type, int root, const std::string& label);
+  // `host_memory`: the buffer is host memory on a device engine too (never staged through the device).
+  void broadcast(void* buf, size_t n, ElemType type, int root, const std::string& label, bool host_memory = false);
 
   // ---- Control messages (counted apart).
   void control_min(int64_t* values, size_t n, const std::string& label);
@@ -204,8 +209,12 @@ class EngineComm {
   Pending start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   // Host-staged: moves c's input into a host buffer and points c at it; the result's range is returned.
   Pending::Staged stage_in(Collective& c);
-  // Host-staged, after the collective completed: its result back into device memory, and the host buffer back.
-  void stage_out(Pending& p);
+  // Host-staged, after the collective completed: its result back into device memory (unless the engine is going
+  // away: `copy_back` false), and the host buffer back.
+  void stage_out(Pending& p, bool copy_back);
+  // The collective completed in the backend: staged out, then recorded done. A copy back that fails breaks the
+  // engine and aborts the communicator, so the others learn it in their next collective.
+  void complete(Pending& p, bool copy_back = true);
   Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
 

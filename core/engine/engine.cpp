@@ -127,7 +127,7 @@ void Engine::check_device_config() const {
   const std::string on = "the device engine (" + device_->runtime().describe() + ")";
   if (comm_.size() > 1 && !comm_.host_staged())
     guard_.fail(ZERO_ERR_UNSUPPORTED, on + " at more than one rank runs its collectives through host memory so far: "
-                                           "a communicator that takes device buffers (NCCL) is not built yet");
+                                           "collectives on device buffers (NCCL) are not built yet");
   if (model_parallel_ != nullptr) guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs without a model-parallel group so far");
   if (config_.offload.nvme() || config_.offload.params_nvme())
     guard_.fail(ZERO_ERR_UNSUPPORTED,

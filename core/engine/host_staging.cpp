@@ -6,9 +6,22 @@ namespace zero {
 namespace device {
 
 PinnedStaging::~PinnedStaging() {
-  // A buffer still in use belongs to a collective left in flight: the backend may write into it yet, so it stays.
-  for (const Buffer& b : buffers_)
-    if (!b.in_use) context_->runtime().release_pinned(b.host);
+  // A buffer still in use belongs to a collective left in flight (or a copy that stopped): the backend or the
+  // device may write or read it yet, so it stays, and so does the runtime that would free it with itself (the
+  // emulator frees its pinned memory when it goes), reachable from here for the life of the process.
+  bool kept = false;
+  for (const Buffer& b : buffers_) {
+    if (b.in_use)
+      kept = true;
+    else
+      context_->runtime().release_pinned(b.host);
+  }
+  if (kept) {
+    static std::mutex mutex;
+    static auto* const contexts = new std::vector<std::shared_ptr<DeviceContext>>();
+    std::lock_guard<std::mutex> lock(mutex);
+    contexts->push_back(context_);
+  }
 }
 
 void* PinnedStaging::acquire(size_t bytes) {

@@ -16,7 +16,8 @@ std::string unit_name(int unit) { return "unit " + std::to_string(unit); }
 GradientReducer::~GradientReducer() {
   // A backend may still write into a bucket: after a collective was given up, or while reductions are in flight
   // (an engine destroyed in the middle of a micro-step; their Pendings, destroyed after this, mark them abandoned).
-  if (comm_.abandoned_requests() || !in_flight_.empty()) bucket_pool_.leak();
+  // Host-staged, the backend writes the staging's copies, never a bucket.
+  if (comm_.abandoned_requests() || (!in_flight_.empty() && !comm_.host_staged())) bucket_pool_.leak();
   drop_offloaded();
 }
 

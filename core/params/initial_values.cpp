@@ -75,7 +75,8 @@ void ParameterStore::broadcast_initial_values(const Registration& registration, 
       }
       comm_.broadcast(staging.data(), end - begin, ElemType::kF32, 0,
                       guard_.label("rank 0's initial values of unit " + std::to_string(u) +
-                                   (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : "")));
+                                   (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : "")),
+                      true);
       size_t lo = std::max(begin, own), hi = std::min(end, own_end);
       if (lo < hi && (on_nvme || !host_addressable(up.params.space))) {
         // Rounded on the host, then to the params file, or copied to device memory.
@@ -128,7 +129,8 @@ void ParameterStore::broadcast_compute_values(const Registration& registration, 
       }
     comm_.broadcast(values, end - begin, elem_type(compute_dtype), 0,
                     guard_.label("rank 0's initial values of unit " + std::to_string(u) +
-                                 (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : "")));
+                                 (end - begin < ul.padded_elems ? " from element " + std::to_string(begin) : "")),
+                    true);
     size_t lo = std::max(begin, own), hi = std::min(end, own_end);
     if (lo < hi && on_nvme)
       nvme_params_->write(u, 0, lo - own, values + (lo - begin) * esize, hi - lo);
@@ -170,7 +172,8 @@ void ParameterStore::broadcast_frozen_values(const Registration& registration, i
       }
     comm_.broadcast(bytes, end - begin, ElemType::kU8, 0,
                     guard_.label("rank 0's frozen params of unit " + std::to_string(u) +
-                                 (end - begin < ul.frozen_padded_bytes ? " from byte " + std::to_string(begin) : "")));
+                                 (end - begin < ul.frozen_padded_bytes ? " from byte " + std::to_string(begin) : "")),
+                    true);
     const size_t lo = std::max(begin, own), hi = std::min(end, own_end);
     if (lo < hi)
       copy_bytes(unit.frozen.space(), unit.frozen.at(lo - own), MemorySpace::kHost, bytes + (lo - begin), hi - lo);

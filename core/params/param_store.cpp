@@ -25,7 +25,8 @@ ParameterStore::~ParameterStore() {
     return;
   }
   // So must the buffers of all-gathers fetched ahead and never completed (an engine destroyed between a step and
-  // the next gathers): those, and only those.
+  // the next gathers): those, and only those — unless host-staged, where the backend writes the staging's copies.
+  if (comm_.host_staged()) return;
   for (const Fetch& f : fetches_) {
     Unit& unit = units_[f.unit];
     if (unit.gather_state() == Unit::GatherState::kPublishing)

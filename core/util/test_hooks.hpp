@@ -12,7 +12,8 @@
 // begin), nvme.stream (an I/O error halfway through the optimizer pass over NVMe-offloaded
 // state), nvme.read (an I/O error reading that state, as a checkpoint's save does), params.write (an I/O error
 // writing a unit's new param shard to the params file in zero_step), staging.KIND (a device engine's host-staged
-// collective of KIND — broadcast, all-gather, reduce-scatter — fails to copy its input out of the device).
+// collective of KIND — broadcast, all-gather, reduce-scatter — fails to copy its input out of the device),
+// unstaging.KIND (the same collective, completed, fails to copy its result into the device).
 #pragma once
 
 namespace zero {

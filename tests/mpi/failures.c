@@ -44,10 +44,13 @@
  *   emergency-save   the last rank fails in zero_gather (hook); every rank then saves a checkpoint, which succeeds,
  *                    and loads it back.
  *   staging-fails:KIND  a device engine on the host emulator, its collectives staged through host memory: the last
- *                    rank's device fails to copy the input of its first collective of KIND (broadcast: finalize's
- *                    initial values; all-gather: stage 3's gathers; reduce-scatter: the buckets) out of the device
+ *                    rank's device fails to copy the input of its first collective of KIND (all-gather: stage 3's
+ *                    gathers, stage 1-2's new params; reduce-scatter: the buckets) out of the device
  *                    (hook staging.KIND); it gets its own error, the others ZERO_ERR_REMOTE naming it within
  *                    seconds, in whichever call they wait.
+ *   unstaging-fails:KIND  the same, but the collective completed and the last rank's device fails to take its
+ *                    result (hook unstaging.KIND): the others' collective completed too, and they learn it in their
+ *                    next one, within seconds.
  *   fail-in-group    stage 2: the last rank fails after a bucket's reduce-scatters were started together (a
  *                    group, hook bucket.group) and before it waits for them. Data were moving, so it gets its own
  *                    error and its engine breaks; the others, waiting in the group, get ZERO_ERR_REMOTE naming it
@@ -287,7 +290,7 @@ static void fail_at(zero_comm_t* comm, const char* site, int stage) {
 /* staging-fails:KIND: a device engine (the host emulator) at several ranks, its collectives through host memory;
  * the last rank's device fails to copy the input of its first collective of KIND out (hook staging.KIND), whichever
  * call makes it. */
-static void staging_fails(zero_comm_t* comm, const char* kind, int stage) {
+static void staging_fails(zero_comm_t* comm, const char* hook, const char* kind, int stage) {
   char config[512];
   snprintf(config, sizeof config,
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.001}}, \"zero_optimization\": {\"stage\": %d,"
@@ -299,7 +302,7 @@ static void staging_fails(zero_comm_t* comm, const char* kind, int stage) {
   CHECK(zero_engine_set_device(engine, "emulator"));
   register_test_model(engine, ZERO_DTYPE_FP32, NULL, ids);
   char site[64];
-  snprintf(site, sizeof site, "staging.%s", kind);
+  snprintf(site, sizeof site, "%s.%s", hook, kind);
   set_fault(site);
   const double t = now();
   const char* call = "zero_engine_finalize";
@@ -317,7 +320,7 @@ static void staging_fails(zero_comm_t* comm, const char* kind, int stage) {
   char fragment[64];
   snprintf(fragment, sizeof fragment, "rank %d", g_last);
   if (g_rank == g_last)
-    expect_status(engine, s, ZERO_ERR_INTERNAL, "injected failure at 'staging.", t, 8.0, call);
+    expect_status(engine, s, ZERO_ERR_INTERNAL, "injected failure at", t, 8.0, call);
   else
     expect_status(engine, s, ZERO_ERR_REMOTE, fragment, t, 8.0, call);
   /* Data were about to move: no engine trains on. */
@@ -836,7 +839,9 @@ int main(int argc, char** argv) {
   else if (strcmp(g_scenario, "fail-in-group") == 0)
     fail_in_group(comm);
   else if (strncmp(g_scenario, "staging-fails:", 14) == 0)
-    staging_fails(comm, g_scenario + 14, stage);
+    staging_fails(comm, "staging", g_scenario + 14, stage);
+  else if (strncmp(g_scenario, "unstaging-fails:", 16) == 0)
+    staging_fails(comm, "unstaging", g_scenario + 16, stage);
   else if (strcmp(g_scenario, "fail-in-flight") == 0) {
     g_overlap = 1;
     fail_in_group(comm);

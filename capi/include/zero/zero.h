@@ -787,11 +787,10 @@ ZERO_API zero_status_t zero_engine_window(zero_window_info_t* out_info, const ze
  * "emulator" (libzero's host emulator of a device: a test tool, not a device, that runs the device engine on the
  * CPU, faults when the host touches device memory and fails on an access no stream order or event orders). Before
  * zero_engine_finalize. At more than one rank the collectives go through pinned host memory over the engine's
- * communicator (host-staged: MPI, shared memory or a framework's host process group; several processes may share a
- * device). finalize refuses, on the rank that has it, what the device engine does not run yet (a communicator that
- * takes device buffers, a model-parallel group, offload to NVMe). zero_param_data and zero_grad_data then return device
- * memory: read and write it with zero_engine_copy, or on the framework's stream given with zero_engine_set_stream.
- * Local. */
+ * communicator (host-staged: MPI, shared memory or a framework's host process group). finalize refuses, on the rank
+ * that has it, what the device engine does not run yet (a model-parallel group, offload to NVMe). With a device,
+ * zero_param_data and zero_grad_data return device memory: read and write it with zero_engine_copy, or on the
+ * framework's stream given with zero_engine_set_stream. Local. */
 ZERO_API zero_status_t zero_engine_set_device(zero_engine_t* engine, const char* device);
 
 /* The framework's stream for a device engine: a cudaStream_t of the engine's device (NULL is CUDA's legacy default
