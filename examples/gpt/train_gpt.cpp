@@ -18,13 +18,11 @@
 #include <vector>
 
 #include "data.hpp"
+#include "engine_source.hpp"
 #include "model.hpp"
 #include "zero/zero.h"
 
 namespace {
-
-using gpt::Block;
-using gpt::Embedding;
 
 #define ZCHECK(call)                                                                                            \
   do {                                                                                                          \
@@ -239,160 +237,6 @@ std::string engine_config(Options& o, int stage) try {
 }
 
 // libzero as the model's parameter source. Units: 0 = embeddings, final norm (and an untied head), 1 + l = block l.
-class ZeroSource : public gpt::ParamSource<float> {
- public:
-  ZeroSource(zero_engine_t* e, const gpt::ModelConfig& c, bool bf16) : e_(e), c_(c), bf16_(bf16) {
-    ids_.resize(static_cast<size_t>(c.layers) + 1);
-    scratch_.resize(ids_.size());
-  }
-  std::vector<std::vector<int32_t>>& ids() { return ids_; }
-
-  Embedding<const float*> gather_embedding() override { return gpt::embedding_view(gather(0)); }
-  void release_embedding() override { ZCHECK(zero_release(e_, 0)); }
-  Block<const float*> gather_block(int l) override {
-    auto p = gather(l + 1);
-    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
-  }
-  void release_block(int l) override { ZCHECK(zero_release(e_, l + 1)); }
-  // Asked for after the head and again for the encoder: the pointers stay valid until their grads are ready, and
-  // asking the engine again for lnf's (already declared ready) would rightly be refused.
-  Embedding<float*> embedding_grads() override {
-    if (embedding_grads_.empty()) embedding_grads_ = grads(0);
-    return gpt::embedding_view(embedding_grads_);
-  }
-  Block<float*> block_grads(int l) override {
-    auto g = grads(l + 1);
-    return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11]};
-  }
-  void block_grads_ready(int l) override {
-    for (int32_t id : ids_[static_cast<size_t>(l) + 1]) ZCHECK(zero_grad_ready(e_, id));
-  }
-  void final_norm_grads_ready() override {
-    ZCHECK(zero_grad_ready(e_, ids_[0][2]));
-    ZCHECK(zero_grad_ready(e_, ids_[0][3]));
-    if (ids_[0].size() > 4) ZCHECK(zero_grad_ready(e_, ids_[0][4]));
-  }
-  void embedding_grads_ready() override {
-    ZCHECK(zero_grad_ready(e_, ids_[0][0]));
-    ZCHECK(zero_grad_ready(e_, ids_[0][1]));
-    embedding_grads_.clear();
-  }
-
-  // FNV-1a over the bytes of every param, unit by unit in registration order.
-  uint64_t digest(int units) {
-    uint64_t h = 1469598103934665603ull;
-    for (int unit = 0; unit < units; ++unit) {
-      ZCHECK(zero_gather(e_, unit));
-      for (size_t i = 0; i < ids_[static_cast<size_t>(unit)].size(); ++i) {
-        void* data = nullptr;
-        ZCHECK(zero_param_data(&data, e_, ids_[static_cast<size_t>(unit)][i]));
-        const size_t bytes = numel(unit, i) * (bf16_ ? 2 : 4);
-        for (size_t b = 0; b < bytes; ++b) h = (h ^ static_cast<const unsigned char*>(data)[b]) * 1099511628211ull;
-      }
-      ZCHECK(zero_release(e_, unit));
-    }
-    return h;
-  }
-
- private:
-  // Gathers a unit; in bf16 the values are widened into a float copy for the float math.
-  std::vector<const float*> gather(int unit) {
-    ZCHECK(zero_gather(e_, unit));
-    std::vector<const float*> out;
-    auto& scratch = scratch_[static_cast<size_t>(unit)];
-    size_t total = 0;
-    std::vector<std::pair<const uint16_t*, size_t>> sources;
-    for (int32_t id : ids_[static_cast<size_t>(unit)]) {
-      void* data = nullptr;
-      ZCHECK(zero_param_data(&data, e_, id));
-      const size_t n = numel(unit, out.size() + sources.size());
-      if (!bf16_)
-        out.push_back(static_cast<const float*>(data));
-      else
-        sources.push_back({static_cast<const uint16_t*>(data), n}), total += n;
-    }
-    if (bf16_) {
-      scratch.resize(total);
-      size_t at = 0;
-      for (auto& [src, n] : sources) {
-        for (size_t i = 0; i < n; ++i) {
-          uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-          std::memcpy(&scratch[at + i], &bits, 4);
-        }
-        out.push_back(scratch.data() + at);
-        at += n;
-      }
-    }
-    return out;
-  }
-  std::vector<float*> grads(int unit) {
-    std::vector<float*> out;
-    for (int32_t id : ids_[static_cast<size_t>(unit)]) {
-      void* g = nullptr;
-      ZCHECK(zero_grad_data(&g, e_, id));
-      out.push_back(static_cast<float*>(g));  // fp32 gradient accumulation (the default) in every mode
-    }
-    return out;
-  }
-  size_t numel(int unit, size_t index) const {
-    const auto shapes = unit == 0 ? gpt::embedding_shapes(c_) : gpt::block_shapes(c_);
-    size_t n = 1;
-    for (int d : shapes[index]) n *= static_cast<size_t>(d);
-    return n;
-  }
-  zero_engine_t* e_;
-  gpt::ModelConfig c_;
-  bool bf16_;
-  std::vector<std::vector<int32_t>> ids_;
-  std::vector<std::vector<float>> scratch_;
-  std::vector<float*> embedding_grads_;  // this micro-step's, between the head and the encoder
-};
-
-// GPT-2 initialisation on rank 0 (libzero broadcasts it): N(0, 0.02), residual projections scaled by
-// 1/sqrt(2 L), biases 0, norms 1. The values must stay alive until zero_engine_finalize: `init` holds them.
-void register_model(zero_engine_t* e, ZeroSource& src, const gpt::ModelConfig& c, uint64_t seed, bool bf16,
-                    std::vector<std::vector<float>>& init_values) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  auto add = [&](int unit, const std::string& name, const std::vector<int>& shape, int kind) {
-    size_t n = 1;
-    std::vector<int64_t> dims;
-    for (int d : shape) n *= static_cast<size_t>(d), dims.push_back(d);
-    init_values.emplace_back(n);
-    std::vector<float>& init = init_values.back();
-    const float scale = kind == 2 ? 1.0f / std::sqrt(2.0f * static_cast<float>(c.layers)) : 1.0f;
-    for (auto& v : init) v = kind == 0 ? 0.0f : kind == 3 ? 1.0f : normal(rng) * scale;
-    zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
-    d.name = name.c_str();
-    d.ndim = static_cast<int32_t>(dims.size());
-    d.shape = dims.data();
-    d.dtype = bf16 ? ZERO_DTYPE_BF16 : ZERO_DTYPE_FP32;
-    d.unit = unit;
-    d.group = kind == 1 || kind == 2 ? 0 : 1;  // no weight decay on biases, norms (and embeddings' positions)
-    d.init_data = init.data();
-    d.init_dtype = ZERO_DTYPE_FP32;
-    int32_t id = 0;
-    ZCHECK(zero_engine_add_param(&id, e, &d));
-    src.ids()[static_cast<size_t>(unit)].push_back(id);
-  };
-  zero_param_group_desc_t no_decay = ZERO_PARAM_GROUP_DESC_INIT;
-  no_decay.name = "no_decay";
-  no_decay.weight_decay = 0.0;
-  int32_t group = 0;
-  ZCHECK(zero_engine_add_param_group(&group, e, &no_decay));
-  const auto es = gpt::embedding_shapes(c);
-  add(0, "wte", es[0], 1);
-  add(0, "wpe", es[1], 1);
-  add(0, "lnf.weight", es[2], 3);
-  add(0, "lnf.bias", es[3], 0);
-  if (!c.tied_head) add(0, "head.weight", es[4], 1);
-  const auto bs = gpt::block_shapes(c);
-  const int kinds[gpt::kBlockTensors] = {3, 0, 1, 0, 2, 0, 3, 0, 1, 0, 2, 0};
-  for (int l = 0; l < c.layers; ++l)
-    for (int i = 0; i < gpt::kBlockTensors; ++i)
-      add(l + 1, "h." + std::to_string(l) + "." + gpt::block_tensor_name(i), bs[static_cast<size_t>(i)], kinds[i]);
-}
-
 struct Eval {
   double loss = 0, char_accuracy = 0, exact = 0;
   int answers = 0;
@@ -406,7 +250,7 @@ struct Eval {
 // model digit by digit from the '=' on.
 constexpr int kEvalBatches = 8;
 
-Eval evaluate(gpt::Runner<float>& runner, ZeroSource& src, const gpt::Corpus& corpus, const Options& o) {
+Eval evaluate(gpt::Runner<float>& runner, gpt::EngineSource& src, const gpt::Corpus& corpus, const Options& o) {
   std::vector<int> tokens, targets;
   Eval ev;
   int chars = 0, right = 0, answers = 0, exact = 0;
@@ -499,9 +343,26 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   o.grad_accum = info.gradient_accumulation_steps;
-  ZeroSource src(e, o.model, bf16);
+  // bf16: each unit's fp32 copy for the float math, widened on the host.
+  std::vector<std::vector<float>> widened(static_cast<size_t>(o.model.layers) + 1);
+  gpt::EngineSource::Widening widening{[&widened](int unit, size_t n) {
+                                         auto& copy = widened[static_cast<size_t>(unit)];
+                                         copy.resize(n);
+                                         return copy.data();
+                                       },
+                                       [](float* dst, const void* src, size_t n) {
+                                         const uint16_t* bf16 = static_cast<const uint16_t*>(src);
+                                         for (size_t i = 0; i < n; ++i) {
+                                           const uint32_t bits = static_cast<uint32_t>(bf16[i]) << 16;
+                                           std::memcpy(&dst[i], &bits, 4);
+                                         }
+                                       }};
+  gpt::EngineSource src(e, o.model, bf16, widening, [](const std::string& message) {
+    std::fprintf(stderr, "train_gpt: %s\n", message.c_str());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  });
   std::vector<std::vector<float>> init_values;
-  register_model(e, src, o.model, o.seed, bf16, init_values);
+  src.register_model(o.seed, init_values);
   ZCHECK(zero_engine_finalize(e));
   init_values.clear();
   gpt::Runner<float> runner(o.model, o.micro_batch, o.checkpointing);
@@ -573,7 +434,7 @@ RunResult train(Options& o, int stage, int steps, bool verbose, const gpt::Corpu
     }
   }
   if (verbose && o.digest) {
-    const uint64_t d = src.digest(o.model.layers + 1);
+    const uint64_t d = src.digest();
     if (rank == 0) std::printf("weights digest %016llx\n", static_cast<unsigned long long>(d));
   }
   ZCHECK(zero_memory_stats(&result.mem, e));

@@ -19,13 +19,10 @@
 #include "data.hpp"
 #include "device/host_backend.hpp"
 #include "device/model_runner.hpp"
-#define ZERO_EXPERIMENTAL_API  // the device engine's calls
-#include "zero/zero.h"
+#include "engine_source.hpp"
+#include "zero/zero.h"  // with ZERO_EXPERIMENTAL_API (engine_source.hpp): the device engine's calls
 
 namespace {
-
-using gpt::Block;
-using gpt::Embedding;
 
 #define ZCHECK(call)                                                                                                  \
   do {                                                                                                                \
@@ -172,158 +169,6 @@ std::string engine_config(const Options& o, int stage) {
   return buffer;
 }
 
-size_t numel(const gpt::ModelConfig& c, int unit, size_t index) {
-  const auto shapes = unit == 0 ? gpt::embedding_shapes(c) : gpt::block_shapes(c);
-  size_t n = 1;
-  for (int d : shapes[index]) n *= static_cast<size_t>(d);
-  return n;
-}
-
-// Params and gradients from the engine, as pointers into its memory (the GPU's, for a device engine). In bf16 a
-// gathered unit is widened into the model's fp32 copy.
-class ZeroSource : public gpt::ParamSource<float> {
- public:
-  ZeroSource(zero_engine_t* e, gpt::device::ModelRunner& runner, const gpt::ModelConfig& c, bool bf16)
-      : e_(e), runner_(runner), c_(c), bf16_(bf16), ids_(static_cast<size_t>(c.layers) + 1) {}
-  std::vector<std::vector<int32_t>>& ids() { return ids_; }
-
-  Embedding<const float*> gather_embedding() override { return gpt::embedding_view(gather(0)); }
-  void release_embedding() override { ZCHECK(zero_release(e_, 0)); }
-  Block<const float*> gather_block(int l) override {
-    auto p = gather(l + 1);
-    return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11]};
-  }
-  void release_block(int l) override { ZCHECK(zero_release(e_, l + 1)); }
-  // Asked for after the head and again for the encoder: the pointers stay valid until their gradients are ready.
-  Embedding<float*> embedding_grads() override {
-    if (embedding_grads_.empty()) embedding_grads_ = grads(0);
-    return gpt::embedding_view(embedding_grads_);
-  }
-  Block<float*> block_grads(int l) override {
-    auto g = grads(l + 1);
-    return {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8], g[9], g[10], g[11]};
-  }
-  void block_grads_ready(int l) override {
-    for (int32_t id : ids_[static_cast<size_t>(l) + 1]) ZCHECK(zero_grad_ready(e_, id));
-  }
-  void final_norm_grads_ready() override {
-    for (size_t i = 2; i < ids_[0].size(); ++i) ZCHECK(zero_grad_ready(e_, ids_[0][i]));
-  }
-  void embedding_grads_ready() override {
-    ZCHECK(zero_grad_ready(e_, ids_[0][0]));
-    ZCHECK(zero_grad_ready(e_, ids_[0][1]));
-    embedding_grads_.clear();
-  }
-
-  // FNV-1a over the bytes of every param, unit by unit in registration order (read with zero_engine_copy, which
-  // reads device memory too).
-  uint64_t digest() {
-    uint64_t h = 1469598103934665603ull;
-    std::vector<unsigned char> bytes;
-    for (size_t unit = 0; unit < ids_.size(); ++unit) {
-      ZCHECK(zero_gather(e_, static_cast<int32_t>(unit)));
-      for (size_t i = 0; i < ids_[unit].size(); ++i) {
-        void* data = nullptr;
-        ZCHECK(zero_param_data(&data, e_, ids_[unit][i]));
-        bytes.resize(numel(c_, static_cast<int>(unit), i) * (bf16_ ? 2 : 4));
-        ZCHECK(zero_engine_copy(e_, bytes.data(), data, bytes.size()));
-        for (unsigned char b : bytes) h = (h ^ b) * 1099511628211ull;
-      }
-      ZCHECK(zero_release(e_, static_cast<int32_t>(unit)));
-    }
-    return h;
-  }
-
- private:
-  std::vector<const float*> gather(int unit) {
-    ZCHECK(zero_gather(e_, unit));
-    const auto& ids = ids_[static_cast<size_t>(unit)];
-    std::vector<void*> data(ids.size());
-    // Each tensor's slice of the widened copy starts 256 bytes in, as the engine's own tensors and cudaMalloc's
-    // buffers do, so that the matmuls see one alignment everywhere.
-    auto slice = [](size_t n) { return (n + 63) / 64 * 64; };
-    size_t total = 0;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      ZCHECK(zero_param_data(&data[i], e_, ids[i]));
-      total += slice(numel(c_, unit, i));
-    }
-    std::vector<const float*> out;
-    if (!bf16_) {
-      for (void* p : data) out.push_back(static_cast<const float*>(p));
-      return out;
-    }
-    float* scratch = runner_.scratch(unit, total);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const size_t n = numel(c_, unit, i);
-      runner_.widen_bf16(scratch, data[i], n);
-      out.push_back(scratch);
-      scratch += slice(n);
-    }
-    return out;
-  }
-  std::vector<float*> grads(int unit) {
-    std::vector<float*> out;
-    for (int32_t id : ids_[static_cast<size_t>(unit)]) {
-      void* g = nullptr;
-      ZCHECK(zero_grad_data(&g, e_, id));
-      out.push_back(static_cast<float*>(g));  // fp32 gradient accumulation (the default)
-    }
-    return out;
-  }
-
-  zero_engine_t* e_;
-  gpt::device::ModelRunner& runner_;
-  gpt::ModelConfig c_;
-  bool bf16_;
-  std::vector<std::vector<int32_t>> ids_;
-  std::vector<float*> embedding_grads_;
-};
-
-// GPT-2 initialisation (train_gpt.cpp's): N(0, 0.02), residual projections scaled by 1/sqrt(2 L), biases 0, norms 1.
-// The values must stay alive until zero_engine_finalize: `init_values` holds them.
-void register_model(zero_engine_t* e, ZeroSource& src, const gpt::ModelConfig& c, uint64_t seed, bool bf16,
-                    std::vector<std::vector<float>>& init_values) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
-  auto add = [&](int unit, const std::string& name, const std::vector<int>& shape, int kind) {
-    std::vector<int64_t> dims(shape.begin(), shape.end());
-    size_t n = 1;
-    for (int d : shape) n *= static_cast<size_t>(d);
-    init_values.emplace_back(n);
-    std::vector<float>& init = init_values.back();
-    const float scale = kind == 2 ? 1.0f / std::sqrt(2.0f * static_cast<float>(c.layers)) : 1.0f;
-    for (auto& v : init) v = kind == 0 ? 0.0f : kind == 3 ? 1.0f : normal(rng) * scale;
-    zero_param_desc_t d = ZERO_PARAM_DESC_INIT;
-    d.name = name.c_str();
-    d.ndim = static_cast<int32_t>(dims.size());
-    d.shape = dims.data();
-    d.dtype = bf16 ? ZERO_DTYPE_BF16 : ZERO_DTYPE_FP32;
-    d.unit = unit;
-    d.group = kind == 1 || kind == 2 ? 0 : 1;  // no weight decay on biases and norms
-    d.init_data = init.data();
-    d.init_dtype = ZERO_DTYPE_FP32;
-    int32_t id = 0;
-    ZCHECK(zero_engine_add_param(&id, e, &d));
-    src.ids()[static_cast<size_t>(unit)].push_back(id);
-  };
-  zero_param_group_desc_t no_decay = ZERO_PARAM_GROUP_DESC_INIT;
-  no_decay.name = "no_decay";
-  no_decay.weight_decay = 0.0;
-  int32_t group = 0;
-  ZCHECK(zero_engine_add_param_group(&group, e, &no_decay));
-  const auto es = gpt::embedding_shapes(c);
-  add(0, "wte", es[0], 1);
-  add(0, "wpe", es[1], 1);
-  add(0, "lnf.weight", es[2], 3);
-  add(0, "lnf.bias", es[3], 0);
-  if (!c.tied_head) add(0, "head.weight", es[4], 1);
-  const auto bs = gpt::block_shapes(c);
-  const int kinds[gpt::kBlockTensors] = {3, 0, 1, 0, 2, 0, 3, 0, 1, 0, 2, 0};
-  for (int l = 0; l < c.layers; ++l)
-    for (int i = 0; i < gpt::kBlockTensors; ++i)
-      add(l + 1, "h." + std::to_string(l) + "." + gpt::block_tensor_name(i), bs[static_cast<size_t>(i)], kinds[i]);
-}
-
 std::unique_ptr<gpt::device::ModelRunner> make_runner(const Options& o) {
   return o.device == "cuda" ? gpt::device::make_cuda_runner(o.model, o.micro_batch, o.checkpointing)
                             : gpt::device::make_cpu_runner(o.model, o.micro_batch, o.checkpointing);
@@ -337,7 +182,7 @@ struct RunResult {
 };
 
 // Held-out loss, and on the generated additions the share of whole answers right (argmax at every answer digit).
-void evaluate(gpt::device::ModelRunner& runner, ZeroSource& src, const gpt::Corpus& corpus, const Options& o,
+void evaluate(gpt::device::ModelRunner& runner, gpt::EngineSource& src, const gpt::Corpus& corpus, const Options& o,
               RunResult& r) {
   constexpr int kBatches = 8;
   std::vector<int> tokens, targets;
@@ -388,9 +233,13 @@ RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt:
       ZCHECK(zero_engine_set_device(e, "cuda"));
       ZCHECK(zero_engine_set_stream(e, runner->stream()));
     }
-    ZeroSource src(e, *runner, o.model, o.bf16);
+    gpt::device::ModelRunner& model = *runner;
+    gpt::EngineSource src(e, o.model, o.bf16,
+                          {[&model](int unit, size_t n) { return model.scratch(unit, n); },
+                           [&model](float* dst, const void* bf16, size_t n) { model.widen_bf16(dst, bf16, n); }},
+                          [](const std::string& message) { throw std::runtime_error(message); });
     std::vector<std::vector<float>> init_values;
-    register_model(e, src, o.model, o.seed, o.bf16, init_values);
+    src.register_model(o.seed, init_values);
     ZCHECK(zero_engine_finalize(e));
     init_values.clear();
     if (verbose)
