@@ -4,8 +4,10 @@
 #include "comm/custom_communicator.hpp"
 #include "comm/engine_comm.hpp"
 #include "comm/mpi_loader.hpp"
+#include "comm/nccl_loader.hpp"
 #include "comm/shm_communicator.hpp"
 #include "comm/single_communicator.hpp"
+#include "comm/split_communicator.hpp"
 #include "guard.hpp"
 
 using zero::capi::CommHandle;
@@ -99,6 +101,25 @@ ZERO_API zero_status_t zero_comm_create_shm_nodes(zero_comm_t** out_comm, zero_l
 ZERO_API zero_status_t zero_comm_create_custom(zero_comm_t** out_comm, const zero_comm_ops_t* ops, void* user_data) {
   return create("zero_comm_create_custom", out_comm,
                 [&](CommHandle& h) { h.impl = zero::make_custom_communicator(ops, user_data); });
+}
+
+ZERO_API zero_status_t zero_comm_create_split(zero_comm_t** out_comm, zero_comm_t* control, zero_comm_t* data) {
+  const char* call = "zero_comm_create_split";
+  return create(call, out_comm, [&](CommHandle& h) {
+    require_arg(control != nullptr, call, "control is NULL");
+    require_arg(data != nullptr, call, "data is NULL");
+    h.impl = zero::make_split_communicator(handle(control)->impl, handle(data)->impl, false, call);
+  });
+}
+
+ZERO_API zero_status_t zero_comm_create_nccl(zero_comm_t** out_comm, zero_comm_t* control, int32_t device,
+                                             double timeout_s) {
+  const char* call = "zero_comm_create_nccl";
+  return create(call, out_comm, [&](CommHandle& h) {
+    require_arg(control != nullptr, call, "control is NULL");
+    require_arg(timeout_s > 0 && timeout_s < 1e9, call, "timeout_s must be positive");
+    h.impl = zero::make_nccl_communicator(handle(control)->impl, device, timeout_s);
+  });
 }
 
 ZERO_API zero_status_t zero_comm_finalize(zero_comm_t* comm) {

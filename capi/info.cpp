@@ -116,14 +116,14 @@ ZERO_API zero_status_t zero_comm_ops_init(zero_comm_ops_t* ops, size_t struct_si
   std::memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
   d.size = 1;
-  return init("zero_comm_ops_init", "zero_comm_ops_t", ops, struct_size, d);
+  return init("zero_comm_ops_init", "zero_comm_ops_t", ops, struct_size, d, offsetof(zero_comm_ops_t, group_begin));
 }
 
 ZERO_API zero_status_t zero_collective_init(zero_collective_t* coll, size_t struct_size) {
   zero_collective_t d;
   std::memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
-  return init("zero_collective_init", "zero_collective_t", coll, struct_size, d);
+  return init("zero_collective_init", "zero_collective_t", coll, struct_size, d, offsetof(zero_collective_t, stream));
 }
 
 // ---- Views

@@ -33,6 +33,8 @@ const char* call_name(CallKind kind) {
       return "zero_prefetch";
     case CallKind::kReleaseModified:
       return "zero_release_modified";
+    case CallKind::kCommCreate:
+      return "zero_comm_create_nccl";
   }
   return "an unknown call";
 }
@@ -96,7 +98,12 @@ void finalize_communicator(const std::shared_ptr<Communicator>& comm) {
 void EngineComm::agree(const std::string& call, const CallTag& tag, const Error* local_error,
                        const ExplainCheck& explain_check, bool share_status) {
   enum { kFailed, kSeq, kSeqNeg, kKind, kKindNeg, kId, kIdNeg, kCount, kCountNeg, kCheck, kCheckNeg, kN };
-  const int64_t sequence = static_cast<int64_t>(comm_->issued() + 1);
+  // Both sides' positions: a rank that issued a data collective the others did not is caught here, not by a
+  // mismatched NCCL operation (a split communicator numbers each side apart; a plain one is both).
+  Communicator& control = comm_->control_side();
+  Communicator& data = comm_->data_side();
+  const int64_t sequence =
+      static_cast<int64_t>(control.issued() + 1) + (&data == &control ? 0 : static_cast<int64_t>(data.issued() << 32));
   int64_t v[kN];
   v[kFailed] = local_error != nullptr ? rank() : INT64_MAX;
   v[kSeq] = sequence, v[kSeqNeg] = -sequence;

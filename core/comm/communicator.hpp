@@ -52,6 +52,10 @@ struct Collective {
   void* queue = nullptr;
   // The buffer is host memory although the engine's data live on a device (rank 0's initial values): never staged.
   bool host_memory = false;
+  // A reduce-scatter whose sum may be added in any order (libzero.deterministic: false): ZERO_COLL_ANY_ORDER.
+  bool any_order = false;
+  // A control message (the agreement, checks, the step's small sums): host memory, on Communicator::control_side.
+  bool control = false;
 };
 
 // What a backend guarantees; the engine asks for what it needs (libzero.deterministic) and reports the rest
@@ -103,6 +107,10 @@ class Communicator {
   std::string abort_reason() const;
   // After a timeout: what the backend knows of the other ranks, for the error message, within about grace_s.
   virtual std::string diagnose(uint64_t /*sequence*/, double /*grace_s*/) { return ""; }
+  // Where an engine sends its control messages (agreement, checks: host memory, small) and its data collectives.
+  // A split communicator (comm/split_communicator.hpp) has two backends; any other carries both itself.
+  virtual Communicator& control_side() { return *this; }
+  virtual Communicator& data_side() { return *this; }
   // Collective teardown (zero_comm_finalize); the caller has already agreed with every rank.
   void finalize();
   bool finalized() const { return finalized_; }

@@ -1,5 +1,6 @@
 #include "comm/custom_communicator.hpp"
 
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +22,13 @@ class CustomCommunicator final : public Communicator {
   }
 
   bool can_time_out() const override { return ops_.start != nullptr; }
+
+  void group_begin() override {
+    if (ops_.group_begin != nullptr) check(ops_.group_begin(user_data_), "group_begin");
+  }
+  void group_end() override {
+    if (ops_.group_end != nullptr) check(ops_.group_end(user_data_), "group_end");
+  }
 
   bool wait(Request request, double timeout_s) override {
     Pending* p = static_cast<Pending*>(request);
@@ -79,6 +87,8 @@ class CustomCommunicator final : public Communicator {
     d.buf = c.buf;
     d.count = c.count;
     d.sequence = c.sequence;
+    d.stream = accepts_device_buffers() ? c.queue : nullptr;
+    d.flags = c.any_order ? static_cast<uint32_t>(ZERO_COLL_ANY_ORDER) : 0u;
     if (ops_.start == nullptr) {
       d.label = c.label.c_str();
       check(ops_.run(user_data_, &d), "run");
@@ -111,6 +121,8 @@ class CustomCommunicator final : public Communicator {
     if (ops_.finalize != nullptr) check(ops_.finalize(user_data_), "finalize");
   }
 
+  bool accepts_device_buffers() const override { return (ops_.flags & ZERO_COMM_DEVICE_BUFFERS) != 0; }
+
   void check(zero_status_t status, const char* what) {
     if (status == ZERO_OK) return;
     const char* message = ops_.error_message != nullptr ? ops_.error_message(user_data_) : nullptr;
@@ -137,7 +149,7 @@ class CustomCommunicator final : public Communicator {
 }  // namespace
 
 std::shared_ptr<Communicator> make_custom_communicator(const zero_comm_ops_t* ops_in, void* user_data) {
-  const zero_comm_ops_t ops = read_input_struct(ops_in, sizeof(zero_comm_ops_t), zero_comm_ops_t{},
+  const zero_comm_ops_t ops = read_input_struct(ops_in, offsetof(zero_comm_ops_t, group_begin), zero_comm_ops_t{},
                                                 "zero_comm_create_custom", "zero_comm_ops_t", "zero_comm_ops_init");
   const char* call = "zero_comm_create_custom";
   if (ops.size < 1) fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->size must be >= 1");
@@ -149,7 +161,10 @@ std::shared_ptr<Communicator> make_custom_communicator(const zero_comm_ops_t* op
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->start and ops->wait go together (set both or neither)");
   if (ops.run == nullptr && ops.start == nullptr)
     fail(ZERO_ERR_INVALID_ARGUMENT, std::string(call) + ": ops->run is NULL and there is no start/wait pair");
-  if ((ops.flags & ~static_cast<uint32_t>(ZERO_COMM_DETERMINISTIC)) != 0)
+  if ((ops.group_begin == nullptr) != (ops.group_end == nullptr))
+    fail(ZERO_ERR_INVALID_ARGUMENT,
+         std::string(call) + ": ops->group_begin and ops->group_end go together (set both or neither)");
+  if ((ops.flags & ~static_cast<uint32_t>(ZERO_COMM_DETERMINISTIC | ZERO_COMM_DEVICE_BUFFERS)) != 0)
     fail(ZERO_ERR_UNSUPPORTED, std::string(call) + ": ops->flags has bits this version does not know");
   return std::make_shared<CustomCommunicator>(ops, user_data);
 }

@@ -59,11 +59,20 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
   count(counter, bytes, wire_bytes);
   Pending p;
   p.begin_ = std::chrono::steady_clock::now();
-  const bool data = data_in_device_memory_ && !c.host_memory && c.buf != control_staging_.get();
-  if (data && host_staged()) p.staged_ = stage_in(c);
+  // Control messages (run_small's) and host-memory broadcasts go to the control side; a split communicator carries
+  // them apart from the data.
+  const bool control = c.control || c.host_memory;
+  Communicator& via = control ? comm_->control_side() : comm_->data_side();
+  p.via_ = &via;
+  const bool device_data = data_in_device_memory_ && !control;
+  if (!control) {
+    if (c.kind == CollKind::kReduceScatter) c.any_order = any_order_;
+    if (device_data && via.capabilities().device_buffers) c.queue = data_queue_;
+  }
+  if (device_data && host_staged()) p.staged_ = stage_in(c);
   try {
-    const bool identity = data && size() == 1;
-    if (!identity) p.request_ = comm_->start(c);
+    const bool identity = device_data && size() == 1;
+    if (!identity) p.request_ = via.start(c);
   } catch (const Error& e) {
     recorder_.end(recorder_.start(c), c.sequence, FlightRecorder::State::kFailed);
     failed_ = true;
@@ -103,13 +112,15 @@ void EngineComm::wait(Pending& p) {
     for (;;) {
       const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
       if (left <= 0) break;
-      if (comm_->wait(p.request_, std::min(left, 0.25))) {
+      if (p.via_->wait(p.request_, std::min(left, 0.25))) {
         done = true;
         break;
       }
       // zero_engine_abort from another thread: return now even if the backend would keep waiting.
       if (comm_->aborted())
         fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank (" + comm_->abort_reason() + ")");
+      if (p.via_->aborted())
+        fail(ZERO_ERR_ABORTED, "the communicator was aborted on this rank (" + p.via_->abort_reason() + ")");
     }
   } catch (const Error& e) {
     recorder_.end(p.slot_, c.sequence, FlightRecorder::State::kFailed);
@@ -136,7 +147,7 @@ void EngineComm::wait(Pending& p) {
   // The diagnosis is a courtesy: whatever it meets, the abort below must still tell the others.
   std::string diagnosis;
   try {
-    diagnosis = comm_->diagnose(c.sequence, std::min(3.0, std::max(0.5, timeout_s_ / 10)));
+    diagnosis = p.via_->diagnose(c.sequence, std::min(3.0, std::max(0.5, timeout_s_ / 10)));
   } catch (...) {
     diagnosis.clear();
   }
@@ -161,8 +172,8 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
   try {
     for (;;) {
       const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-      if (left <= 0 || comm_->aborted()) return false;
-      if (comm_->wait(p.request_, std::min(left, 0.25))) {
+      if (left <= 0 || comm_->aborted() || p.via_->aborted()) return false;
+      if (p.via_->wait(p.request_, std::min(left, 0.25))) {
         p.active_ = false;
         complete(p, false);
         return true;
@@ -213,13 +224,13 @@ EngineComm::Pending::Staged EngineComm::stage_in(Collective& c) {
     // of at their timeout. The host buffer, if any, is not in flight yet: it goes back.
     if (staged.host != nullptr) staging_->give_back(staged.host);
     failed_ = true;
-    comm_->abort("its device failed to stage collective #" + std::to_string(comm_->issued() + 1) + " (" + c.label +
-                 "): " + e.what());
+    comm_->abort("its device failed to stage collective #" + std::to_string(comm_->data_side().issued() + 1) + " (" +
+                 c.label + "): " + e.what());
     fail(e.status(), c.label + ": " + e.what());
   } catch (const std::bad_alloc&) {  // no pinned memory left
     failed_ = true;
-    comm_->abort("it ran out of pinned host memory staging collective #" + std::to_string(comm_->issued() + 1) + " (" +
-                 c.label + ")");
+    comm_->abort("it ran out of pinned host memory staging collective #" +
+                 std::to_string(comm_->data_side().issued() + 1) + " (" + c.label + ")");
     fail(ZERO_ERR_OUT_OF_MEMORY, c.label + ": out of pinned host memory for the host-staged copy");
   }
   staged.device = c.buf;
@@ -268,16 +279,28 @@ void EngineComm::wait_all(std::vector<Pending>& pendings) {
 std::vector<EngineComm::Pending> EngineComm::start_group(std::vector<Planned> group) {
   std::vector<Pending> pendings;
   pendings.reserve(group.size());
-  comm_->group_begin();
+  // Data collectives: a group is the data side's (one NCCL launch). A group_end that fails leaves the started ones
+  // in flight as far as this rank knows.
+  Communicator& data = comm_->data_side();
+  data.group_begin();
   try {
     for (Planned& g : group) pendings.push_back(start_data(g.kind, g.buf, g.block, g.type, g.label));
   } catch (...) {
-    comm_->group_end();
+    try {
+      data.group_end();
+    } catch (...) {
+    }
     // Started ones may still write into their buffers (host-staged: the staging's copies, which it keeps).
     if (!pendings.empty()) failed_ = true, abandoned_ = abandoned_ || !host_staged();
     throw;
   }
-  comm_->group_end();
+  try {
+    data.group_end();
+  } catch (...) {
+    if (!pendings.empty()) failed_ = true, abandoned_ = abandoned_ || !host_staged();
+    for (Pending& p : pendings) p.active_ = false;
+    throw;
+  }
   return pendings;
 }
 
@@ -366,6 +389,7 @@ void EngineComm::run_small(Collective c, size_t total_bytes, Counter counter, ui
   }
   if (total_bytes != 0) std::memcpy(control_staging_.get(), caller, total_bytes);
   c.buf = control_staging_.get();
+  c.control = true;
   try {
     run(std::move(c), counter, bytes, wire_bytes);
   } catch (...) {

@@ -50,6 +50,7 @@ enum class CallKind : int64_t {
   kCommFinalize = 8,
   kPrefetch = 9,
   kReleaseModified = 10,
+  kCommCreate = 11,
 };
 
 struct CallTag {
@@ -91,6 +92,11 @@ class EngineComm {
   bool host_staged() const {
     return data_in_device_memory_ && staging_ != nullptr && size() > 1 && !comm_->capabilities().device_buffers;
   }
+  // A device engine's stream (its native handle): where the data collectives' inputs were produced and their results
+  // are used, handed to a backend that takes device buffers (zero_collective_t.stream).
+  void set_data_queue(void* stream) { data_queue_ = stream; }
+  // libzero.deterministic: false: reduce-scatters may sum in any order (ZERO_COLL_ANY_ORDER).
+  void set_any_order(bool on) { any_order_ = on; }
   // What the agreement's messages call a rank of this group ("rank", "model-parallel rank").
   void set_rank_name(std::string name) { rank_name_ = std::move(name); }
   const std::string& rank_name() const { return rank_name_; }
@@ -106,7 +112,8 @@ class EngineComm {
     Pending(Pending&& o) noexcept { *this = std::move(o); }
     Pending& operator=(Pending&& o) noexcept {
       std::swap(owner_, o.owner_), std::swap(c_, o.c_), std::swap(request_, o.request_), std::swap(slot_, o.slot_);
-      std::swap(begin_, o.begin_), std::swap(active_, o.active_), std::swap(staged_, o.staged_);
+      std::swap(begin_, o.begin_), std::swap(active_, o.active_), std::swap(staged_, o.staged_),
+          std::swap(via_, o.via_);
       return *this;
     }
     // Dropped without wait() (an exception between start and wait): the collective may still run in the backend
@@ -125,6 +132,7 @@ class EngineComm {
     EngineComm* owner_ = nullptr;
     Collective c_;
     Request request_ = nullptr;
+    Communicator* via_ = nullptr;  // the side it runs on (Communicator::control_side or data_side)
     size_t slot_ = 0;
     std::chrono::steady_clock::time_point begin_;
     bool active_ = false;
@@ -222,6 +230,8 @@ class EngineComm {
   double timeout_s_ = 600.0;
   bool data_in_device_memory_ = false;
   std::shared_ptr<DataStaging> staging_;
+  void* data_queue_ = nullptr;
+  bool any_order_ = false;
   std::string rank_name_ = "rank";
   CommStats stats_;
   bool abandoned_ = false;

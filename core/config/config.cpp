@@ -588,6 +588,7 @@ Config parse_config(const std::string& json_text, int world_size) {
     cfg.timeout_s = l.get_number("timeout_s", cfg.timeout_s, 1e-3, 1e9);
     cfg.optimizer_threads = static_cast<int>(l.get_int("optimizer_threads", 0, 0, 4096));
     cfg.require_deterministic = l.get_bool("deterministic", false);
+    cfg.allow_any_order = l.has("deterministic") && !cfg.require_deterministic;
   }
   cfg.timeout_s = timeout_from_environment(cfg.timeout_s);
   return cfg;

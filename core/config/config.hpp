@@ -96,6 +96,9 @@ struct Config {
   double timeout_s = 600.0;                   // libzero.timeout_s (ZERO_TIMEOUT_S overrides): every collective's
   int optimizer_threads = 0;                  // libzero.optimizer_threads; 0: automatic
   bool require_deterministic = false;  // libzero.deterministic: finalize fails on a backend without rank-order sums
+  // libzero.deterministic set to false: a backend may reduce gradients in any order (NCCL's own reduce-scatter).
+  // Absent: rank-order sums wherever the backend has them, not required.
+  bool allow_any_order = false;
   OffloadConfig offload;
   std::string source_json;  // the config as given, stored in checkpoints
   // Keys present in the config that are valid but change nothing here (for the one warning on rank 0).

@@ -44,6 +44,8 @@ std::vector<std::string> result_settings(const Config& c) {
   add("zero_optimization.allgather_bucket_size", std::to_string(c.allgather_bucket_size));
   add("zero_optimization.stage3_param_persistence_threshold", std::to_string(c.param_persistence_threshold));
   add("zero_optimization.overlap_comm", flag(c.overlap_comm));
+  // A backend's reduce-scatter algorithm follows it (the NCCL module's exchange or NCCL's own): every rank alike.
+  add("libzero.deterministic = false (sums in any order)", flag(c.allow_any_order));
   add("zero_optimization.stage3_prefetch_bucket_size", std::to_string(c.prefetch_bucket_size));
   add("zero_optimization.stage3_max_live_parameters", std::to_string(c.max_live_parameters));
   add("zero_optimization.stage3_max_reuse_distance", std::to_string(c.max_reuse_distance));
@@ -208,6 +210,7 @@ std::string config_report(const Config& c, int world) {
         static_cast<long long>(c.offload.param_buffer_size));
   put("  collective timeout     %g s\n", c.timeout_s);
   if (c.require_deterministic) os << "  deterministic sums     required (libzero.deterministic)\n";
+  if (c.allow_any_order) os << "  deterministic sums     given up: sums in any order allowed (libzero.deterministic)\n";
   if (c.optimizer_threads > 0)
     put("  optimizer threads      %d\n", c.optimizer_threads);
   else

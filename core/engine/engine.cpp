@@ -32,6 +32,7 @@ Engine::Engine(Config config, std::shared_ptr<Communicator> comm)
       stepper_(config_, comm_.rank(), comm_.local_size()),
       checkpointer_(config_, comm_, guard_, registration_, store_, stepper_, window_) {
   comm_.set_timeout(config_.timeout_s);
+  comm_.set_any_order(config_.allow_any_order);
   // The plan of the stage before any unit exists: calls before finalize already know whether a gather would be
   // collective.
   store_.set_plan(Layout{}, make_plan(plan_spec(), Layout{}));
@@ -76,6 +77,7 @@ void Engine::set_device(std::shared_ptr<device::Runtime> runtime) {
   device_ = std::make_shared<device::DeviceContext>(std::move(runtime), config_.timeout_s);
   comm_.set_data_in_device_memory(true);
   comm_.set_data_staging(std::make_shared<device::PinnedStaging>(device_));
+  comm_.set_data_queue(device_->runtime().native(device_->stream()));
   device::install_device_memory(device_);
   device::install_allocators(store_.allocators(), device_);
   stepper_.use_device(device_);
@@ -123,11 +125,27 @@ void Engine::copy(void* dst, const void* src, size_t bytes) {
 
 // What the device engine does not run yet: refused at finalize, on the rank that has it, before anything moves.
 void Engine::check_device_config() const {
-  if (!device_) return;
+  const bool device_buffers = comm_.size() > 1 && comm_.backend().capabilities().device_buffers;
+  if (!device_) {
+    if (device_buffers)
+      guard_.fail(ZERO_ERR_UNSUPPORTED,
+                  "the communicator's data collectives take device memory (NCCL), and this engine keeps its data in "
+                  "host memory: give it a device (zero_engine_set_device) or a host communicator");
+    return;
+  }
   const std::string on = "the device engine (" + device_->runtime().describe() + ")";
-  if (comm_.size() > 1 && !comm_.host_staged())
-    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " at more than one rank runs its collectives through host memory so far: "
-                                           "collectives on device buffers (NCCL) are not built yet");
+  if (device_buffers && device_->runtime().emulated())
+    guard_.fail(ZERO_ERR_UNSUPPORTED, on + "'s memory is not a device's: a communicator that takes device buffers "
+                                           "(NCCL) needs a CUDA device; over a host communicator the emulator's "
+                                           "collectives are staged through host memory");
+  if (comm_.size() > 1 && !comm_.host_staged() && !device_buffers)
+    guard_.fail(ZERO_ERR_INTERNAL, on + " at more than one rank has neither a device communicator nor host staging");
+  // ZeRO-Offload moves some collectives' data through host memory, which a device communicator cannot read.
+  if (device_buffers && (config_.offload.optimizer == OffloadConfig::Device::kCpu ||
+                         config_.offload.params == OffloadConfig::Device::kCpu))
+    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " with ZeRO-Offload runs over a host communicator so far (its collectives "
+                                           "staged through pinned memory); over a device communicator (NCCL) it "
+                                           "is not built");
   if (model_parallel_ != nullptr) guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs without a model-parallel group so far");
   if (config_.offload.nvme() || config_.offload.params_nvme())
     guard_.fail(ZERO_ERR_UNSUPPORTED,

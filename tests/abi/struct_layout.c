@@ -17,7 +17,7 @@ _Static_assert(sizeof(void*) == 8, "the frozen layout below is for LP64 targets"
 SIZE(zero_status_t, 4);
 SIZE(zero_dtype_t, 4);
 
-SIZE(zero_collective_t, 56);
+SIZE(zero_collective_t, 72);
 OFFSET(zero_collective_t, struct_size, 0);
 OFFSET(zero_collective_t, kind, 8);
 OFFSET(zero_collective_t, dtype, 12);
@@ -27,8 +27,10 @@ OFFSET(zero_collective_t, buf, 24);
 OFFSET(zero_collective_t, count, 32);
 OFFSET(zero_collective_t, sequence, 40);
 OFFSET(zero_collective_t, label, 48);
+OFFSET(zero_collective_t, stream, 56); /* 0.4 */
+OFFSET(zero_collective_t, flags, 64);  /* 0.4 */
 
-SIZE(zero_comm_ops_t, 88);
+SIZE(zero_comm_ops_t, 104);
 OFFSET(zero_comm_ops_t, struct_size, 0);
 OFFSET(zero_comm_ops_t, rank, 8);
 OFFSET(zero_comm_ops_t, size, 12);
@@ -42,6 +44,8 @@ OFFSET(zero_comm_ops_t, abort, 56);
 OFFSET(zero_comm_ops_t, diagnose, 64);
 OFFSET(zero_comm_ops_t, finalize, 72);
 OFFSET(zero_comm_ops_t, destroy, 80);
+OFFSET(zero_comm_ops_t, group_begin, 88); /* 0.4 */
+OFFSET(zero_comm_ops_t, group_end, 96);   /* 0.4 */
 
 SIZE(zero_param_group_desc_t, 56);
 OFFSET(zero_param_group_desc_t, struct_size, 0);

@@ -659,6 +659,11 @@ static zero_status_t custom_start(void** out_request, void* user_data, const zer
   return ZERO_OK;
 }
 
+static zero_status_t custom_group(void* user_data) {
+  (void)user_data;
+  return ZERO_OK;
+}
+
 static void test_custom_communicator(void** state) {
   (void)state;
   CustomState cs = {0, 0};
@@ -727,6 +732,58 @@ static void test_custom_communicator(void** state) {
   add_param(engine, "w", 10, 0);
   assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
   zero_engine_destroy(engine);
+}
+
+/* A split communicator: control messages over one, data over the other. Its arguments are checked (no side twice,
+ * no split inside a split, no device communicator for control); an engine trains on it; finalizing it leaves the
+ * caller's communicators as they were. A 0.3 program's zero_comm_ops_t (without the group callbacks) is accepted. */
+static void test_split_communicator(void** state) {
+  (void)state;
+  zero_comm_t *control = NULL, *data = NULL, *split = NULL, *nested = NULL, *device = NULL;
+  assert_int_equal(zero_comm_create_single(&control), ZERO_OK);
+  assert_int_equal(zero_comm_create_single(&data), ZERO_OK);
+  assert_fails(zero_comm_create_split(NULL, control, data), ZERO_ERR_INVALID_ARGUMENT, "out_comm is NULL");
+  assert_fails(zero_comm_create_split(&split, NULL, data), ZERO_ERR_INVALID_ARGUMENT, "control is NULL");
+  assert_fails(zero_comm_create_split(&split, control, control), ZERO_ERR_INVALID_ARGUMENT, "the same communicator");
+  assert_int_equal(zero_comm_create_split(&split, control, data), ZERO_OK);
+  assert_fails(zero_comm_create_split(&nested, split, data), ZERO_ERR_INVALID_ARGUMENT, "itself a split");
+
+  CustomState cs = {0, 0};
+  zero_comm_ops_t ops;
+  assert_int_equal(zero_comm_ops_init(&ops, sizeof ops), ZERO_OK);
+  ops.run = custom_run;
+  ops.flags = ZERO_COMM_DEVICE_BUFFERS;
+  ops.group_begin = custom_group;
+  assert_fails(zero_comm_create_custom(&device, &ops, &cs), ZERO_ERR_INVALID_ARGUMENT, "go together");
+  ops.group_end = custom_group;
+  assert_int_equal(zero_comm_create_custom(&device, &ops, &cs), ZERO_OK);
+  assert_fails(zero_comm_create_split(&nested, device, data), ZERO_ERR_INVALID_ARGUMENT, "takes device buffers");
+  zero_comm_destroy(device);
+  ops.group_begin = ops.group_end = NULL;
+  ops.flags = 0;
+  ops.struct_size = offsetof(zero_comm_ops_t, group_begin); /* as built against 0.3's zero.h */
+  assert_int_equal(zero_comm_create_custom(&device, &ops, &cs), ZERO_OK);
+  zero_comm_destroy(device);
+
+  zero_engine_t* engine = NULL;
+  assert_int_equal(zero_engine_create(&engine, kConfig, split), ZERO_OK);
+  int32_t w = add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  float* g = NULL;
+  assert_int_equal(zero_grad_data((void**)&g, engine, w), ZERO_OK);
+  g[0] += 1.0f;
+  assert_int_equal(zero_grad_ready(engine, w), ZERO_OK);
+  assert_int_equal(zero_release(engine, 0), ZERO_OK);
+  assert_int_equal(zero_backward_end(engine), ZERO_OK);
+  assert_int_equal(zero_step(NULL, engine), ZERO_OK);
+  zero_engine_destroy(engine);
+  assert_int_equal(zero_comm_finalize(split), ZERO_OK);
+  assert_int_equal(zero_comm_finalize(control), ZERO_OK); /* still the caller's to finalize */
+  assert_int_equal(zero_comm_finalize(data), ZERO_OK);
+  zero_comm_destroy(split);
+  zero_comm_destroy(control);
+  zero_comm_destroy(data);
 }
 
 /* A start/wait backend whose collectives never complete (a peer that never arrives): the watchdog fires with the
@@ -1199,6 +1256,7 @@ int main(void) {
       cmocka_unit_test(test_abort),
       cmocka_unit_test(test_custom_communicator),
       cmocka_unit_test(test_custom_backend_that_never_completes),
+      cmocka_unit_test(test_split_communicator),
       cmocka_unit_test(test_comm_finalize),
       cmocka_unit_test(test_shm_communicator),
       cmocka_unit_test(test_shm_nodes_communicator),

@@ -1,10 +1,12 @@
 /*
  * No rank waits forever, no rank silently diverges. One scenario per run:
  *
- *   mpirun -np N test_failures --scenario NAME [--stage S] [--shm-name NAME]
+ *   mpirun -np N test_failures --scenario NAME [--stage S] [--shm-name NAME | --split-data-shm NAME]
  *
  * --shm-name runs over the shared-memory communicator (zero_comm_create_shm, named NAME; mpirun only starts the
- * processes and MPI is never initialised), which must give the same errors.
+ * processes and MPI is never initialised), which must give the same errors. --split-data-shm NAME runs over a split
+ * communicator (zero_comm_create_split): control messages over the MPI module, data collectives over shared memory
+ * named NAME; a failure on either side must give the same errors.
  *
  *   fail-at:SITE     the last rank fails at SITE (a test-build hook, core/util/test_hooks.hpp): finalize.alloc,
  *                    gather, gather.alloc, prefetch, bucket, backward_end, step, partial_step (zero_step_with after
@@ -796,18 +798,28 @@ int main(int argc, char** argv) {
   int stage = 3;
   const char* dir = "failures-ckpt";
   const char* shm_name = NULL;
+  const char* split_data_shm = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--scenario") == 0) g_scenario = argv[i + 1];
     if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
     if (strcmp(argv[i], "--shm-name") == 0) shm_name = argv[i + 1];
+    if (strcmp(argv[i], "--split-data-shm") == 0) split_data_shm = argv[i + 1];
   }
   /* exit-while-fetching needs the all-gathers still in flight when the last rank leaves: the MPI module's progress
    * thread would complete them in the background first (which is what it is for). */
   if (strcmp(g_scenario, "exit-while-fetching") == 0 || strcmp(g_scenario, "abort-with-prefetch-open") == 0)
     setenv(shm_name != NULL ? "ZERO_SHM_PROGRESS_THREAD" : "ZERO_MPI_PROGRESS_THREAD", "0", 1);
   zero_comm_t* comm = NULL;
-  if (shm_name != NULL)
+  if (split_data_shm != NULL) {
+    /* Control over the MPI module, data over shared memory: one engine, two backends (zero_comm_create_split). */
+    zero_comm_t *control = NULL, *data = NULL;
+    CHECK(zero_comm_create_mpi(&control, ZERO_MPI_COMM_WORLD));
+    CHECK(create_shm_comm_from_launcher(&data, split_data_shm));
+    CHECK(zero_comm_create_split(&comm, control, data));
+    zero_comm_destroy(control); /* the split keeps both */
+    zero_comm_destroy(data);
+  } else if (shm_name != NULL)
     CHECK(create_shm_comm_from_launcher(&comm, shm_name));
   else
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));

@@ -3,7 +3,7 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
- *                            [--comm mpi|shm|shm-nodes:L|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
+ *                            [--comm mpi|shm|shm-nodes:L|split|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
  *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
  *                            [--loss-averaged 0|1] [--device emulator|cuda] [--offload optimizer|all]
@@ -51,6 +51,8 @@
  * node, TCP over loopback between them).
  * --comm shm runs over zero_comm_create_shm (the shared-memory communicator a torchrun job uses; mpirun only starts
  * the processes and hands out the segment's name).
+ * --comm split: control messages over the MPI module and data collectives over zero_comm_create_shm, one
+ * communicator (zero_comm_create_split, what a job with NCCL for data and MPI or gloo for control uses).
  *
  * --persist sets stage3_param_persistence_threshold: units smaller than that stay resident at stage 3 (two of the
  * model's three units with 200), mixing gathered and resident units in one run.
@@ -295,6 +297,17 @@ int main(int argc, char** argv) {
     snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));
     MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD); /* mpirun only launches: libzero uses no MPI */
     CHECK(zero_comm_create_shm(&comm, name, rank, world, 60.0));
+  } else if (strcmp(comm_kind, "split") == 0) {
+    /* Control messages over the MPI module, data collectives over shared memory (zero_comm_create_split). */
+    char name[64];
+    snprintf(name, sizeof name, "libzero-parity-split-%ld-%ld", (long)getpid(), (long)time(NULL));
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    zero_comm_t *control = NULL, *data = NULL;
+    CHECK(zero_comm_create_mpi(&control, ZERO_MPI_COMM_WORLD));
+    CHECK(zero_comm_create_shm(&data, name, rank, world, 60.0));
+    CHECK(zero_comm_create_split(&comm, control, data));
+    zero_comm_destroy(control); /* the split keeps both */
+    zero_comm_destroy(data);
   } else
     CHECK(create_test_backend_comm(&comm, strcmp(comm_kind, "custom-async") == 0));
   char fetch[512] = "";
@@ -468,6 +481,21 @@ int main(int argc, char** argv) {
            (unsigned long long)mp.staging_bytes, (unsigned long long)expected);
     EXPECT(mp.host_bytes == mem.total_bytes - mem.master_param_bytes - mem.optimizer_state_bytes + mp.staging_bytes,
            "host bytes %llu", (unsigned long long)mp.host_bytes);
+  }
+  /* Split: each side numbers its own collectives, so in start order (the recorder's) the sequence numbers fall where
+   * a data collective follows a control message; over one communicator they only rise. */
+  if (strcmp(comm_kind, "split") == 0 && world > 1) {
+    char* recent = NULL;
+    CHECK(zero_engine_recent_collectives(&recent, engine));
+    long previous = 0;
+    int entries = 0, falls = 0;
+    for (const char* at = strstr(recent, "\"sequence\":"); at != NULL; at = strstr(at + 1, "\"sequence\":")) {
+      const long seq = strtol(at + 11, NULL, 10);
+      falls += entries > 0 && seq < previous;
+      previous = seq, ++entries;
+    }
+    EXPECT(entries > 0 && falls > 0, "split communicator: %d collectives numbered as by one communicator", entries);
+    zero_string_destroy(recent);
   }
   if (rank == 0 && stage == 3)
     printf("fetching ahead: %llu all-gathers for %llu zero_gather calls; gathered buffers %llu bytes\n",

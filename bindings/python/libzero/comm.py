@@ -43,7 +43,8 @@ class Comm:
 
     def __init__(self, native: Any, transport: str = "custom", machines: int = 1) -> None:
         self._native = native
-        #: What carries the collectives: "mpi", "shm", "single" or "custom" (a framework's own transport).
+        #: What carries the collectives: "mpi", "shm", "single", "custom" (a framework's own transport), "nccl"
+        #: (data over NCCL) or "split(CONTROL, DATA)".
         self.transport = transport
         #: The machines a shared-memory communicator spans (``Comm.shm_nodes``: TCP between them); 1 otherwise.
         self.machines = machines
@@ -106,6 +107,23 @@ class Comm:
     def single() -> "Comm":
         """One process, no MPI: every collective is a local copy."""
         return Comm(_native.Comm.single(), "single")
+
+    @staticmethod
+    def split(control: "Comm", data: "Comm") -> "Comm":
+        """One communicator over two: control messages (the agreement before every call, checks, small sums) over
+        ``control``, data collectives (gradients, parameters) over ``data``; both span the same ranks in the same
+        order. For a device communicator beside a host one (a framework's NCCL group as a custom transport that
+        takes device buffers, next to gloo or shared memory). Local."""
+        return Comm(_native.Comm.split(control._native, data._native), f"split({control.transport}, {data.transport})")
+
+    @staticmethod
+    def nccl(control: "Comm", device: int = 0, timeout_s: float = 300.0) -> "Comm":
+        """Data over NCCL on CUDA device ``device``, control over ``control`` (a host communicator: ``Comm.shm``,
+        ``Comm.mpi``, a gloo transport), bootstrapped over ``control``. For a device engine (``Engine(...,
+        device="cuda")``). NCCL is loaded at run time (libnccl.so.2: torch's nvidia-nccl wheel, or
+        ZERO_NCCL_LIBRARY). Several processes on one GPU need a distinct NCCL_HOSTID each. Collective: every rank
+        gets the communicator or the same error within ``timeout_s``."""
+        return Comm(_native.Comm.nccl(control._native, device, timeout_s), "nccl")
 
     @staticmethod
     def custom(transport: Transport) -> "Comm":

@@ -270,6 +270,16 @@ class Comm {
     check(zero_comm_create_single(&comm));
     return std::make_unique<Comm>(comm);
   }
+  static std::unique_ptr<Comm> split(const Comm& control, const Comm& data) {
+    zero_comm_t* comm = nullptr;
+    check(zero_comm_create_split(&comm, control.get(), data.get()));
+    return std::make_unique<Comm>(comm);
+  }
+  static std::unique_ptr<Comm> nccl(const Comm& control, int32_t device, double timeout_s) {
+    zero_comm_t* comm = nullptr;
+    check(zero_comm_create_nccl(&comm, control.get(), device, timeout_s));
+    return std::make_unique<Comm>(comm);
+  }
   static std::unique_ptr<Comm> custom(py::object transport, py::object bf16) {
     zero_comm_ops_t ops;
     check(zero_comm_ops_init(&ops, sizeof ops));
@@ -745,6 +755,8 @@ PYBIND11_MODULE(_native, m) {
       .def_static("shm_nodes", &Comm::shm_nodes, py::arg("listener"), py::arg("name"), py::arg("rank"), py::arg("size"),
                   py::arg("ranks_per_node"), py::arg("addresses"), py::arg("join_timeout_s"), ReleaseGil())
       .def_static("single", &Comm::single)
+      .def_static("split", &Comm::split, py::arg("control"), py::arg("data"))
+      .def_static("nccl", &Comm::nccl, py::arg("control"), py::arg("device"), py::arg("timeout_s"), ReleaseGil())
       .def_static("custom", &Comm::custom, py::arg("transport"), py::arg("bf16"))
       .def_property_readonly("rank", &Comm::rank)
       .def_property_readonly("size", &Comm::size)

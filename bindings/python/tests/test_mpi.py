@@ -33,10 +33,17 @@ def reference(stage: int, dtype: str) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("backend", ["mpi", "python"])
+@pytest.mark.parametrize("backend", ["mpi", "python", "split"])
 def test_the_same_weights_as_one_process(stage, dtype, backend):
     transport = MPI4PyTransport()
-    comm = libzero.Comm.mpi(MPI.COMM_WORLD) if backend == "mpi" else libzero.Comm.custom(transport)
+    if backend == "mpi":
+        comm = libzero.Comm.mpi(MPI.COMM_WORLD)
+    elif backend == "python":
+        comm = libzero.Comm.custom(transport)
+    else:  # control over MPI, data over shared memory
+        name = MPI.COMM_WORLD.bcast(f"libzero-pytest-split-{time.time_ns()}" if RANK == 0 else None)
+        comm = libzero.Comm.split(libzero.Comm.mpi(MPI.COMM_WORLD), libzero.Comm.shm(name, RANK, WORLD))
+        assert comm.transport == "split(mpi, shm)"
     with libzero.Engine(training.config(stage, gas=GAS, world=WORLD, dtype=dtype, clip=1.0), comm) as e:
         assert e.info["deterministic"]
         results = training.train(e, steps=STEPS, gas=GAS, world=WORLD, rank=RANK)
@@ -46,6 +53,21 @@ def test_the_same_weights_as_one_process(stage, dtype, backend):
     initial = {name: training.initial(name, shape).astype(np.float32) for name, shape, _ in training.LAYOUT}
     assert any(got[name] != initial[name].tobytes() for name in got if dtype == "fp32") or dtype == "bf16"
     assert got == reference(stage, dtype)
+
+
+def test_nccl_where_it_cannot_run_fails_alike_on_every_rank():
+    """No GPU here (or no NCCL): every rank gets the same kind of error at once, and the control communicator
+    still trains."""
+    control = libzero.Comm.mpi(MPI.COMM_WORLD)
+    try:
+        nccl = libzero.Comm.nccl(control, device=0, timeout_s=20)
+    except libzero.errors.UnsupportedError as e:
+        assert "zero_comm_create_nccl" in str(e)
+    else:
+        nccl.close()
+        pytest.skip("NCCL runs here")
+    with libzero.Engine(training.config(2, gas=GAS, world=WORLD, dtype="fp32", clip=1.0), control) as e:
+        training.train(e, steps=1, gas=GAS, world=WORLD, rank=RANK)
 
 
 def test_a_registration_that_differs_on_one_rank_fails_on_every_rank():

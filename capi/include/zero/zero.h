@@ -696,6 +696,29 @@ ZERO_API zero_status_t zero_comm_create_shm_nodes(zero_comm_t** out_comm, zero_l
                                                   int32_t rank, int32_t size, int32_t ranks_per_node,
                                                   const char* const* addresses, double join_timeout_s);
 
+/* One communicator over two: an engine on it sends its control messages (the agreement before every collective
+ * call, checks, the step's small sums: host memory, a few bytes) over `control` and its data collectives (gradients,
+ * parameters) over `data` — a host communicator (MPI, shared memory, a framework's gloo group) beside a device one
+ * (NCCL, a framework's NCCL group: ZERO_COMM_DEVICE_BUFFERS), so that a device engine never drains its stream for an
+ * agreement. Both must span the same ranks in the same order. Failure safety holds for both: a collective that
+ * fails or times out on either side is an error on every rank, and an abort reaches both. The split keeps both alive
+ * (their handles may be destroyed at once); both stay the caller's to finalize: zero_comm_finalize of the split
+ * agrees over `control` and finalizes neither. Local. */
+ZERO_API zero_status_t zero_comm_create_split(zero_comm_t** out_comm, zero_comm_t* control, zero_comm_t* data);
+
+/* A communicator for a device engine over NCCL: data collectives (gradients, parameters) over an NCCL communicator on
+ * CUDA device `device`, control messages over `control` (a host communicator: MPI, shared memory), as
+ * zero_comm_create_split makes them. NCCL is bootstrapped over `control` (rank 0's unique id) and loaded at run time
+ * (libzero's NCCL module libzero-nccl.so.1, then ZERO_NCCL_LIBRARY or libnccl.so.2: a system NCCL or the pip
+ * nvidia-nccl wheel). Collectives run on the module's stream after the engine's stream's work, and the engine's stream
+ * waits for them; reduce-scatters keep zero.h's rank-order sums (an exchange of blocks and a device sum in fp32 where
+ * NCCL's own order could change a bit), unless the config sets libzero.deterministic to false. Several processes on
+ * one GPU: give each a distinct NCCL_HOSTID (NCCL then joins them over its socket transport). Collective over
+ * `control`: every rank gets the communicator or the same error (a rank without NCCL, a GPU or a peer within
+ * `timeout_s` seconds is named). zero_comm_finalize finalizes the NCCL side; `control` stays the caller's. */
+ZERO_API zero_status_t zero_comm_create_nccl(zero_comm_t** out_comm, zero_comm_t* control, int32_t device,
+                                             double timeout_s);
+
 /* The engine's last collectives (up to 64, oldest first) as a JSON array: sequence, kind, label, element count,
  * dtype, state ("done", "waiting", "failed"), start time and duration. For a framework's own hang reports. Free
  * with zero_string_destroy. Any thread, any time (also while the engine's thread is blocked in a collective). */

@@ -48,7 +48,20 @@ typedef struct zero_collective {
   uint64_t count;    /* elements per block (ALL_GATHER, REDUCE_SCATTER) or in all (ALL_REDUCE, BROADCAST) */
   uint64_t sequence; /* 1, 2, ... per communicator: every rank issues collective n with the same arguments */
   const char* label; /* what it is for, e.g. "zero_gather: all-gather of unit 3" (diagnostics only) */
+  /* Appended in 0.4 (read them only when struct_size covers them): */
+  /* A device engine's data collective on a backend with ZERO_COMM_DEVICE_BUFFERS: the cudaStream_t whose work so far
+   * produced the input. The backend orders the collective after it, and once wait reports it done, work queued on
+   * it afterwards must see the result (cudaStreamWaitEvent on an event after the collective). NULL: host memory,
+   * or a backend without the flag. */
+  void* stream;
+  uint32_t flags; /* zero_collective_flags */
 } zero_collective_t;
+
+enum zero_collective_flags {
+  /* The engine accepts a sum in any order for this reduce-scatter (libzero.deterministic: false): a deterministic
+   * backend may use a faster reduction whose bits depend on its algorithm. */
+  ZERO_COLL_ANY_ORDER = 1
+};
 
 /* For backends that build descriptors of their own (tests, forwarding layers). */
 ZERO_API zero_status_t zero_collective_init(zero_collective_t* coll, size_t struct_size);
@@ -58,7 +71,10 @@ enum zero_comm_flags {
   /* Float sums add contributions in rank order: training is then bit-identical across stages and rank counts.
    * Without it every element is still reduced once and its result distributed, so ranks never disagree, but
    * results may differ in the last bit from run to run. */
-  ZERO_COMM_DETERMINISTIC = 1
+  ZERO_COMM_DETERMINISTIC = 1,
+  /* Data collectives may carry device memory (the engine's device) and a stream (zero_collective_t.stream): NCCL.
+   * Without it a device engine stages them through host memory. Control messages are always host memory. */
+  ZERO_COMM_DEVICE_BUFFERS = 2
 };
 
 /* A backend as a table of callbacks; `user_data` is passed to each (after any out-parameter). Every callback
@@ -103,10 +119,14 @@ typedef struct zero_comm_ops {
   /* Called once, when the last reference to the communicator goes (zero_comm_destroy and every engine on it
    * destroyed). Local. */
   void (*destroy)(void* user_data);
+  /* Appended in 0.4 (optional): the collectives started between group_begin and group_end may be fused into one
+   * launch (ncclGroupStart/End); each still completes through wait. */
+  zero_status_t (*group_begin)(void* user_data);
+  zero_status_t (*group_end)(void* user_data);
 } zero_comm_ops_t;
 
 #define ZERO_COMM_OPS_INIT \
-  { sizeof(zero_comm_ops_t), 0, 1, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
+  { sizeof(zero_comm_ops_t), 0, 1, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL }
 
 /* Rank 0 of 1, no flags, every callback NULL. */
 ZERO_API zero_status_t zero_comm_ops_init(zero_comm_ops_t* ops, size_t struct_size);
