@@ -17,8 +17,12 @@
 #     failure), the device engine against the CPU engine's bits, the kernel and ZeRO-Offload benchmarks, and one
 #     table of what ran; the GPT example (examples/gpt/train_gpt_device.cpp) trains on the GPU at stages 0-3 (the
 #     same weights at each), twice alike (the same weights: a run repeats itself bit for bit), and a larger model for
-#     tokens/s. --emulator is the CPU machine's check of the same bundle (CTest gpu-check.bundle): the tests'
-#     emulator halves and the GPT's CPU run, and the GPU halves load and report themselves skipped.
+#     tokens/s; and at 2 and 3 processes on the one GPU (examples/gpt/launch_ranks.sh; each its own NCCL_HOSTID),
+#     once with the data over NCCL (libzero-nccl.so.1 with the machine's libnccl.so.2: torch's nvidia-nccl wheel) and
+#     once host-staged over shared memory, stages 0-3 each: all eight runs of a rank count give one digest (NCCL's
+#     path has the host-staged path's bits, which are the CPU engine's). --emulator is the CPU machine's check of the
+#     same bundle (CTest gpu-check.bundle): the tests' emulator halves and the GPT's CPU run (one process and two),
+#     and the GPU halves load and report themselves skipped.
 #     Where a prebuilt program does not load (another glibc, a missing library), or with --lean, it first builds
 #     them there: the lean build (-DZERO_LEAN=ON: libzero, the CUDA module and these programs; no MPI, BLAS or
 #     bindings) with the machine's nvcc, CMake and compiler and the bundle's vendored headers, in build/lean (or
@@ -27,7 +31,7 @@
 #   bash scripts/gpu-check.sh [--reps N]
 #     Where a GPU and the build's dependencies both are: --prepare, then --run.
 #
-# Not covered yet: NCCL, several processes.
+# Not covered yet: NCCL's bandwidth against NCCL's own calls (no benchmark program yet), libzero.torch on a GPU.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mode=both build= out=$root/build/gpu-bundle bundle= reps=20 emulator=0 lean=0 lean_dir=$root/build/lean
@@ -50,7 +54,7 @@ bundle=${bundle:-$out}
 
 programs=(tests/test_device_runtime tests/test_capi_device tests/test_gpu_kernels tests/zero_unit_tests bench_gpu_kernels
           bench_offload_pipeline train_gpt_device)
-modules=(libzero.so.1 libzero-cuda.so.1)
+modules=(libzero.so.1 libzero-cuda.so.1 libzero-nccl.so.1)
 max_bytes=$((48 << 20))
 
 prepare() {
@@ -63,7 +67,7 @@ prepare() {
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
     cmake --build "$build" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels \
-      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module
+      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module zero_nccl_module
   fi
   collect "$build" "$out"
   vendor "$out/vendor"
@@ -94,7 +98,7 @@ collect() {
   libs=$(for f in "$out"/bin/* "$out"/lib/*; do ldd "$f"; done | awk '$3 ~ /^\// {print $3}' | sort -u)
   for l in $libs; do
     case $(basename "$l") in
-      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libzero*|libcublas*) ;;
+      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libzero*|libcublas*|libnccl*) ;;
       *) cp -L "$l" "$out/lib/" ;;
     esac
   done
@@ -110,10 +114,13 @@ EOF
 }
 
 # vendor DIR: what the lean build needs from this machine's Debian packages: nlohmann-json3-dev's, libxxhash-dev's
-# and libcmocka-dev's headers, CMocka's library, googletest's source (libgtest-dev).
+# and libcmocka-dev's headers, CMocka's library, googletest's source (libgtest-dev); and the toolkit's nccl.h (the
+# NCCL module's only build dependency: NCCL itself is loaded at run time).
 vendor() {
   local dir=$1 header cmocka
-  mkdir -p "$dir/include" "$dir/lib"
+  mkdir -p "$dir/include" "$dir/lib" "$dir/nccl/include"
+  [[ -e /usr/local/cuda/include/nccl.h ]] || { echo "gpu-check: /usr/local/cuda/include/nccl.h is missing"; exit 1; }
+  cp /usr/local/cuda/include/nccl.h "$dir/nccl/include/"
   for header in nlohmann xxhash.h cmocka.h; do
     [[ -e /usr/include/$header ]] || { echo "gpu-check: /usr/include/$header is missing (scripts/install-deps.sh)"; exit 1; }
     cp -r "/usr/include/$header" "$dir/include/"
@@ -152,7 +159,8 @@ lean_build() {
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_VENDOR_DIR="$vendored" \
     >"$dir/lean.log" 2>&1 || { tail -30 "$dir/lean.log"; echo "gpu-check: the lean build's configure failed"; exit 1; }
   cmake --build "$dir" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels zero_unit_tests \
-    bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module >>"$dir/lean.log" 2>&1 ||
+    bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module zero_nccl_module \
+    >>"$dir/lean.log" 2>&1 ||
     { tail -40 "$dir/lean.log"; echo "gpu-check: the lean build failed (log: $dir/lean.log)"; exit 1; }
   echo "gpu-check: the lean build took $((SECONDS - start)) s"
   # Collected with the vendored CMocka found (test_capi_device needs libcmocka.so.0, which the machine lacks).
@@ -192,6 +200,20 @@ find_cublas() {
   done
 }
 
+# NCCL for the NCCL module: torch's nvidia-nccl wheel's libnccl.so.2, or the system's. Prints its path, or nothing.
+find_nccl() {
+  local d sub
+  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    for sub in nvidia/nccl/lib nvidia/cu13/lib; do
+      if [[ -e $d/$sub/libnccl.so.2 ]]; then
+        echo "$(cd "$d/$sub" && pwd)/libnccl.so.2"
+        return 0
+      fi
+    done
+  done
+  ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / && !found {print $NF; found = 1}'
+}
+
 run() {
   [[ -f $bundle/MANIFEST ]] || { echo "gpu-check: no bundle at $bundle (--prepare makes one)"; exit 1; }
   # cuBLASLt for the GPT example: the one PyPI's torch brings (nvidia-cublas), or a CUDA toolkit's. Where none
@@ -209,12 +231,17 @@ run() {
   fi
   export LD_LIBRARY_PATH=$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export ZERO_CUDA_MODULE=$bundle/lib/libzero-cuda.so.1
+  export ZERO_NCCL_MODULE=$bundle/lib/libzero-nccl.so.1
+  local nccl
+  nccl=$(find_nccl)
+  [[ -n $nccl ]] && export ZERO_NCCL_LIBRARY=$nccl
   local bin=$bundle/bin logs
   logs=$(mktemp -d)
   echo "== probe"
   cat "$bundle/MANIFEST"
   echo "running on: $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
   echo "cuBLASLt: ${cublas_dir:-not found (the GPT example cannot load)}"
+  echo "NCCL: ${nccl:-not found (the NCCL checks fail)}"
   echo "cmake: $( (cmake --version 2>/dev/null || echo "not found") | head -1)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "nvidia-smi: no GPU"
   (command -v nvcc >/dev/null && nvcc --version | tail -1) || echo "nvcc: not found"
@@ -263,9 +290,11 @@ run() {
   check device-capi pass "$bin/test_capi_device"
   check unit.kernels-and-plans pass "$bin/zero_unit_tests" \
     --gtest_filter='LaunchTable.*:Kernels.*:OffloadPipeline.*:DevicePlan.*' --gtest_brief=1
-  local small=(--layers 2 --channels 64 --heads 4 --seq-len 10 --micro-batch 16)
+  local small=(--layers 2 --channels 64 --heads 4 --seq-len 10 --micro-batch 16) launch=$root/examples/gpt/launch_ranks.sh
   if ((emulator)); then
     check gpt.cpu pass "$bin/train_gpt_device" --device cpu "${small[@]}" --compare-stages --compare-steps 3 --digest
+    check gpt.cpu.n2 pass bash "$launch" 2 "$bin/train_gpt_device" --device cpu "${small[@]}" --compare-stages \
+      --compare-steps 3 --digest
     check gpt.cuda skip "$bin/train_gpt_device" --device cuda --steps 1
   else
     check gpt.stages pass "$bin/train_gpt_device" "${small[@]}" --compare-stages --compare-steps 30 --digest
@@ -275,6 +304,17 @@ run() {
       --untied-head --print-every 100
     check gpt.larger pass "$bin/train_gpt_device" --layers 12 --channels 768 --heads 12 --seq-len 256 \
       --micro-batch 8 --steps 30 --print-every 10
+    # Several processes on the one GPU: data over NCCL, and host-staged over shared memory; bf16 at 3 ranks (the
+    # module's block exchange and device sum; fp32 at 2 ranks is NCCL's own reduce-scatter).
+    local n extra
+    for n in 2 3; do
+      extra=()
+      ((n == 3)) && extra=(--bf16)
+      check "gpt.nccl.n$n" pass bash "$launch" "$n" "$bin/train_gpt_device" "${small[@]}" "${extra[@]}" \
+        --compare-stages --compare-steps 20 --digest --comm nccl
+      check "gpt.staged.n$n" pass bash "$launch" "$n" "$bin/train_gpt_device" "${small[@]}" "${extra[@]}" \
+        --compare-stages --compare-steps 20 --digest --comm shm
+    done
   fi
   # The GPT's stages give the same weights, and a run repeats itself (both logs carry the weights' digest).
   gpt_same() {  # gpt_same NAME COUNT LOG...: the logs hold COUNT digests, all the same
@@ -291,9 +331,12 @@ run() {
   }
   if ((emulator)); then
     gpt_same gpt.cpu.stages-agree 4 "$logs/gpt.cpu.log"
+    gpt_same gpt.cpu.n2.stages-agree 4 "$logs/gpt.cpu.n2.log"
   else
     gpt_same gpt.stages-agree 4 "$logs/gpt.stages.log"
     gpt_same gpt.run-repeats 2 "$logs/gpt.repeat.1.log" "$logs/gpt.repeat.2.log"
+    gpt_same gpt.nccl-is-staged.n2 8 "$logs/gpt.nccl.n2.log" "$logs/gpt.staged.n2.log"
+    gpt_same gpt.nccl-is-staged.n3 8 "$logs/gpt.nccl.n3.log" "$logs/gpt.staged.n3.log"
     # It learns the additions' answer digits: from 5.6 to below 1.6. The same recipe on the CPU (--device cpu, its
     # other summation order) ends at a held-out loss of 0.165 with 83.6 % of the answers right, after a plateau
     # near 1.1 that it leaves at an order-dependent step, so the bound asks for learning, not for that step.
@@ -314,7 +357,8 @@ run() {
     check bench.step-vs-torch pass python3 "$root/bench/step_vs_torch.py" --lib "$bundle/lib/libzero.so.1" \
       --device cuda --sizes 16,64,256 --reps 5
     cat "$logs/bench.kernels.log" "$logs/bench.offload.log" "$logs/bench.step-vs-torch.log" "$logs/gpt.stages.log" \
-      "$logs/gpt.learns.log" "$logs/gpt.larger.log"
+      "$logs/gpt.learns.log" "$logs/gpt.larger.log" "$logs/gpt.nccl.n2.log" "$logs/gpt.staged.n2.log" \
+      "$logs/gpt.nccl.n3.log" "$logs/gpt.staged.n3.log"
   fi
   echo "== gpu-check: $( ((emulator)) && echo "the bundle on the emulator (no GPU)" || echo "on the GPU")"
   printf "%s\n" "${rows[@]}"

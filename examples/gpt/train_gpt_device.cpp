@@ -2,7 +2,10 @@
 // params, gradients, master weights and optimizer state in the GPU's memory and steps them there, ordered on the
 // model's own CUDA stream (zero_engine_set_stream); the model is device/: a kernel per layer, no atomics, cuBLASLt
 // for the matmuls. --device cpu runs the same trainer and the same layer code on the CPU engine and the CPU, which
-// is how the CPU machine checks it. One process (several GPUs over NCCL are not built yet).
+// is how the CPU machine checks it. Several processes (--world N --rank R --job NAME, each started by a launcher such
+// as examples/gpt/launch_ranks.sh) join over shared memory and train data-parallel: with --comm nccl the data
+// collectives go over NCCL (zero_comm_create_nccl) and control over shared memory; with --comm shm everything goes
+// over shared memory, a device engine's collectives staged through pinned host memory.
 //
 //   train_gpt_device [--device cuda|cpu] [--stage 3] [--steps 200] [--compare-stages] [--digest] [--help]
 #include <chrono>
@@ -40,6 +43,8 @@ struct Options {
   double lr = 2e-3, weight_decay = 0.1, clip = 1.0, beta2 = 0.95;
   bool checkpointing = false, bf16 = false, compare = false, digest = false;
   uint64_t seed = 1234;
+  int world = 1, rank = 0;
+  std::string job = "train-gpt-device", comm = "shm";
 };
 
 const char* kHelp = R"(train_gpt_device: the GPT example on one GPU, with libzero's device engine.
@@ -62,6 +67,12 @@ usage: train_gpt_device [options]
   --print-every N         a progress line every N steps (default 10)
   --digest                FNV-1a over every param's bytes after training: equal digests are equal weights
   --compare-stages        train --compare-steps steps (default 10) at stages 0-3: memory and tokens/s per stage
+  --world N --rank R --job NAME
+                          one of N processes on this machine (rank R; NAME: the job's name, alike in every rank),
+                          joined over shared memory; each trains on its own micro-batches
+  --comm shm|nccl         with --world: every collective over shared memory (default; a device engine's staged
+                          through pinned host memory), or data over NCCL and control over shared memory (several
+                          processes on one GPU: give each its own NCCL_HOSTID)
 Exit status 77: --device cuda where no CUDA device can be used.
 )";
 
@@ -135,11 +146,22 @@ Options parse(int argc, char** argv) {
       o.compare = true;
     } else if (a == "--compare-steps") {
       o.compare_steps = integer();
+    } else if (a == "--world") {
+      o.world = integer();
+    } else if (a == "--rank") {
+      o.rank = integer();
+    } else if (a == "--job") {
+      o.job = next();
+    } else if (a == "--comm") {
+      o.comm = next();
     } else {
       throw std::invalid_argument("unknown option " + a + " (see --help)");
     }
   }
   if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device " + o.device + ": cuda or cpu");
+  if (o.world < 1 || o.rank < 0 || o.rank >= o.world) throw std::invalid_argument("--rank must be in [0, --world)");
+  if (o.comm != "shm" && o.comm != "nccl") throw std::invalid_argument("--comm " + o.comm + ": shm or nccl");
+  if (o.comm == "nccl" && o.device != "cuda") throw std::invalid_argument("--comm nccl needs --device cuda");
   for (double x : {o.lr, o.clip, o.weight_decay, o.beta2})
     if (!std::isfinite(x) || x < 0) throw std::invalid_argument("--lr, --clip, --weight-decay, --beta2: finite, >= 0");
   // Sizes the layers index with int: rows (B x T), the widest activation (4C), the attention scores (B x H x T x T).
@@ -215,11 +237,30 @@ void evaluate(gpt::device::ModelRunner& runner, gpt::EngineSource& src, const gp
   r.answers_right = answers ? 100.0 * exact / answers : 0;
 }
 
+// One process: the single-process communicator. Several: shared memory (a segment per run, named after the job and
+// the stage), and with --comm nccl NCCL for the data on top of it.
+zero_comm_t* make_comm(const Options& o, int stage) {
+  zero_comm_t* comm = nullptr;
+  if (o.world == 1) {
+    ZCHECK(zero_comm_create_single(&comm));
+    return comm;
+  }
+  const std::string name = o.job + "-stage" + std::to_string(stage);
+  ZCHECK(zero_comm_create_shm(&comm, name.c_str(), o.rank, o.world, 120.0));
+  if (o.comm == "shm") return comm;
+  zero_comm_t* split = nullptr;
+  const zero_status_t s = zero_comm_create_nccl(&split, comm, 0, 120.0);
+  const std::string why = s == ZERO_OK ? "" : zero_last_error();
+  zero_comm_destroy(comm);  // the split keeps it
+  if (s != ZERO_OK)
+    throw std::runtime_error(std::string("zero_comm_create_nccl: ") + zero_status_string(s) + ": " + why);
+  return split;
+}
+
 RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt::Corpus& corpus) {
   // The runner (and its stream) outlives the engine, whose frees are ordered on that stream.
   std::unique_ptr<gpt::device::ModelRunner> runner = make_runner(o);
-  zero_comm_t* comm = nullptr;
-  ZCHECK(zero_comm_create_single(&comm));
+  zero_comm_t* comm = make_comm(o, stage);
   zero_engine_t* e = nullptr;
   const zero_status_t created = zero_engine_create(&e, engine_config(o, stage).c_str(), comm);
   if (created != ZERO_OK) {
@@ -242,17 +283,17 @@ RunResult train(const Options& o, int stage, int steps, bool verbose, const gpt:
     src.register_model(o.seed, init_values);
     ZCHECK(zero_engine_finalize(e));
     init_values.clear();
-    if (verbose)
+    if (verbose)  // rank 0's; the others' stdout is closed (main)
       std::printf("model on: %s | engine on: %s\n", runner->describe().c_str(),
                   o.device == "cuda" ? "the GPU (device engine)" : "the CPU (CPU engine)");
-    const double tokens_per_step = static_cast<double>(o.micro_batch) * o.model.seq_len * o.grad_accum;
+    const double tokens_per_step = static_cast<double>(o.micro_batch) * o.model.seq_len * o.grad_accum * o.world;
     std::vector<int> tokens, targets;
     double total_ms = 0;  // steps 2 on: the first also plans the matmuls and allocates
     for (int step = 1; step <= steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       double loss = 0;
       for (int m = 0; m < o.grad_accum; ++m) {
-        corpus.batch(o.seed, step, m, 0, o.micro_batch, o.model.seq_len, tokens, targets);
+        corpus.batch(o.seed, step, m, o.rank, o.micro_batch, o.model.seq_len, tokens, targets);
         loss += runner->step(src, tokens.data(), targets.data(), true);
         ZCHECK(zero_backward_end(e));
       }
@@ -307,13 +348,19 @@ int main(int argc, char** argv) try {
                 why.c_str());
     return kNoDevice;
   }
+  // Rank 0 speaks for the job (every rank computes the same weights, digests and held-out losses).
+  if (o.rank != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) return 1;
   const gpt::Corpus corpus = gpt::Corpus::generated(o.seed);
   const gpt::ModelConfig& c = o.model;
   const double params = static_cast<double>(c.vocab * (c.tied_head ? 1 : 2) + c.seq_len + 2) * c.channels +
                         static_cast<double>(c.layers) * (12.0 * c.channels * c.channels + 13.0 * c.channels);
-  std::printf("GPT: %d layers, %d channels, %d heads, context %d, %.2f M params | one process on %s, %s%s\n", c.layers,
-              c.channels, c.heads, c.seq_len, params / 1e6, o.device == "cuda" ? "a GPU" : "the CPU",
-              o.bf16 ? "bf16" : "fp32", o.checkpointing ? ", activation checkpointing" : "");
+  std::printf("GPT: %d layers, %d channels, %d heads, context %d, %.2f M params | %d process(es)%s on %s, %s%s\n",
+              c.layers, c.channels, c.heads, c.seq_len, params / 1e6, o.world,
+              o.world == 1       ? ""
+              : o.comm == "nccl" ? " (data over NCCL)"
+                                 : " (over shared memory)",
+              o.device == "cuda" ? "a GPU" : "the CPU", o.bf16 ? "bf16" : "fp32",
+              o.checkpointing ? ", activation checkpointing" : "");
   if (!o.compare) {
     std::printf("stage %d, %d x %d tokens per micro-step, %d micro-step(s) per step\n", o.stage, o.micro_batch,
                 c.seq_len, o.grad_accum);
@@ -340,7 +387,10 @@ int main(int argc, char** argv) try {
                 }()
                          : "");
   }
-  std::printf("(MiB; one process, so every stage keeps whole model states: ZeRO divides them among ranks)\n");
+  if (o.world == 1)
+    std::printf("(MiB; one process, so every stage keeps whole model states: ZeRO divides them among ranks)\n");
+  else
+    std::printf("(MiB, rank 0's)\n");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_gpt_device: %s\n", e.what());

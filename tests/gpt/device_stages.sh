@@ -5,6 +5,7 @@
 # stages 0-1 and stages 2-3 agree pairwise only: the model adds each contribution into the gradient it is handed,
 # which at stages 0-1 holds the earlier micro-steps' sum and at stages 2-3 starts from zero (the shard accumulator
 # adds it after), so the same contributions are summed in other groupings (train_gpt's curves use one micro-step).
+# At 2 and 3 processes (shared memory) stages 0-3 agree as well.
 # Usage: device_stages.sh TRAIN_GPT_DEVICE
 set -euo pipefail
 bin=$1
@@ -25,6 +26,14 @@ for extra in "" "--grad-accum 2" "--bf16 --activation-checkpointing --untied-hea
   else
     same "$extra" 0 3
   fi
+done
+# Several processes over shared memory (launch_ranks.sh starts them as torchrun would): at 2 and 3 ranks stages 0-3
+# give one digest too.
+launch=$(dirname "$0")/../../examples/gpt/launch_ranks.sh
+for world in 2 3; do
+  out=$(bash "$launch" "$world" "$bin" "${model[@]}" --micro-batch 8 --compare-stages --compare-steps 4 --digest)
+  echo "$out"
+  same "--world $world" 0 3
 done
 out=$("$bin" "${model[@]}" --micro-batch 32 --steps 100 --lr 5e-3 --print-every 25)
 echo "$out"
