@@ -31,7 +31,7 @@
 #   bash scripts/gpu-check.sh [--reps N]
 #     Where a GPU and the build's dependencies both are: --prepare, then --run.
 #
-# Not covered yet: NCCL's bandwidth against NCCL's own calls (no benchmark program yet), libzero.torch on a GPU.
+# Not covered yet: libzero.torch on a GPU (the bundle's Python extension is built for this machine's Python).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mode=both build= out=$root/build/gpu-bundle bundle= reps=20 emulator=0 lean=0 lean_dir=$root/build/lean
@@ -53,7 +53,7 @@ done
 bundle=${bundle:-$out}
 
 programs=(tests/test_device_runtime tests/test_capi_device tests/test_gpu_kernels tests/zero_unit_tests bench_gpu_kernels
-          bench_offload_pipeline train_gpt_device)
+          bench_offload_pipeline train_gpt_device bench_nccl)
 modules=(libzero.so.1 libzero-cuda.so.1 libzero-nccl.so.1)
 max_bytes=$((48 << 20))
 
@@ -67,7 +67,8 @@ prepare() {
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
     cmake --build "$build" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels \
-      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module zero_nccl_module
+      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl zero zero_cuda_module \
+      zero_nccl_module
   fi
   collect "$build" "$out"
   vendor "$out/vendor"
@@ -159,7 +160,7 @@ lean_build() {
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_VENDOR_DIR="$vendored" \
     >"$dir/lean.log" 2>&1 || { tail -30 "$dir/lean.log"; echo "gpu-check: the lean build's configure failed"; exit 1; }
   cmake --build "$dir" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels zero_unit_tests \
-    bench_gpu_kernels bench_offload_pipeline train_gpt_device zero zero_cuda_module zero_nccl_module \
+    bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl zero zero_cuda_module zero_nccl_module \
     >>"$dir/lean.log" 2>&1 ||
     { tail -40 "$dir/lean.log"; echo "gpu-check: the lean build failed (log: $dir/lean.log)"; exit 1; }
   echo "gpu-check: the lean build took $((SECONDS - start)) s"
@@ -290,6 +291,28 @@ run() {
   check device-capi pass "$bin/test_capi_device"
   check unit.kernels-and-plans pass "$bin/zero_unit_tests" \
     --gtest_filter='LaunchTable.*:Kernels.*:OffloadPipeline.*:DevicePlan.*' --gtest_brief=1
+  # rank_dies COMM: two ranks train (the data over COMM); rank 1 is killed after 20 s; rank 0 must end with an
+  # error within 90 s (libzero's timeout is 30 s here: NCCL's socket or the shared memory should tell it sooner).
+  rank_dies() {
+    local job="gpt-dies-$$-$1" pids=() r rc=0 start
+    for r in 0 1; do
+      ZERO_TIMEOUT_S=30 NCCL_HOSTID="$job-$r" "$bin/train_gpt_device" "${small[@]}" --steps 1000000 --print-every 100 \
+        --world 2 --rank "$r" --job "$job" --comm "$1" &
+      pids+=($!)
+    done
+    sleep 20
+    kill -9 "${pids[1]}"
+    start=$SECONDS
+    while kill -0 "${pids[0]}" 2>/dev/null && ((SECONDS - start < 90)); do sleep 1; done
+    if kill -0 "${pids[0]}" 2>/dev/null; then
+      kill -9 "${pids[0]}"
+      echo "rank 0 still ran $((SECONDS - start)) s after rank 1 was killed"
+      return 1
+    fi
+    wait "${pids[0]}" || rc=$?
+    echo "rank 0 ended with status $rc, $((SECONDS - start)) s after rank 1 was killed"
+    ((rc != 0))
+  }
   local small=(--layers 2 --channels 64 --heads 4 --seq-len 10 --micro-batch 16) launch=$root/examples/gpt/launch_ranks.sh
   if ((emulator)); then
     check gpt.cpu pass "$bin/train_gpt_device" --device cpu "${small[@]}" --compare-stages --compare-steps 3 --digest
@@ -315,6 +338,9 @@ run() {
       check "gpt.staged.n$n" pass bash "$launch" "$n" "$bin/train_gpt_device" "${small[@]}" "${extra[@]}" \
         --compare-stages --compare-steps 20 --digest --comm shm
     done
+    # One rank dies (SIGKILL) in the middle of training: the other fails, naming it, instead of waiting forever.
+    check gpt.nccl.rank-dies pass rank_dies nccl
+    check gpt.staged.rank-dies pass rank_dies shm
   fi
   # The GPT's stages give the same weights, and a run repeats itself (both logs carry the weights' digest).
   gpt_same() {  # gpt_same NAME COUNT LOG...: the logs hold COUNT digests, all the same
@@ -353,10 +379,14 @@ run() {
     echo "== benchmarks"
     check bench.kernels pass "$bin/bench_gpu_kernels" --sizes 16,64,256 --segments 1,64 --reps "$reps"
     check bench.offload pass "$bin/bench_offload_pipeline" --queue cuda --params 256 --piece 16 --reps 5
+    # The NCCL module against NCCL's own calls, two processes on the GPU (bus bandwidth, and the deterministic
+    # reduce-scatter's cost).
+    check bench.nccl pass bash "$launch" 2 "$bin/bench_nccl" --sizes 4,16,64,256 --reps 10
     # The device engine's whole zero_step against torch's fused AdamW on the same GPU (the machine's torch).
     check bench.step-vs-torch pass python3 "$root/bench/step_vs_torch.py" --lib "$bundle/lib/libzero.so.1" \
       --device cuda --sizes 16,64,256 --reps 5
-    cat "$logs/bench.kernels.log" "$logs/bench.offload.log" "$logs/bench.step-vs-torch.log" "$logs/gpt.stages.log" \
+    cat "$logs/bench.kernels.log" "$logs/bench.offload.log" "$logs/bench.nccl.log" "$logs/bench.step-vs-torch.log" \
+      "$logs/gpt.stages.log" \
       "$logs/gpt.learns.log" "$logs/gpt.larger.log" "$logs/gpt.nccl.n2.log" "$logs/gpt.staged.n2.log" \
       "$logs/gpt.nccl.n3.log" "$logs/gpt.staged.n3.log"
   fi
