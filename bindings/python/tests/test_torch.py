@@ -620,6 +620,15 @@ def test_torchrun_on_one_machine_runs_over_shared_memory_unless_told_otherwise()
     assert comm().transport == ("custom" if told == "process_group" else "shm")
 
 
+@pytest.mark.skipif(LAUNCH != "torchrun" or torch.cuda.is_available(), reason="torchrun on a machine without a GPU")
+def test_torchrun_over_nccl_without_a_gpu_fails_alike_on_every_rank(monkeypatch):
+    # ZERO_TORCH_TRANSPORT=nccl: libzero's NCCL module for the data, bootstrapped over shared memory. Where it cannot
+    # run, every rank gets the same refusal at once (none waits for another), naming the call.
+    monkeypatch.setenv("ZERO_TORCH_TRANSPORT", "nccl")
+    with pytest.raises(libzero.errors.UnsupportedError, match="zero_comm_create_nccl"):
+        lzt.default_comm()
+
+
 @pytest.mark.skipif(LAUNCH != "torchrun" or not os.environ.get("ZERO_TORCH_MACHINE_ID"),
                     reason="torchrun across machines (agents that say they are on different ones)")
 def test_torchrun_across_machines_runs_over_shared_memory_and_tcp():

@@ -17,15 +17,18 @@ def default_comm() -> Comm:
     (the speed of an mpirun job, no MPI), and across machines when each holds the same number of consecutive ranks
     (torchrun's placement: shared memory within a machine, TCP between them); else a transport over
     torch.distributed's default group (a gloo group beside it when the default one is not gloo: NCCL cannot move
-    host buffers). ZERO_TORCH_TRANSPORT=process_group keeps the latter everywhere. Without torch.distributed, Comm.world(); refuses a torchrun job that has
+    host buffers). ZERO_TORCH_TRANSPORT=process_group keeps the latter everywhere; ZERO_TORCH_TRANSPORT=nccl puts a
+    CUDA model's data collectives on NCCL (libzero's NCCL module on torch.cuda.current_device(), bootstrapped over
+    and with its control messages on the shared-memory communicator above; several processes on one GPU need a
+    distinct NCCL_HOSTID each). Without torch.distributed, Comm.world(); refuses a torchrun job that has
     not initialised torch.distributed, which would otherwise train N unrelated models."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
         transport = os.environ.get("ZERO_TORCH_TRANSPORT", "auto")
-        if transport not in ("auto", "shm", "process_group"):
-            raise ValueError(f"ZERO_TORCH_TRANSPORT={transport!r}: expected auto, shm or process_group")
+        if transport not in ("auto", "shm", "process_group", "nccl"):
+            raise ValueError(f"ZERO_TORCH_TRANSPORT={transport!r}: expected auto, shm, process_group or nccl")
         if dist.get_world_size(group) > 1:
             # Every rank decides from what every rank says, so they all take the same transport (or all raise).
             said: list[Any] = [None] * dist.get_world_size(group)
@@ -34,15 +37,20 @@ def default_comm() -> Comm:
                 raise RuntimeError(f"ZERO_TORCH_TRANSPORT differs between ranks: {[t for _, t in said]}")
             if transport != "process_group":
                 machines = [m for m, _ in said]
+                control = None
                 if len(set(machines)) == 1:
-                    return _shm_comm(dist, group)
-                per_machine = _ranks_per_machine(machines)
-                if per_machine:
-                    return _shm_nodes_comm(dist, group, per_machine, machines)
-                if transport == "shm":
+                    control = _shm_comm(dist, group)
+                elif per_machine := _ranks_per_machine(machines):
+                    control = _shm_nodes_comm(dist, group, per_machine, machines)
+                if control is not None and transport == "nccl":
+                    device = torch.cuda.current_device() if torch.cuda.is_available() else 0
+                    return Comm.nccl(control, device=device)
+                if control is not None:
+                    return control
+                if transport in ("shm", "nccl"):
                     raise RuntimeError(
-                        "ZERO_TORCH_TRANSPORT=shm, but the ranks are not spread over the machines in equal blocks of "
-                        f"consecutive ranks: {machines}"
+                        f"ZERO_TORCH_TRANSPORT={transport}, but the ranks are not spread over the machines in equal "
+                        f"blocks of consecutive ranks: {machines}"
                     )
         return ProcessGroupComm(group)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not any(
