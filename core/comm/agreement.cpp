@@ -80,6 +80,8 @@ std::string describe_call(const CallTag& tag) {
 void finalize_communicator(const std::shared_ptr<Communicator>& comm) {
   const char* call = "zero_comm_finalize";
   if (comm->finalized()) fail(ZERO_ERR_INVALID_STATE, "zero_comm_finalize: the communicator is already finalized");
+  if (comm->control_side().finalized())
+    fail(ZERO_ERR_INVALID_STATE, "zero_comm_finalize: the split communicator's control side is already finalized");
   std::unique_ptr<Error> local = capture_error(call, [&] { test_hooks::maybe_fail("comm_finalize", comm->rank()); });
   EngineComm agreement(comm);
   agreement.set_timeout(timeout_from_environment(agreement.timeout()));
@@ -97,16 +99,33 @@ void finalize_communicator(const std::shared_ptr<Communicator>& comm) {
 // yields the minimum and the maximum of every field. Equal minimum and maximum means every rank agrees.
 void EngineComm::agree(const std::string& call, const CallTag& tag, const Error* local_error,
                        const ExplainCheck& explain_check, bool share_status) {
-  enum { kFailed, kSeq, kSeqNeg, kKind, kKindNeg, kId, kIdNeg, kCount, kCountNeg, kCheck, kCheckNeg, kN };
+  enum {
+    kFailed,
+    kSeq,
+    kSeqNeg,
+    kDataSeq,
+    kDataSeqNeg,
+    kKind,
+    kKindNeg,
+    kId,
+    kIdNeg,
+    kCount,
+    kCountNeg,
+    kCheck,
+    kCheckNeg,
+    kN
+  };
   // Both sides' positions: a rank that issued a data collective the others did not is caught here, not by a
-  // mismatched NCCL operation (a split communicator numbers each side apart; a plain one is both).
+  // mismatched NCCL operation (a split communicator numbers each side apart; a plain one is both, its data position
+  // then 0 everywhere).
   Communicator& control = comm_->control_side();
   Communicator& data = comm_->data_side();
-  const int64_t sequence =
-      static_cast<int64_t>(control.issued() + 1) + (&data == &control ? 0 : static_cast<int64_t>(data.issued() << 32));
+  const int64_t sequence = static_cast<int64_t>(control.issued() + 1);
+  const int64_t data_sequence = &data == &control ? 0 : static_cast<int64_t>(data.issued());
   int64_t v[kN];
   v[kFailed] = local_error != nullptr ? rank() : INT64_MAX;
   v[kSeq] = sequence, v[kSeqNeg] = -sequence;
+  v[kDataSeq] = data_sequence, v[kDataSeqNeg] = -data_sequence;
   v[kKind] = static_cast<int64_t>(tag.kind), v[kKindNeg] = -v[kKind];
   v[kId] = tag.id, v[kIdNeg] = -tag.id;
   v[kCount] = tag.count, v[kCountNeg] = -tag.count;
@@ -127,15 +146,15 @@ void EngineComm::agree(const std::string& call, const CallTag& tag, const Error*
                               call_name(static_cast<CallKind>(status_and_kind[1])) + " (" + status_name(status) +
                               "): " + message);
   }
-  const bool same_call =
-      v[kSeq] == -v[kSeqNeg] && v[kKind] == -v[kKindNeg] && v[kId] == -v[kIdNeg] && v[kCount] == -v[kCountNeg];
+  const bool same_call = v[kSeq] == -v[kSeqNeg] && v[kDataSeq] == -v[kDataSeqNeg] && v[kKind] == -v[kKindNeg] &&
+                         v[kId] == -v[kIdNeg] && v[kCount] == -v[kCountNeg];
   if (same_call && v[kCheck] == -v[kCheckNeg]) return;
   if (same_call && explain_check) fail(ZERO_ERR_MISMATCH, explain_check(*this));
 
   // Which rank calls what: everyone's tag, for one message that every rank prints alike.
-  int64_t mine[5] = {sequence, static_cast<int64_t>(tag.kind), tag.id, tag.count, tag.check};
-  std::vector<int64_t> all(5 * static_cast<size_t>(size()));
-  std::memcpy(all.data() + 5 * rank(), mine, sizeof mine);
+  int64_t mine[6] = {sequence, static_cast<int64_t>(tag.kind), tag.id, tag.count, tag.check, data_sequence};
+  std::vector<int64_t> all(6 * static_cast<size_t>(size()));
+  std::memcpy(all.data() + 6 * rank(), mine, sizeof mine);
   control_all_gather(all.data(), sizeof mine, std::string(call) + ": the ranks' calls, to explain a divergence");
   std::ostringstream os;
   if (same_call)
@@ -144,7 +163,7 @@ void EngineComm::agree(const std::string& call, const CallTag& tag, const Error*
     os << "ranks diverged: they are not making the same collective call (the program runs different code on "
           "different ranks): ";
   for (int r = 0; r < size(); ++r) {
-    const int64_t* t = all.data() + 5 * r;
+    const int64_t* t = all.data() + 6 * r;
     CallTag other{static_cast<CallKind>(t[1]), t[2], t[3], t[4]};
     if (same_call) {
       os << (r ? "; " : " ") << rank_name_ << " " << r << " has check value " << t[4];
@@ -152,6 +171,7 @@ void EngineComm::agree(const std::string& call, const CallTag& tag, const Error*
     }
     os << (r ? "; " : "") << rank_name_ << " " << r << " is in " << describe_call(other);
     if (t[0] != sequence) os << " as its collective #" << t[0];
+    if (t[5] != data_sequence) os << " after " << t[5] << " data collectives";
   }
   // The same call with different inputs: every rank learns it here, before data moves, and may call again.
   if (same_call) fail(ZERO_ERR_MISMATCH, os.str() + ". Every rank must pass the same values");

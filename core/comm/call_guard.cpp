@@ -12,6 +12,11 @@ void CallGuard::require(State wanted) const {
   if (comm_.backend().aborted())
     fail(ZERO_ERR_ABORTED,
          "the engine's communicator was aborted on this rank (" + comm_.backend().abort_reason() + ")");
+  // A side finalized by its owner under a live engine: refused here, before any collective, so nothing breaks
+  // (the other side, the caller's too, stays usable).
+  if (state_ != State::kRegistering && comm_.finalized())
+    fail(ZERO_ERR_INVALID_STATE,
+         "the engine's communicator was finalized (zero_comm_finalize; on a split communicator, either side)");
   if (model_parallel_ != nullptr && model_parallel_->backend().aborted())
     fail(ZERO_ERR_ABORTED, "the engine's model-parallel communicator was aborted on this rank (" +
                                model_parallel_->backend().abort_reason() + ")");

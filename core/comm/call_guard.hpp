@@ -43,9 +43,7 @@ class CallGuard {
   // Whether this rank can take part in an agreement at all: not after an abort, a failure after data moved, or
   // zero_comm_finalize (the other ranks learn of those through the communicator).
   bool can_agree() const {
-    auto usable = [](const EngineComm* c) {
-      return c == nullptr || (!c->backend().aborted() && !c->backend().finalized());
-    };
+    auto usable = [](const EngineComm* c) { return c == nullptr || (!c->backend().aborted() && !c->finalized()); };
     return !aborted_.load() && state_ != State::kBroken && usable(&comm_) && usable(model_parallel_);
   }
   // The model-parallel group beside the engine's data-parallel one (zero_engine_set_model_parallel), or null. The

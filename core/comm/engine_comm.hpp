@@ -197,6 +197,11 @@ class EngineComm {
 
   // Aborts the communicator (this rank stops; the others learn it). Any thread.
   void abort(const std::string& reason) { comm_->abort(reason); }
+  // zero_comm_finalize reached the communicator or either side of a split one (the caller's own communicators).
+  bool finalized() const {
+    Communicator& c = *comm_;
+    return c.finalized() || c.control_side().finalized() || c.data_side().finalized();
+  }
   // A collective was given up while still in flight: its buffer must never be freed.
   bool abandoned_requests() const { return abandoned_; }
   // A collective failed (backend error, timeout, a rank gone): the ranks' collective sequences no longer match.

@@ -22,9 +22,11 @@ const char* state_name(FlightRecorder::State state) {
 
 size_t FlightRecorder::start(const Collective& c) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const size_t slot = written_++ % kRecords;
-  Record& r = records_[slot];
+  const uint64_t ticket = written_++;
+  Record& r = records_[ticket % kRecords];
+  r.ticket = ticket;
   r.sequence = c.sequence;
+  r.control = c.control || c.host_memory;
   r.kind = c.kind;
   r.type = c.type;
   r.count = c.count;
@@ -32,13 +34,13 @@ size_t FlightRecorder::start(const Collective& c) {
   r.state = State::kWaiting;
   r.start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
   r.duration_s = 0;
-  return slot;
+  return static_cast<size_t>(ticket);
 }
 
-void FlightRecorder::end(size_t slot, uint64_t sequence, State state) {
+void FlightRecorder::end(size_t ticket, uint64_t sequence, State state) {
   std::lock_guard<std::mutex> lock(mutex_);
-  Record& r = records_[slot];
-  if (r.sequence != sequence) return;  // overwritten meanwhile
+  Record& r = records_[ticket % kRecords];
+  if (r.ticket != ticket || r.sequence != sequence) return;  // overwritten meanwhile
   r.state = state;
   r.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count() - r.start_s;
 }
@@ -50,6 +52,7 @@ std::string FlightRecorder::json() const {
   for (uint64_t i = written_ - n; i < written_; ++i) {
     const Record& r = records_[i % kRecords];
     out.push_back({{"sequence", r.sequence},
+                   {"side", r.control ? "control" : "data"},
                    {"kind", coll_kind_name(r.kind)},
                    {"label", r.label},
                    {"count", r.count},

@@ -18,16 +18,18 @@ class FlightRecorder {
 
   FlightRecorder() : records_(kRecords) {}
 
-  // A collective started; the slot names its record for end().
+  // A collective started; the ticket names its record for end().
   size_t start(const Collective& c);
-  // Its end (a slot overwritten meanwhile by a later collective is left as it is).
-  void end(size_t slot, uint64_t sequence, State state);
+  // Its end (a record overwritten meanwhile by a later collective is left as it is).
+  void end(size_t ticket, uint64_t sequence, State state);
   // As JSON, oldest first. Any thread.
   std::string json() const;
 
  private:
   struct Record {
+    uint64_t ticket = 0;  // the how-manieth start: sequences are per side of a split communicator, this is not
     uint64_t sequence = 0;
+    bool control = false;  // a control message (Communicator::control_side), else data
     CollKind kind = CollKind::kAllGather;
     ElemType type = ElemType::kF32;
     size_t count = 0;

@@ -451,8 +451,7 @@ Engine::~Engine() {
     } catch (...) {  // a device that failed keeps what it holds
     }
   }
-  if (!guard_.ready() || comm_.failed() || guard_.aborted() || comm_.backend().aborted() || comm_.backend().finalized())
-    return;
+  if (!guard_.ready() || comm_.failed() || guard_.aborted() || comm_.backend().aborted() || comm_.finalized()) return;
   try {
     store_.drain(std::min(5.0, comm_.timeout()));
   } catch (...) {  // a destructor: whatever is left stays in flight, its buffers never freed

@@ -659,6 +659,23 @@ static zero_status_t custom_start(void** out_request, void* user_data, const zer
   return ZERO_OK;
 }
 
+/* An engine on `comm` with one 10-element param, finalized, after one step of a gradient of 1 in its first element. */
+static zero_engine_t* engine_after_one_step(zero_comm_t* comm) {
+  zero_engine_t* engine = NULL;
+  assert_int_equal(zero_engine_create(&engine, kConfig, comm), ZERO_OK);
+  int32_t w = add_param(engine, "w", 10, 0);
+  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
+  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
+  float* g = NULL;
+  assert_int_equal(zero_grad_data((void**)&g, engine, w), ZERO_OK);
+  g[0] += 1.0f;
+  assert_int_equal(zero_grad_ready(engine, w), ZERO_OK);
+  assert_int_equal(zero_release(engine, 0), ZERO_OK);
+  assert_int_equal(zero_backward_end(engine), ZERO_OK);
+  assert_int_equal(zero_step(NULL, engine), ZERO_OK);
+  return engine;
+}
+
 static zero_status_t custom_group(void* user_data) {
   (void)user_data;
   return ZERO_OK;
@@ -686,18 +703,7 @@ static void test_custom_communicator(void** state) {
   assert_null(comm);
   assert_int_equal(cs.destroyed, 0); /* a refused table is not the library's to destroy */
   assert_int_equal(zero_comm_create_custom(&comm, &ops, &cs), ZERO_OK);
-  zero_engine_t* engine = NULL;
-  assert_int_equal(zero_engine_create(&engine, kConfig, comm), ZERO_OK);
-  int32_t w = add_param(engine, "w", 10, 0);
-  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
-  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
-  float* g = NULL;
-  assert_int_equal(zero_grad_data((void**)&g, engine, w), ZERO_OK);
-  g[0] += 1.0f;
-  assert_int_equal(zero_grad_ready(engine, w), ZERO_OK);
-  assert_int_equal(zero_release(engine, 0), ZERO_OK);
-  assert_int_equal(zero_backward_end(engine), ZERO_OK);
-  assert_int_equal(zero_step(NULL, engine), ZERO_OK);
+  zero_engine_t* engine = engine_after_one_step(comm);
   assert_true(cs.runs > 0);
   zero_engine_info_t info = ZERO_ENGINE_INFO_INIT;
   assert_int_equal(zero_engine_info(&info, engine), ZERO_OK);
@@ -765,21 +771,25 @@ static void test_split_communicator(void** state) {
   assert_int_equal(zero_comm_create_custom(&device, &ops, &cs), ZERO_OK);
   zero_comm_destroy(device);
 
-  zero_engine_t* engine = NULL;
-  assert_int_equal(zero_engine_create(&engine, kConfig, split), ZERO_OK);
-  int32_t w = add_param(engine, "w", 10, 0);
-  assert_int_equal(zero_engine_finalize(engine), ZERO_OK);
-  assert_int_equal(zero_gather(engine, 0), ZERO_OK);
-  float* g = NULL;
-  assert_int_equal(zero_grad_data((void**)&g, engine, w), ZERO_OK);
-  g[0] += 1.0f;
-  assert_int_equal(zero_grad_ready(engine, w), ZERO_OK);
-  assert_int_equal(zero_release(engine, 0), ZERO_OK);
-  assert_int_equal(zero_backward_end(engine), ZERO_OK);
-  assert_int_equal(zero_step(NULL, engine), ZERO_OK);
+  zero_engine_t* engine = engine_after_one_step(split);
   zero_engine_destroy(engine);
   assert_int_equal(zero_comm_finalize(split), ZERO_OK);
   assert_int_equal(zero_comm_finalize(control), ZERO_OK); /* still the caller's to finalize */
+  assert_int_equal(zero_comm_finalize(data), ZERO_OK);
+  zero_comm_destroy(split);
+  zero_comm_destroy(control);
+  zero_comm_destroy(data);
+
+  /* A side finalized by its owner under a live engine: the engine's next call is refused before anything moves,
+   * and the other side is left as it was (it still finalizes). */
+  assert_int_equal(zero_comm_create_single(&control), ZERO_OK);
+  assert_int_equal(zero_comm_create_single(&data), ZERO_OK);
+  assert_int_equal(zero_comm_create_split(&split, control, data), ZERO_OK);
+  engine = engine_after_one_step(split);
+  assert_int_equal(zero_comm_finalize(control), ZERO_OK);
+  assert_fails(zero_gather(engine, 0), ZERO_ERR_INVALID_STATE, "communicator was finalized");
+  zero_engine_destroy(engine);
+  assert_fails(zero_comm_finalize(split), ZERO_ERR_INVALID_STATE, "control side is already finalized");
   assert_int_equal(zero_comm_finalize(data), ZERO_OK);
   zero_comm_destroy(split);
   zero_comm_destroy(control);

@@ -495,6 +495,8 @@ int main(int argc, char** argv) {
       previous = seq, ++entries;
     }
     EXPECT(entries > 0 && falls > 0, "split communicator: %d collectives numbered as by one communicator", entries);
+    EXPECT(strstr(recent, "\"side\": \"data\"") != NULL && strstr(recent, "\"side\": \"control\"") != NULL,
+           "the recorder does not tell the sides apart: %.200s", recent);
     zero_string_destroy(recent);
   }
   if (rank == 0 && stage == 3)

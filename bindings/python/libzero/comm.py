@@ -48,6 +48,8 @@ class Comm:
         self.transport = transport
         #: The machines a shared-memory communicator spans (``Comm.shm_nodes``: TCP between them); 1 otherwise.
         self.machines = machines
+        # Communicators this one made for itself (libzero.torch's control side of an NCCL one): finalized with it.
+        self._owned: list[Comm] = []
 
     @staticmethod
     def mpi(comm: Any = None) -> "Comm":
@@ -112,8 +114,8 @@ class Comm:
     def split(control: "Comm", data: "Comm") -> "Comm":
         """One communicator over two: control messages (the agreement before every call, checks, small sums) over
         ``control``, data collectives (gradients, parameters) over ``data``; both span the same ranks in the same
-        order. For a device communicator beside a host one (a framework's NCCL group as a custom transport that
-        takes device buffers, next to gloo or shared memory). Local."""
+        order. Both stay yours to finalize: ``finalize()`` on the split agrees over ``control`` and finalizes
+        neither. Local."""
         return Comm(_native.Comm.split(control._native, data._native), f"split({control.transport}, {data.transport})")
 
     @staticmethod
@@ -122,7 +124,8 @@ class Comm:
         ``Comm.mpi``, a gloo transport), bootstrapped over ``control``. For a device engine (``Engine(...,
         device="cuda")``). NCCL is loaded at run time (libnccl.so.2: torch's nvidia-nccl wheel, or
         ZERO_NCCL_LIBRARY). Several processes on one GPU need a distinct NCCL_HOSTID each. Collective: every rank
-        gets the communicator or the same error within ``timeout_s``."""
+        gets the communicator or the same error within ``timeout_s``. ``finalize()`` tears down the NCCL side;
+        ``control`` stays yours to finalize."""
         return Comm(_native.Comm.nccl(control._native, device, timeout_s), "nccl")
 
     @staticmethod
@@ -156,8 +159,12 @@ class Comm:
 
     def finalize(self) -> None:
         """Collective teardown: agrees with every rank that the communicator is done, frees the backend's
-        collective resources and, if libzero initialised MPI, finalises it. Engines on it fail afterwards."""
+        collective resources and, if libzero initialised MPI, finalises it. Engines on it fail afterwards. A split
+        communicator finalizes only what it made itself (``Comm.nccl``'s NCCL side), not the communicators it was
+        given."""
         self._native.finalize()
+        for part in self._owned:
+            part.finalize()
 
     def close(self) -> None:
         """Drops this reference (local)."""

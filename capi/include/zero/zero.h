@@ -719,8 +719,10 @@ ZERO_API zero_status_t zero_comm_create_split(zero_comm_t** out_comm, zero_comm_
 ZERO_API zero_status_t zero_comm_create_nccl(zero_comm_t** out_comm, zero_comm_t* control, int32_t device,
                                              double timeout_s);
 
-/* The engine's last collectives (up to 64, oldest first) as a JSON array: sequence, kind, label, element count,
- * dtype, state ("done", "waiting", "failed"), start time and duration. For a framework's own hang reports. Free
+/* The engine's last collectives (up to 64, oldest first) as a JSON array: sequence, side ("control": the agreement,
+ * checks and host-memory broadcasts; "data"), kind, label, element count, dtype, state ("done", "waiting",
+ * "failed"), start time and duration. Sequences count each side's collectives on a split communicator
+ * (zero_comm_create_split, zero_comm_create_nccl), one count otherwise. For a framework's own hang reports. Free
  * with zero_string_destroy. Any thread, any time (also while the engine's thread is blocked in a collective). */
 ZERO_API zero_status_t zero_engine_recent_collectives(char** out_json, const zero_engine_t* engine);
 

@@ -44,7 +44,9 @@ def default_comm() -> Comm:
                     control = _shm_nodes_comm(dist, group, per_machine, machines)
                 if control is not None and transport == "nccl":
                     device = torch.cuda.current_device() if torch.cuda.is_available() else 0
-                    return Comm.nccl(control, device=device)
+                    comm = Comm.nccl(control, device=device)
+                    comm._owned.append(control)  # made here: finalized with the NCCL communicator
+                    return comm
                 if control is not None:
                     return control
                 if transport in ("shm", "nccl"):
