@@ -401,8 +401,9 @@ class Backend {
 
   // Done, still running (false), or failed (throws). The request is gone unless it is still running.
   bool wait_collective(Request* request, double timeout_s) {
+    // Still in its open group (its tail not queued): the group owns it until group_end.
+    if (!request->tail_queued) throw Failure{ZERO_ERR_INVALID_STATE, "a collective was waited for inside its group"};
     std::unique_ptr<Request> r(request);
-    if (!r->tail_queued) throw Failure{ZERO_ERR_INVALID_STATE, "a collective was waited for inside its group"};
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
     auto pause = std::chrono::microseconds(2);
     for (;;) {
