@@ -165,7 +165,7 @@ class UringEngine final : public IoEngine {
         io_uring_prep_read_fixed(sqe, p.fd, p.data, static_cast<unsigned>(p.bytes), p.offset, 0);
       else
         io_uring_prep_read(sqe, p.fd, p.data, static_cast<unsigned>(p.bytes), p.offset);
-      io_uring_sqe_set_data64(sqe, next_);
+      sqe->user_data = next_;  // the field itself: liburing before 2.2 (Debian 11's 0.7) has no set_data64
       ++next_;
       ++queued;
     }
@@ -185,7 +185,7 @@ class UringEngine final : public IoEngine {
     while (r == -EINTR) r = io_uring_wait_cqe(&ring_, &cqe);
     if (r == -EAGAIN) return false;
     if (r < 0) fail(ZERO_ERR_IO, "io_uring_wait_cqe: " + reason(-r));
-    const size_t index = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
+    const size_t index = static_cast<size_t>(cqe->user_data);
     const int res = cqe->res;
     io_uring_cqe_seen(&ring_, cqe);
     --in_flight_;
