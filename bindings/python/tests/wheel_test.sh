@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a newcomer does (README.md, "Python"): `pip install ./bindings/python` into a fresh venv (pip fetches numpy,
+# What a newcomer does (README.md, "Python"): `pip install .` into a fresh venv (pip fetches numpy,
 # scikit-build-core and pybind11 from PyPI and builds libzero into the wheel), then the quick start exactly as the
 # README prints it, in one process and under mpirun with 2 ranks, from outside the source tree.
 # Usage: wheel_test.sh <source dir> <mpirun> <scratch dir>
@@ -26,7 +26,7 @@ PY
 mkdir -p "$work/tmp"
 TMPDIR="$work/tmp" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
   "$work/venv/bin/pip" install --quiet --disable-pip-version-check --config-settings=build-dir="$work/build" \
-  "$src/bindings/python"
+  "$src"
 cp "$src/examples/python/quickstart.py" "$work/"
 cd "$work"  # the installed package is what gets imported, not the source tree's
 check() {  # every rank converged (mpirun may interleave the ranks' lines: count the reports, not the lines)
