@@ -16,24 +16,13 @@
 # environment is otherwise only the Build-Depends.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-if [[ $(id -u) -ne 0 ]]; then
-  echo "packaging/test-debian.sh needs root (it builds in chroots)" >&2
-  exit 1
-fi
-# Everything below runs in a private mount namespace: the chroots' mounts never reach the host, and they vanish
-# with the namespace even if this script is killed.
-if [[ -z ${ZERO_DEBIAN_TEST_NS:-} ]]; then
-  exec unshare --mount --propagation private env ZERO_DEBIAN_TEST_NS=1 bash "$0" "$@"
-fi
+source "$root/packaging/chroots.sh"
+enter_private_namespace "$@"
 suite=bookworm
-mirror=${ZERO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-base=${ZERO_DEBIAN_BASE:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/debian-$suite-minbase.tar}
 work=$(mktemp -d /var/tmp/libzero-deb.XXXXXX)
-mounts=()
 cleanup() {
   if [[ -n ${lintian_pid:-} ]]; then kill "$lintian_pid" 2>/dev/null || true; fi  # still running after a failure
-  for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
-  rm -rf --one-file-system "$work"
+  cleanup_roots && rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 
@@ -41,41 +30,7 @@ trap cleanup EXIT
 # Python tests may write bytecode into the tree while a later copy would walk it.
 mkdir -p "$work/source"
 (cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work/source")
-
-if [[ ! -f $base ]]; then
-  echo "debootstrap $suite (minbase) from $mirror, kept in $base"
-  mkdir -p "$(dirname "$base")" "$work/bootstrap"
-  debootstrap --variant=minbase "$suite" "$work/bootstrap" "$mirror" >"$work/debootstrap.log" 2>&1 || {
-    tail -30 "$work/debootstrap.log"
-    exit 1
-  }
-  tar -C "$work/bootstrap" -cf "$base.tmp" .
-  mv "$base.tmp" "$base"
-  rm -rf --one-file-system "$work/bootstrap"
-fi
-
-# A fresh root from a tarball (the minbase by default), with /proc, /sys, /dev (Open MPI needs /dev/shm) and the
-# host's DNS.
-new_root() {
-  local dir=$1 tarball=${2:-$base}
-  mkdir -p "$dir"
-  tar -C "$dir" -xf "$tarball"
-  mount -t proc proc "$dir/proc"
-  mounts+=("$dir/proc")
-  mount -t sysfs sysfs "$dir/sys" # hwloc (Open MPI) reads the CPU topology there
-  mounts+=("$dir/sys")
-  mount --bind /dev "$dir/dev"
-  mounts+=("$dir/dev")
-  mount -t tmpfs -o size=1g tmpfs "$dir/dev/shm"
-  mounts+=("$dir/dev/shm")
-  cp /etc/resolv.conf "$dir/etc/resolv.conf"
-}
-in_root() {
-  local dir=$1
-  shift
-  chroot "$dir" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-    DEBIAN_FRONTEND=noninteractive bash -euo pipefail -c "$*"
-}
+base=$(minbase_tarball "$suite")
 
 echo "== build in a clean $suite chroot with the declared Build-Depends ($SECONDS s)"
 build=$work/build-root
@@ -89,7 +44,7 @@ if [[ -f $prepared ]]; then
   new_root "$build" "$prepared"
   echo "build root with the Build-Depends from $prepared"
 else
-  new_root "$build"
+  new_root "$build" "$base"
   mkdir -p "$build/src/prepare"
   cp -r "$root/packaging/debian" "$build/src/prepare/debian"  # apt-get build-dep reads its control file
   in_root "$build" "apt-get update -qq && apt-get install -y -qq --no-install-recommends build-essential dpkg-dev \
@@ -99,9 +54,7 @@ else
     exit 1
   }
   rm -rf "$build/src/prepare"
-  rm -f "$(dirname "$base")"/"$(basename "${base%.tar}")"-builddeps-*.tar  # an older control file's
-  tar --one-file-system -C "$build" -cf "$prepared.tmp" .
-  mv "$prepared.tmp" "$prepared"
+  keep_root "$build" "$prepared"  # replacing an older control file's
   echo "build root with the Build-Depends installed ($SECONDS s), kept in $prepared"
 fi
 mkdir -p "$build/src"
@@ -110,9 +63,7 @@ cp -r "$build/src/libzero/packaging/debian" "$build/src/libzero/debian"
 cache_env=
 if [[ -n $cache_tool ]]; then
   cache_dir=${CCACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ccache}
-  mkdir -p "$cache_dir" "$build/ccache"
-  mount --bind "$cache_dir" "$build/ccache"
-  mounts+=("$build/ccache")
+  bind_into "$build" "$cache_dir" /ccache
   cache_env="CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1 CMAKE_C_COMPILER_LAUNCHER=ccache \
     CMAKE_CXX_COMPILER_LAUNCHER=ccache"
 fi
@@ -135,11 +86,12 @@ lintian_pid=$!
 
 echo "== install with apt in a second clean chroot, build and run the consumer ($SECONDS s)"
 inst=$work/install-root
-new_root "$inst"
+new_root "$inst" "$base"
 mkdir -p "$inst/debs" "$inst/consumer" "$inst/configs"
 cp "$work/out"/*.deb "$inst/debs/"
 cp "$root/tests/consumer"/* "$inst/consumer/"
 cp "$root/examples/configs/zero2_fp32.json" "$inst/configs/"
+cp "$root/examples/python/quickstart.py" "$inst/consumer/"
 # The Java quick start, compiled in the build chroot against the jar just built (this one gets a JRE only):
 # libzero-java must run it with the system's libzero, in one process and over MPI.
 mkdir -p "$inst/consumer/java"
@@ -153,7 +105,9 @@ in_root "$inst" "bash /consumer/build_and_run.sh /usr /tmp/consumer && \
   mpirun --allow-run-as-root --oversubscribe -np 2 /tmp/consumer/cmake/consumer --mpi && \
   zero-config check /configs/zero2_fp32.json --world-size 4 >/dev/null && zero-ckpt --help >/dev/null && \
   java -cp /usr/share/java/libzero.jar:/consumer/java QuickStart && \
-  mpirun --allow-run-as-root --oversubscribe -np 2 java -cp /usr/share/java/libzero.jar:/consumer/java QuickStart"
+  mpirun --allow-run-as-root --oversubscribe -np 2 java -cp /usr/share/java/libzero.jar:/consumer/java QuickStart && \
+  cd /tmp && python3 /consumer/quickstart.py && \
+  mpirun --allow-run-as-root --oversubscribe -np 2 python3 /consumer/quickstart.py"
 if ! wait "$lintian_pid"; then
   cat "$work/lintian.log"
   echo "lintian found errors" >&2
@@ -161,4 +115,4 @@ if ! wait "$lintian_pid"; then
 fi
 cat "$work/lintian.log"
 echo "debian packages ok: built in a clean $suite chroot with their Build-Depends (tests run), lintian clean of" \
-  "errors, installed with apt in another, consumed with find_package, pkg-config and over MPI, and from Java"
+  "errors, installed with apt in another, consumed with find_package, pkg-config and over MPI, from Java and Python"
