@@ -10,7 +10,8 @@ set -euo pipefail
 # lintian: the Debian packages. python3-yaml: parsing the conda recipe. python3-numpy, python3-venv: the checkpoint
 # interoperability test (scripts/test.sh adds the safetensors package from PyPI in a venv under ~/.cache/libzero). libxxhash-dev:
 # checkpoint checksums. libopenblas-dev: the GPT example's matmuls. clang-14, libclang-rt-14-dev: the clang build,
-# its sanitizers and libFuzzer. debootstrap: the clean Debian root the packages are built and installed in.
+# its sanitizers and libFuzzer. debootstrap: the clean Debian roots the packages are built and installed in. curl:
+# the CPython sources the Python wheels' build root compiles (packaging/python/build-wheels.sh).
 # python3-dev, python3-pytest, python3-mpi4py: the Python binding's build and tests (pybind11, ml_dtypes and
 # scikit-build-core come from PyPI into the venv scripts/test.sh makes). swig, openjdk-17-jdk-headless, junit4,
 # golang-go: the Java and Go bindings and their tests (JUnit 4 from Debian; Go builds with no module downloads).
@@ -20,7 +21,7 @@ packages=(cmake g++ make ninja-build libopenmpi-dev openmpi-bin nlohmann-json3-d
           abigail-tools pkg-config debhelper dpkg-dev lintian python3 python3-yaml python3-numpy python3-venv
           python3-dev python3-pytest python3-mpi4py
           swig openjdk-17-jdk-headless junit4 golang-go liburing-dev fio
-          libopenblas-dev clang-14 libclang-rt-14-dev debootstrap ccache)
+          libopenblas-dev clang-14 libclang-rt-14-dev debootstrap curl ccache)
 packages+=("$@")  # what a caller needs beyond these (scripts/demo.sh: gnuplot for the loss plot)
 
 missing=()

@@ -4,8 +4,8 @@
 # compiled where nvcc is installed; builds the asan preset
 # and runs the single-process tests under AddressSanitizer + UndefinedBehaviorSanitizer; builds with clang 14 under
 # UBSan and runs the suite again, multi-process tests included; runs the fuzzers (libFuzzer, ASan + UBSan) for a
-# minute each; builds, lints, installs and consumes the Debian packages (beside the release suite), and tests the
-# conda recipe's build script.
+# minute each; builds, lints, installs and consumes the Debian packages (beside the release suite); builds the
+# Python sdist and manylinux wheels and installs them in clean chroots; and tests the conda recipe's build scripts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -143,6 +143,9 @@ wait "$debian_pid" || debian_rc=$?
 debian_pid=
 cat "$debian_log"
 [[ $debian_rc == 0 ]] || { echo "packaging/test-debian.sh failed ($debian_rc)"; exit 1; }
+
+echo "== Python distributions: the sdist and manylinux wheels, built in a Debian 11 chroot, installed in clean ones"
+ZERO_SDIST_PYTHON="$pyenv/bin/python3" bash packaging/python/test-python.sh "$torchenv"
 
 echo "== fuzzers"
 bash scripts/run-fuzzers.sh
