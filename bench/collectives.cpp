@@ -10,6 +10,8 @@
 //                 node: the default; single copy from 32 KiB per block where process_vm_readv works)
 //   lz-2copy      the same with ZERO_MPI_SINGLE_COPY=0 (every chunk through the window's halves)
 //   libzero-mpi   the same module with ZERO_MPI_SHM=0 (an in-place all-to-all and a rank-order sum)
+//   lz-shm        libzero's own shared-memory communicator (zero_comm_create_shm: what a torchrun job without MPI
+//                 uses), the same window and sums without MPI
 //   Open MPI      MPI_Reduce_scatter_block (out of place), MPI_Allgather and MPI_Allreduce (in place), fp32 sum
 // The ceiling is memcpy of size x (N - 1) / N bytes on every rank at once (what a rank must at least move),
 // expressed as the same bus bandwidth; "of ceil" is libzero's fraction of it. A reduce-scatter cannot reach it on a
@@ -21,6 +23,7 @@
 // together, separated by barriers; the buffers are touched before timing (no first-touch page faults timed).
 #include <mpi.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +37,7 @@
 
 #include "comm/engine_comm.hpp"
 #include "comm/mpi_loader.hpp"
+#include "comm/shm_communicator.hpp"
 
 namespace {
 
@@ -110,14 +114,18 @@ int main(int argc, char** argv) {
   setenv("ZERO_MPI_SHM", "0", 1);
   auto plain = zero::make_mpi_communicator(ZERO_MPI_COMM_WORLD);
   unsetenv("ZERO_MPI_SHM");
-  zero::EngineComm lz(shm), lz_two(two_copy), lz_mpi(plain);
+  // The shared-memory communicator joins by a name every rank must pass: rank 0's process id, broadcast.
+  long job = static_cast<long>(getpid());
+  MPI_Bcast(&job, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+  auto own_shm = zero::make_shm_communicator("bench-collectives-" + std::to_string(job), rank, world, 60.0);
+  zero::EngineComm lz(shm), lz_two(two_copy), lz_mpi(plain), lz_shm(own_shm);
 
   const double n = world, share = (n - 1) / n;
   if (rank == 0) {
     std::printf("bench_collectives: %d ranks, fp32, median of %d, bus bandwidth GB/s (nccl-tests convention)\n", world,
                 reps);
-    std::printf("%-15s %8s %10s %10s %10s %10s %10s %10s %10s %10s\n", "collective", "MiB", "libzero", "lz-2copy",
-                "lz-mpi", "Open MPI", "ceiling", "of ceil", "of bound", "vs OMPI");
+    std::printf("%-15s %8s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "collective", "MiB", "libzero", "lz-2copy",
+                "lz-mpi", "lz-shm", "Open MPI", "ceiling", "of ceil", "of bound", "vs OMPI");
   }
   for (double mib : sizes) {
     const size_t bytes = static_cast<size_t>(mib * 1048576.0) / (4 * static_cast<size_t>(world)) * 4 * world;
@@ -132,7 +140,7 @@ int main(int argc, char** argv) {
       const char* name;
       double factor;
       double bound;  // the traffic bound as a fraction of the ceiling
-      std::function<void()> lz, lz_two, lz_mpi, ompi;
+      std::function<void()> lz, lz_two, lz_mpi, lz_shm, ompi;
     };
     const double rs_bound = 2 * (n - 1) / (n + 1);
     const Row rows[] = {
@@ -140,6 +148,7 @@ int main(int argc, char** argv) {
          [&] { lz.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_two.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_mpi.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] { lz_shm.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] {
            MPI_Reduce_scatter_block(buf.data(), recv.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM,
                                     MPI_COMM_WORLD);
@@ -147,6 +156,7 @@ int main(int argc, char** argv) {
         {"all-gather", share, 1.0, [&] { lz.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_two.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_mpi.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] { lz_shm.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] {
            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), static_cast<int>(block), MPI_FLOAT,
                          MPI_COMM_WORLD);
@@ -155,23 +165,26 @@ int main(int argc, char** argv) {
          [&] { lz.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
          [&] { lz_two.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
          [&] { lz_mpi.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
+         [&] { lz_shm.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
          [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(elems), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
     };
     for (const Row& row : rows) {
       auto bw = [&](double t) { return static_cast<double>(bytes) * row.factor / t / 1e9; };
       // Paired: each implementation in turn, so that drift in the machine's state affects all alike.
       const double a = bw(median_time(reps, row.lz)), a2 = bw(median_time(reps, row.lz_two)),
-                   b = bw(median_time(reps, row.lz_mpi)), c = bw(median_time(reps, row.ompi));
+                   b = bw(median_time(reps, row.lz_mpi)), d = bw(median_time(reps, row.lz_shm)),
+                   c = bw(median_time(reps, row.ompi));
       const double ceil_bw = ceiling * row.factor / share;
       if (rank == 0)
-        std::printf("%-15s %8.0f %10.2f %10.2f %10.2f %10.2f %10.2f %9.0f%% %9.0f%% %9.2fx\n", row.name, mib, a, a2, b,
-                    c, ceil_bw, 100.0 * a / ceil_bw, 100.0 * a / (ceil_bw * row.bound), a / c);
+        std::printf("%-15s %8.0f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %9.0f%% %9.0f%% %9.2fx\n", row.name, mib, a,
+                    a2, b, d, c, ceil_bw, 100.0 * a / ceil_bw, 100.0 * a / (ceil_bw * row.bound), a / c);
     }
     std::fflush(stdout);
   }
   lz.backend().finalize();
   two_copy->finalize();
   plain->finalize();
+  own_shm->finalize();
   MPI_Finalize();
   return 0;
 }
