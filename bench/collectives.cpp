@@ -12,6 +12,8 @@
 //   libzero-mpi   the same module with ZERO_MPI_SHM=0 (an in-place all-to-all and a rank-order sum)
 //   lz-shm        libzero's own shared-memory communicator (zero_comm_create_shm: what a torchrun job without MPI
 //                 uses), the same window and sums without MPI
+//   lz-arena      the same communicator on buffers from its shared arena (Communicator::shared_allocator, where the
+//                 engine puts its gradient buckets): the peers' pieces summed in place, no copy into private memory
 //   Open MPI      MPI_Reduce_scatter_block (out of place), MPI_Allgather and MPI_Allreduce (in place), fp32 sum
 // The ceiling is memcpy of size x (N - 1) / N bytes on every rank at once (what a rank must at least move),
 // expressed as the same bus bandwidth; "of ceil" is libzero's fraction of it. A reduce-scatter cannot reach it on a
@@ -21,6 +23,7 @@
 // copy time for the traffic the collective must at least cause (all-gather: the ceiling; all-reduce: the sum of the
 // two). All ranks run every measurement
 // together, separated by barriers; the buffers are touched before timing (no first-touch page faults timed).
+// "arena/bnd" is lz-arena's fraction of the bound.
 #include <mpi.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -60,22 +63,34 @@ double median_time(int reps, const std::function<void()>& body) {
 }
 
 // n floats set to `value`, 2 MiB-aligned with huge pages advised from 2 MiB up, as the engine's buffers are.
+// Or from `allocator` (a communicator's shared arena).
 class Buffer {
  public:
-  Buffer(size_t n, float value) {
-    const size_t bytes = (std::max<size_t>(n, 1) * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-    p_ = static_cast<float*>(std::aligned_alloc(kHuge, bytes));
-    if (p_ == nullptr) std::abort();
-    madvise(p_, bytes, MADV_HUGEPAGE);  // a hint
+  Buffer(size_t n, float value, std::shared_ptr<zero::Allocator> allocator = nullptr)
+      : bytes_((std::max<size_t>(n, 1) * sizeof(float) + kHuge - 1) / kHuge * kHuge), allocator_(std::move(allocator)) {
+    if (allocator_) {
+      p_ = static_cast<float*>(allocator_->allocate(bytes_, kHuge));
+    } else {
+      p_ = static_cast<float*>(std::aligned_alloc(kHuge, bytes_));
+      if (p_ == nullptr) std::abort();
+      madvise(p_, bytes_, MADV_HUGEPAGE);  // a hint
+    }
     std::fill(p_, p_ + n, value);
   }
-  ~Buffer() { std::free(p_); }
+  ~Buffer() {
+    if (allocator_)
+      allocator_->deallocate(p_, bytes_);
+    else
+      std::free(p_);
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   float* data() const { return p_; }
 
  private:
   static constexpr size_t kHuge = size_t{2} << 20;
+  size_t bytes_ = 0;
+  std::shared_ptr<zero::Allocator> allocator_;
   float* p_ = nullptr;
 };
 
@@ -119,19 +134,22 @@ int main(int argc, char** argv) {
   MPI_Bcast(&job, 1, MPI_LONG, 0, MPI_COMM_WORLD);
   auto own_shm = zero::make_shm_communicator("bench-collectives-" + std::to_string(job), rank, world, 60.0);
   zero::EngineComm lz(shm), lz_two(two_copy), lz_mpi(plain), lz_shm(own_shm);
+  const std::shared_ptr<zero::Allocator> arena = own_shm->shared_allocator();
+  if (rank == 0 && !arena) std::printf("note: no shared arena (single copy off?): lz-arena runs on private memory\n");
 
   const double n = world, share = (n - 1) / n;
   if (rank == 0) {
     std::printf("bench_collectives: %d ranks, fp32, median of %d, bus bandwidth GB/s (nccl-tests convention)\n", world,
                 reps);
-    std::printf("%-15s %8s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "collective", "MiB", "libzero", "lz-2copy",
-                "lz-mpi", "lz-shm", "Open MPI", "ceiling", "of ceil", "of bound", "vs OMPI");
+    std::printf("%-15s %8s %10s %10s %10s %10s %10s %10s %10s %10s %10s %10s %10s\n", "collective", "MiB", "libzero",
+                "lz-2copy", "lz-mpi", "lz-shm", "lz-arena", "Open MPI", "ceiling", "of ceil", "of bound", "arena/bnd",
+                "vs OMPI");
   }
   for (double mib : sizes) {
     const size_t bytes = static_cast<size_t>(mib * 1048576.0) / (4 * static_cast<size_t>(world)) * 4 * world;
     const size_t elems = bytes / 4, block = elems / static_cast<size_t>(world);
     // Buffers as the engine allocates them (core/memory/allocator.cpp): 2 MiB-aligned, huge pages advised.
-    Buffer buf(elems, 1.0f), recv(block, 0.0f), src(elems, 0.5f), dst(elems, 0.0f);
+    Buffer buf(elems, 1.0f), recv(block, 0.0f), src(elems, 0.5f), dst(elems, 0.0f), shared(elems, 1.0f, arena);
     // The ceiling: every rank copies what it must move, at once.
     const size_t moved = static_cast<size_t>(static_cast<double>(bytes) * share);
     const double t_copy = median_time(reps, [&] { std::memcpy(dst.data(), src.data(), moved); });
@@ -140,7 +158,7 @@ int main(int argc, char** argv) {
       const char* name;
       double factor;
       double bound;  // the traffic bound as a fraction of the ceiling
-      std::function<void()> lz, lz_two, lz_mpi, lz_shm, ompi;
+      std::function<void()> lz, lz_two, lz_mpi, lz_shm, lz_arena, ompi;
     };
     const double rs_bound = 2 * (n - 1) / (n + 1);
     const Row rows[] = {
@@ -149,6 +167,7 @@ int main(int argc, char** argv) {
          [&] { lz_two.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_mpi.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_shm.reduce_scatter_sum(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] { lz_shm.reduce_scatter_sum(shared.data(), block, zero::ElemType::kF32, "bench"); },
          [&] {
            MPI_Reduce_scatter_block(buf.data(), recv.data(), static_cast<int>(block), MPI_FLOAT, MPI_SUM,
                                     MPI_COMM_WORLD);
@@ -157,6 +176,7 @@ int main(int argc, char** argv) {
          [&] { lz_two.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_mpi.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
          [&] { lz_shm.all_gather(buf.data(), block, zero::ElemType::kF32, "bench"); },
+         [&] { lz_shm.all_gather(shared.data(), block, zero::ElemType::kF32, "bench"); },
          [&] {
            MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data(), static_cast<int>(block), MPI_FLOAT,
                          MPI_COMM_WORLD);
@@ -166,6 +186,7 @@ int main(int argc, char** argv) {
          [&] { lz_two.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
          [&] { lz_mpi.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
          [&] { lz_shm.all_reduce_sum(buf.data(), elems, zero::ElemType::kF32, "bench"); },
+         [&] { lz_shm.all_reduce_sum(shared.data(), elems, zero::ElemType::kF32, "bench"); },
          [&] { MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(elems), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
     };
     for (const Row& row : rows) {
@@ -173,11 +194,12 @@ int main(int argc, char** argv) {
       // Paired: each implementation in turn, so that drift in the machine's state affects all alike.
       const double a = bw(median_time(reps, row.lz)), a2 = bw(median_time(reps, row.lz_two)),
                    b = bw(median_time(reps, row.lz_mpi)), d = bw(median_time(reps, row.lz_shm)),
-                   c = bw(median_time(reps, row.ompi));
+                   e = bw(median_time(reps, row.lz_arena)), c = bw(median_time(reps, row.ompi));
       const double ceil_bw = ceiling * row.factor / share;
       if (rank == 0)
-        std::printf("%-15s %8.0f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %9.0f%% %9.0f%% %9.2fx\n", row.name, mib, a,
-                    a2, b, d, c, ceil_bw, 100.0 * a / ceil_bw, 100.0 * a / (ceil_bw * row.bound), a / c);
+        std::printf("%-15s %8.0f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %9.0f%% %9.0f%% %9.0f%% %9.2fx\n",
+                    row.name, mib, a, a2, b, d, e, c, ceil_bw, 100.0 * a / ceil_bw, 100.0 * a / (ceil_bw * row.bound),
+                    100.0 * e / (ceil_bw * row.bound), a / c);
     }
     std::fflush(stdout);
   }

@@ -15,9 +15,12 @@
  * spin keeps it busy, as a CPU model does. The compute is not counted in "micro-step comm".
  * --dtype bf16 trains bf16 params with an fp32 master (bf16.enabled): gradients still accumulate in fp32, and are
  * reduced in bf16 (DeepSpeed's default communication dtype), so stages 0-1 widen them after the reduction.
+ * --comm shm runs the engine over libzero's shared-memory communicator (zero_comm_create_shm, what a torchrun job
+ * without MPI uses; its gradient buckets then live in the node's shared arena) instead of the MPI module; MPI
+ * still launches the ranks and takes the times.
  *
  *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5 [--overlap 0|1] [--compute-ms C]
- *                                  [--compute-kind sleep|spin] [--stages 0,3] [--dtype fp32|bf16]
+ *                                  [--compute-kind sleep|spin] [--stages 0,3] [--dtype fp32|bf16] [--comm mpi|shm]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -25,7 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#define ZERO_EXPERIMENTAL_API /* zero_comm_create_shm */
 #include "zero/zero.h"
 
 #define CHECK(call)                                                                      \
@@ -72,7 +77,7 @@ static double slowest(double t) {
 
 int main(int argc, char** argv) {
   double millions = 64;
-  int units = 16, steps = 5, overlap = 0, bf16 = 0;
+  int units = 16, steps = 5, overlap = 0, bf16 = 0, shm = 0;
   const char* stages = "0,1,2,3";
   int bad = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -83,6 +88,10 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--overlap") == 0) overlap = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--comm") == 0) {
+      shm = strcmp(argv[i + 1], "shm") == 0;
+      if (!shm && strcmp(argv[i + 1], "mpi") != 0) bad = 1;
+    }
     if (strcmp(argv[i], "--dtype") == 0) {
       bf16 = strcmp(argv[i + 1], "bf16") == 0;
       if (!bf16 && strcmp(argv[i + 1], "fp32") != 0) bad = 1;
@@ -90,7 +99,8 @@ int main(int argc, char** argv) {
   }
   if (bad || units < 1 || steps < 1 || steps > 100 || millions <= 0) {
     fprintf(stderr,
-            "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)] [--dtype fp32|bf16]\n");
+            "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)] [--dtype fp32|bf16] "
+            "[--comm mpi|shm]\n");
     return 2;
   }
   int provided = 0;
@@ -99,16 +109,26 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   zero_comm_t* comm = NULL;
-  CHECK(zero_comm_create_mpi(&comm, (int64_t)MPI_Comm_c2f(MPI_COMM_WORLD)));
+  if (shm) {
+    /* The ranks join by a name they share: rank 0's process id. */
+    long job = (long)getpid();
+    MPI_Bcast(&job, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    char name[64];
+    snprintf(name, sizeof name, "bench-step-stages-%ld", job);
+    CHECK(zero_comm_create_shm(&comm, name, rank, world, 60.0));
+  } else {
+    CHECK(zero_comm_create_mpi(&comm, (int64_t)MPI_Comm_c2f(MPI_COMM_WORLD)));
+  }
   const int64_t per_unit = (int64_t)(millions * 1e6 / units);
   double iteration[4] = {0, 0, 0, 0};
   if (rank == 0)
     printf(
-        "%.0f M %s params in %d units, %d ranks, AdamW, overlap_comm %s, compute %.1f ms per unit (%s), medians of "
-        "%d iterations (ms, slowest rank)\n"
+        "%.0f M %s params in %d units, %d ranks (%s), AdamW, overlap_comm %s, compute %.1f ms per unit (%s), "
+        "medians of %d iterations (ms, slowest rank)\n"
         "stage  micro-step comm   grad writes   zero_step   iteration   MiB moved/rank\n",
         millions, bf16 ? "bf16 (fp32 master and gradients, bf16 reductions)" : "fp32", units, world,
-        overlap ? "on" : "off", g_compute_ms, g_spin ? "spin" : "sleep", steps);
+        shm ? "shared-memory communicator" : "MPI module", overlap ? "on" : "off", g_compute_ms,
+        g_spin ? "spin" : "sleep", steps);
   for (int stage = 0; stage <= 3; ++stage) {
     if (strchr(stages, '0' + stage) == NULL) continue;
     char config[320];

@@ -8,9 +8,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 
+#include "memory/allocator.hpp"
 #include "numeric/dtype.hpp"
 #include "zero/zero.h"
 
@@ -107,6 +109,10 @@ class Communicator {
   std::string abort_reason() const;
   // After a timeout: what the backend knows of the other ranks, for the error message, within about grace_s.
   virtual std::string diagnose(uint64_t /*sequence*/, double /*grace_s*/) { return ""; }
+  // Host memory the collectives read in place on the peers' side (comm/shared_arena.hpp), for the buffers an
+  // engine reduce-scatters: null where the backend has none (every backend but the shared-memory communicator on
+  // one node with single copy). Buffers from it must be given back before the last reference to it goes.
+  virtual std::shared_ptr<Allocator> shared_allocator() { return nullptr; }
   // Where an engine sends its control messages (agreement, checks: host memory, small) and its data collectives.
   // A split communicator (comm/split_communicator.hpp) has two backends; any other carries both itself.
   virtual Communicator& control_side() { return *this; }

@@ -1,6 +1,7 @@
 #include "comm/shm_communicator.hpp"
 
 #include <sched.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,6 +38,31 @@ size_t half_bytes_from_env() {
   return v >= 4096 && v <= (1ull << 30) ? static_cast<size_t>(v) : size_t{512} << 10;
 }
 
+// Each rank's share of the shared arena: ZERO_SHM_ARENA_BYTES, else /dev/shm's size over the ranks (address space
+// only: a rank commits what its buffers take), at most 64 GiB.
+size_t arena_bytes_from_env(int ranks) {
+  if (const char* env = std::getenv("ZERO_SHM_ARENA_BYTES"))
+    return static_cast<size_t>(std::strtoull(env, nullptr, 10));
+  struct statvfs fs {};
+  if (statvfs("/dev/shm", &fs) != 0) return 0;
+  const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+  return static_cast<size_t>(std::min<uint64_t>(total / static_cast<uint64_t>(std::max(ranks, 1)), uint64_t{64} << 30));
+}
+
+size_t direct_min_bytes_from_env() {
+  const char* env = std::getenv("ZERO_SHM_DIRECT_MIN_BYTES");
+  return env != nullptr && *env != '\0' ? static_cast<size_t>(std::strtoull(env, nullptr, 10))
+                                        : NodeWindow::kDirectMinBytes;
+}
+
+ShmSegment::Settings settings_from_env(int ranks, bool one_node) {
+  ShmSegment::Settings s;
+  s.half_bytes = half_bytes_from_env();
+  s.arena_bytes = one_node ? arena_bytes_from_env(ranks) : 0;  // the cross-node paths stage through the halves
+  s.direct_min_bytes = direct_min_bytes_from_env();
+  return s;
+}
+
 bool env_is_zero(const char* name) {
   const char* env = std::getenv(name);
   return env != nullptr && std::strcmp(env, "0") == 0;
@@ -64,7 +90,7 @@ class ShmCommunicator final : public Communicator {
   ShmCommunicator(const std::string& name, int rank, int size, double join_timeout_s, const ShmNodes* nodes)
       : Communicator(rank, size, locals_of(size, nodes), true),
         segment_(segment_name(name, rank, nodes), rank % locals_of(size, nodes), locals_of(size, nodes),
-                 half_bytes_from_env(), join_timeout_s),
+                 settings_from_env(locals_of(size, nodes), nodes == nullptr), join_timeout_s),
         owner_(getpid()) {
     const int locals = locals_of(size, nodes), local = rank % locals;
     // One deadline for the whole setup, as the caller's timeout promises.
@@ -73,6 +99,7 @@ class ShmCommunicator final : public Communicator {
     const auto left = [&] { return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()); };
     try {
       window_ = std::make_shared<NodeWindow>(local, locals, segment_.half_bytes(), segment_.slots(), nullptr);
+      window_->set_direct_min_bytes(segment_.direct_min_bytes());
       window_->reset_line();
       window_->publish_probe();
       segment_.barrier(2, left(), "publishing the window");
@@ -109,6 +136,10 @@ class ShmCommunicator final : public Communicator {
   }
 
   bool can_time_out() const override { return true; }
+
+  std::shared_ptr<Allocator> shared_allocator() override {
+    return window_->single_copy() && !cross_ ? segment_.arena() : nullptr;
+  }
 
   // The job's rank of this node's segment rank r (the segment holds one node's ranks).
   int job_rank(int r) const { return rank() - segment_.rank() + r; }
@@ -279,6 +310,8 @@ class ShmCommunicator final : public Communicator {
     for (int r = 0; r < segment_.size(); ++r) all = all && segment_.peer(r).vote == 1;
     segment_.barrier(4, timeout_s, "agreeing on single copy");  // nobody reads a probe word after this
     window_->set_single_copy(all, "ZERO_SHM_SINGLE_COPY=0");
+    // The arena is read in place on the single-copy path only (the halves copy whatever the buffer).
+    if (all && segment_.arena()) window_->set_arena(segment_.arena());
   }
 
   Request do_start(const Collective& c) override {

@@ -8,8 +8,9 @@
 // (killed by a signal); after libzero's timeout, the diagnosis says what every other rank is doing.
 //
 // Environment: ZERO_SHM_HALF_BYTES (the window's chunk buffers per rank, 512 KiB by default; rank 0's is used),
-// ZERO_SHM_SINGLE_COPY=0 (copy through the window rather than read the peers' buffers), ZERO_SHM_PROGRESS_THREAD=1
-// or 0 (progress_policy.hpp).
+// ZERO_SHM_SINGLE_COPY=0 (copy through the window rather than read the peers' buffers), ZERO_SHM_DIRECT_MIN_BYTES
+// (single copy from this many bytes per block, 32 KiB; rank 0's), ZERO_SHM_ARENA_BYTES (each rank's share of the
+// shared arena, shared_arena.hpp; rank 0's; 0: none), ZERO_SHM_PROGRESS_THREAD=1 or 0 (progress_policy.hpp).
 #pragma once
 
 #include <memory>

@@ -24,8 +24,9 @@ namespace zero {
 
 namespace {
 
-constexpr uint64_t kMagic = 0x314d48534f52455aull;  // "ZEROSHM1"
+constexpr uint64_t kMagic = 0x324d48534f52455aull;  // "ZEROSHM2"
 constexpr size_t kPage = 4096;
+constexpr size_t kArenaAlign = size_t{2} << 20;  // the arena's extents
 constexpr size_t kLabelBytes = 128, kReasonBytes = 512;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -72,6 +73,9 @@ struct ShmSegment::Header {
   uint64_t size;
   uint64_t half_bytes;
   uint64_t bytes;
+  uint64_t arena_offset;  // 0: no arena
+  uint64_t arena_bytes;   // per rank
+  uint64_t direct_min_bytes;
 };
 
 // Written by its rank only. The label is guarded by a sequence word (odd while it is rewritten); the reason is
@@ -92,7 +96,7 @@ struct ShmSegment::RankLine {
   char reason[kReasonBytes];
 };
 
-ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_bytes, double join_timeout_s)
+ShmSegment::ShmSegment(const std::string& name, int rank, int size, const Settings& settings, double join_timeout_s)
     : name_(name.empty() || name[0] != '/' ? "/" + name : name), rank_(rank), size_(size) {
   if (size < 1 || rank < 0 || rank >= size)
     fail(ZERO_ERR_INVALID_ARGUMENT, "rank " + std::to_string(rank) + " of " + std::to_string(size) + " ranks");
@@ -103,20 +107,25 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
       std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(join_timeout_s));
   const size_t lines = round_up(sizeof(Header), 64) + static_cast<size_t>(size) * round_up(sizeof(RankLine), 64);
   int fd = -1;
+  size_t arena_offset = 0, arena_bytes = 0, file_bytes = 0;
   if (rank == 0) {
-    half_ = std::max<size_t>(half_bytes / 64 * 64, 64 * static_cast<size_t>(size));
+    half_ = std::max<size_t>(settings.half_bytes / 64 * 64, 64 * static_cast<size_t>(size));
+    direct_min_ = settings.direct_min_bytes;
     slot_stride_ = round_up(NodeWindow::slot_bytes(half_), kPage);
     slots_offset_ = round_up(lines, kPage);
     bytes_ = slots_offset_ + static_cast<size_t>(size) * slot_stride_;
+    arena_bytes = size > 1 ? settings.arena_bytes / kArenaAlign * kArenaAlign : 0;
+    arena_offset = arena_bytes > 0 ? round_up(bytes_, kArenaAlign) : 0;
+    file_bytes = arena_bytes > 0 ? arena_offset + static_cast<size_t>(size) * arena_bytes : bytes_;
     fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0)
       fail(ZERO_ERR_COMM,
            os_error("shm_open(" + name_ + ") for the job's segment") +
                (errno == EEXIST ? " (the name is in use: another job, or a stale segment in /dev/shm)" : ""));
     // Allocated now, not at the first touch: a full /dev/shm (a container's 64 MiB) is an error here, not a SIGBUS
-    // in the middle of a collective.
+    // in the middle of a collective. The arena stays sparse: each rank commits its extents as it hands them out.
     const int err =
-        ftruncate(fd, static_cast<off_t>(bytes_)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
+        ftruncate(fd, static_cast<off_t>(file_bytes)) != 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes_));
     if (err != 0) {
       close(fd);
       shm_unlink(name_.c_str());
@@ -130,7 +139,7 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
       fd = shm_open(name_.c_str(), O_RDWR, 0600);
       struct stat st {};
       if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0) {
-        bytes_ = static_cast<size_t>(st.st_size);
+        file_bytes = static_cast<size_t>(st.st_size);
         break;
       }
       if (fd >= 0) close(fd);
@@ -141,10 +150,13 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
-  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
+  // The other ranks learn the layout from the header: they map the whole object first and give the arena's
+  // range back once they have read it.
+  if (rank != 0) bytes_ = file_bytes;
+  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (base_ == MAP_FAILED) {
     base_ = nullptr;
+    close(fd);
     if (rank == 0) shm_unlink(name_.c_str());
     fail(ZERO_ERR_OUT_OF_MEMORY, os_error("mmap of the segment " + name_));
   }
@@ -154,7 +166,10 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
     if (rank == 0) {
       h->size = static_cast<uint64_t>(size);
       h->half_bytes = half_;
-      h->bytes = bytes_;
+      h->bytes = file_bytes;
+      h->arena_offset = arena_offset;
+      h->arena_bytes = arena_bytes;
+      h->direct_min_bytes = direct_min_;
       store(&h->magic, kMagic);
     } else {
       while (load(&h->magic) != kMagic) {
@@ -163,14 +178,27 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
                "the segment " + name_ + " was not made ready within " + std::to_string(join_timeout_s) + " s");
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      if (h->size != static_cast<uint64_t>(size) || h->bytes != bytes_)
+      if (h->size != static_cast<uint64_t>(size) || h->bytes != file_bytes)
         fail(ZERO_ERR_MISMATCH, "the segment " + name_ + " belongs to a job of " + std::to_string(h->size) +
                                     " ranks, not " + std::to_string(size) + " (another job under the same name?)");
       layout_agreed = true;
       half_ = static_cast<size_t>(h->half_bytes);
+      direct_min_ = static_cast<size_t>(h->direct_min_bytes);
+      arena_offset = static_cast<size_t>(h->arena_offset);
+      arena_bytes = static_cast<size_t>(h->arena_bytes);
       slot_stride_ = round_up(NodeWindow::slot_bytes(half_), kPage);
       slots_offset_ = round_up(lines, kPage);
+      const size_t window_bytes = slots_offset_ + static_cast<size_t>(size) * slot_stride_;
+      if (window_bytes < bytes_) munmap(static_cast<char*>(base_) + window_bytes, bytes_ - window_bytes);
+      bytes_ = window_bytes;
     }
+    // Without the arena (no address space for it: a ulimit -v) this rank's buffers are read with process_vm_readv
+    // as before, and it reads the peers' arena buffers the same way.
+    if (arena_bytes > 0) try {
+        arena_ = std::make_shared<SharedArena>(fd, arena_offset, arena_bytes, rank_, size_);
+      } catch (const Error&) {
+        arena_.reset();
+      }
     RankLine* mine = line(rank_);
     char state = 0;
     uint64_t started = 0;
@@ -182,11 +210,14 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, size_t half_
   } catch (...) {
     // No destructor runs for a constructor that throws: the peers learn it, the mapping and the name go.
     if (layout_agreed) stop(ShmRankState::kStopped, 0, "it gave up joining the segment");
+    close(fd);
+    arena_.reset();
     munmap(base_, bytes_);
     base_ = nullptr;
     if (rank == 0) shm_unlink(name_.c_str());
     throw;
   }
+  close(fd);  // the arena keeps its own
   // Every rank has it mapped: nothing needs the name any more.
   if (rank == 0) shm_unlink(name_.c_str());
 }

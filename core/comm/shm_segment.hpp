@@ -1,5 +1,6 @@
 // The shared-memory communicator's segment: one POSIX shared-memory object per job, holding a line per rank (its
-// process id, its state, what it waits in, why it stopped) and the node window's slots (node_window.hpp).
+// process id, its state, what it waits in, why it stopped), the node window's slots (node_window.hpp) and, sparse
+// after them, every rank's share of the shared arena (shared_arena.hpp).
 //
 // Rank 0 creates the object under the job's name (O_EXCL: a name in use is an error, never a silent join of
 // another job's ranks), sizes it and marks it ready; the others open it when it appears. Once every rank has
@@ -13,8 +14,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "comm/shared_arena.hpp"
 
 namespace zero {
 
@@ -28,10 +32,15 @@ enum class ShmRankState : uint64_t {
 
 class ShmSegment {
  public:
+  // What rank 0 chooses for the job (the other ranks' values are ignored).
+  struct Settings {
+    size_t half_bytes = 0;        // the window's chunk buffers
+    size_t arena_bytes = 0;       // each rank's share of the shared arena (0: none)
+    size_t direct_min_bytes = 0;  // the window's single-copy threshold per block (node_window.hpp)
+  };
   // Maps the job's segment for `rank` of `size` (collective: returns when every rank has joined, or throws
-  // zero::Error after `join_timeout_s` naming who did not). `half_bytes`: the window's chunk buffers (rank 0's
-  // value is the job's).
-  ShmSegment(const std::string& name, int rank, int size, size_t half_bytes, double join_timeout_s);
+  // zero::Error after `join_timeout_s` naming who did not).
+  ShmSegment(const std::string& name, int rank, int size, const Settings& settings, double join_timeout_s);
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
@@ -39,8 +48,12 @@ class ShmSegment {
   int rank() const { return rank_; }
   int size() const { return size_; }
   size_t half_bytes() const { return half_; }
+  size_t direct_min_bytes() const { return direct_min_; }
   // Every rank's slot for the node window, mapped here.
   std::vector<char*> slots() const;
+  // The shared arena (shared_arena.hpp), or null when rank 0 gave it no bytes; it outlives the segment while a
+  // buffer from it lives.
+  const std::shared_ptr<SharedArena>& arena() const { return arena_; }
 
   // ---- This rank's line (any thread).
   // The first reason wins; later calls change nothing. `after`: the highest collective this rank completed.
@@ -88,10 +101,11 @@ class ShmSegment {
 
   std::string name_;
   int rank_ = 0, size_ = 1;
-  size_t half_ = 0;
+  size_t half_ = 0, direct_min_ = 0;
   size_t slot_stride_ = 0, slots_offset_ = 0;
   void* base_ = nullptr;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0;  // mapped here: the lines and slots (the arena maps the rest itself)
+  std::shared_ptr<SharedArena> arena_;
   bool process_checks_ = true;
 };
 

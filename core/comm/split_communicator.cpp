@@ -15,6 +15,7 @@ class SplitCommunicator final : public Communicator {
 
   Communicator& control_side() override { return *control_; }
   Communicator& data_side() override { return *data_; }
+  std::shared_ptr<Allocator> shared_allocator() override { return data_->shared_allocator(); }
   bool can_time_out() const override { return control_->capabilities().timeouts && data_->capabilities().timeouts; }
   // Collectives started on the split itself (a model-parallel group's checks, zero_comm_finalize's agreement) are
   // control messages; each side numbers and completes its own.

@@ -58,8 +58,11 @@ void GradientReducer::allocate(int num_params) {
     buckets_.back().expect(params);
   }
   if (plan.bucket.extent != Extent::kNone) {
-    bucket_pool_.set_capacity(plan.bucket.space, plan.bucket.elems, plan.bucket.dtype,
-                              store_.allocators().get(plan.bucket.space, "a gradient bucket"));
+    std::shared_ptr<Allocator> allocator = store_.allocators().get(plan.bucket.space, "a gradient bucket");
+    // Buckets the peers read in place (comm/shared_arena.hpp), unless the framework gave its own host allocator.
+    if (plan.bucket.space == MemorySpace::kHost && allocator.get() == &host_allocator())
+      if (std::shared_ptr<Allocator> shared = comm_.backend().shared_allocator()) allocator = std::move(shared);
+    bucket_pool_.set_capacity(plan.bucket.space, plan.bucket.elems, plan.bucket.dtype, std::move(allocator));
     bucket_pool_.reserve(1);
   }
   param_ready_.assign(static_cast<size_t>(num_params), 0);

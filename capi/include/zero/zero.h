@@ -667,8 +667,10 @@ ZERO_API zero_status_t zero_comm_stats(zero_comm_stats_t* out_stats, const zero_
  * shared-memory object of that name exists while the ranks join). Collectives are the MPI module's shared-memory
  * ones (the same bits), with the same failure safety: a rank that stops or dies is named in every other rank's
  * next wait, a collective that does not complete times out with a diagnosis. Collective: returns once every rank has
- * joined, or ZERO_ERR_TIMEOUT after `join_timeout_s` seconds naming who did not. Environment: ZERO_SHM_HALF_BYTES,
- * ZERO_SHM_SINGLE_COPY, ZERO_SHM_PROGRESS_THREAD (docs/architecture.md, "Communicators"). */
+ * joined, or ZERO_ERR_TIMEOUT after `join_timeout_s` seconds naming who did not. An engine's gradient buckets live
+ * in the node's shared arena, so that the peers sum them in place (ZERO_SHM_ARENA_BYTES, each rank's share of
+ * address space; 0 turns it off). Environment: ZERO_SHM_HALF_BYTES, ZERO_SHM_SINGLE_COPY, ZERO_SHM_ARENA_BYTES,
+ * ZERO_SHM_DIRECT_MIN_BYTES, ZERO_SHM_PROGRESS_THREAD (docs/architecture.md, "Communicators"). */
 ZERO_API zero_status_t zero_comm_create_shm(zero_comm_t** out_comm, const char* name, int32_t rank, int32_t size,
                                             double join_timeout_s);
 
