@@ -3,9 +3,13 @@
  * (zero_gather in forward and backward, zero_grad_ready with its bucket reductions, zero_backward_end: all
  * exposed communication, since this benchmark runs no model), zero_step (its reductions at stages 0-1, the norm
  * exchange, the optimizer pass, publishing the params), and the stage-3 / stage-0 ratio of the whole iteration.
- * The model: --params-millions fp32 params in --units equal units (one param each), AdamW, clipping at 1.0.
+ * The model: --params-millions fp32 params in --units equal units (one param each), AdamW, clipping at 1.0
+ * (--clip 0: no clipping and no norm before the update, compute_grad_norm false: the optimizer pass sums the squares,
+ * the "1pass" step of step_vs_torch.py).
  * Medians over --steps iterations after one warm-up. The gradient writes (one add per element, what a framework's
- * backward would produce) are timed apart ("grad writes") and left out of the communication figure.
+ * backward would produce) are timed apart ("grad writes") and left out of the communication figure; "of which
+ * ready" is the part of it spent in zero_grad_ready (at stages 2-3 with overlap off: the buckets' reductions and the
+ * adds of the reduced blocks into the accumulators).
  *
  * --overlap 1 sets overlap_comm (bucket reductions completed later, while backward goes on; new params all-gathered
  * in the background; stage-3 prefetch and reuse with DeepSpeed's defaults).
@@ -21,6 +25,7 @@
  *
  *   mpirun -np 2 bench_step_stages --params-millions 64 --units 16 --steps 5 [--overlap 0|1] [--compute-ms C]
  *                                  [--compute-kind sleep|spin] [--stages 0,3] [--dtype fp32|bf16] [--comm mpi|shm]
+ *                                  [--clip 1|0]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <mpi.h>
@@ -77,7 +82,7 @@ static double slowest(double t) {
 
 int main(int argc, char** argv) {
   double millions = 64;
-  int units = 16, steps = 5, overlap = 0, bf16 = 0, shm = 0;
+  int units = 16, steps = 5, overlap = 0, bf16 = 0, shm = 0, clip = 1;
   const char* stages = "0,1,2,3";
   int bad = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--units") == 0) units = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--overlap") == 0) overlap = atoi(argv[i + 1]);
+    if (strcmp(argv[i], "--clip") == 0) clip = atof(argv[i + 1]) != 0;
     if (strcmp(argv[i], "--comm") == 0) {
       shm = strcmp(argv[i + 1], "shm") == 0;
       if (!shm && strcmp(argv[i + 1], "mpi") != 0) bad = 1;
@@ -100,7 +106,7 @@ int main(int argc, char** argv) {
   if (bad || units < 1 || steps < 1 || steps > 100 || millions <= 0) {
     fprintf(stderr,
             "usage: bench_step_stages [--params-millions M] [--units U] [--steps S (1-100)] [--dtype fp32|bf16] "
-            "[--comm mpi|shm]\n");
+            "[--comm mpi|shm] [--clip 1|0]\n");
     return 2;
   }
   int provided = 0;
@@ -123,21 +129,21 @@ int main(int argc, char** argv) {
   double iteration[4] = {0, 0, 0, 0};
   if (rank == 0)
     printf(
-        "%.0f M %s params in %d units, %d ranks (%s), AdamW, overlap_comm %s, compute %.1f ms per unit (%s), "
+        "%.0f M %s params in %d units, %d ranks (%s), AdamW, %s, overlap_comm %s, compute %.1f ms per unit (%s), "
         "medians of %d iterations (ms, slowest rank)\n"
-        "stage  micro-step comm   grad writes   zero_step   iteration   MiB moved/rank\n",
+        "stage  micro-step comm   of which ready   grad writes   zero_step   iteration   MiB moved/rank\n",
         millions, bf16 ? "bf16 (fp32 master and gradients, bf16 reductions)" : "fp32", units, world,
-        shm ? "shared-memory communicator" : "MPI module", overlap ? "on" : "off", g_compute_ms,
-        g_spin ? "spin" : "sleep", steps);
+        shm ? "shared-memory communicator" : "MPI module", clip ? "clipping at 1.0" : "no clipping, no norm first",
+        overlap ? "on" : "off", g_compute_ms, g_spin ? "spin" : "sleep", steps);
   for (int stage = 0; stage <= 3; ++stage) {
     if (strchr(stages, '0' + stage) == NULL) continue;
-    char config[320];
+    char config[400];
     snprintf(config, sizeof config,
-             "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"gradient_clipping\": 1.0,"
+             "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4}}, \"gradient_clipping\": %s,"
              " \"zero_optimization\": {\"stage\": %d, \"reduce_bucket_size\": %lld,"
-             " \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": %s}%s}",
-             stage, (long long)(2 * per_unit), overlap ? "true" : "false",
-             bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
+             " \"stage3_param_persistence_threshold\": 0, \"overlap_comm\": %s%s}%s}",
+             clip ? "1.0" : "0.0", stage, (long long)(2 * per_unit), overlap ? "true" : "false",
+             clip ? "" : ", \"compute_grad_norm\": false", bf16 ? ", \"bf16\": {\"enabled\": true}" : "");
     zero_engine_t* engine = NULL;
     CHECK(zero_engine_create(&engine, config, comm));
     for (int u = 0; u < units; ++u) {
@@ -151,12 +157,12 @@ int main(int argc, char** argv) {
       CHECK(zero_engine_add_param(&id, engine, &d));
     }
     CHECK(zero_engine_finalize(engine));
-    double comm_t[100], grad_t[100], step_t[100], iter_t[100];
+    double comm_t[100], grad_t[100], step_t[100], iter_t[100], ready_t[100];
     zero_comm_stats_t before = ZERO_COMM_STATS_INIT, after = ZERO_COMM_STATS_INIT;
     for (int it = -1; it < steps; ++it) {
       if (it == 0) CHECK(zero_comm_stats(&before, engine));
       MPI_Barrier(MPI_COMM_WORLD);
-      double in_comm = 0, in_grads = 0;
+      double in_comm = 0, in_grads = 0, in_ready = 0;
       const double t0 = MPI_Wtime();
       for (int u = 0; u < units; ++u) { /* forward */
         double a = MPI_Wtime();
@@ -179,6 +185,7 @@ int main(int argc, char** argv) {
         in_grads += MPI_Wtime() - a;
         a = MPI_Wtime();
         CHECK(zero_grad_ready(engine, u));
+        in_ready += MPI_Wtime() - a;
         CHECK(zero_release(engine, u));
         in_comm += MPI_Wtime() - a;
       }
@@ -189,7 +196,7 @@ int main(int argc, char** argv) {
       CHECK(zero_step(NULL, engine));
       const double in_step = MPI_Wtime() - a, total = MPI_Wtime() - t0;
       if (it >= 0) {
-        comm_t[it] = slowest(in_comm), grad_t[it] = slowest(in_grads);
+        comm_t[it] = slowest(in_comm), grad_t[it] = slowest(in_grads), ready_t[it] = slowest(in_ready);
         step_t[it] = slowest(in_step), iter_t[it] = slowest(total);
       }
     }
@@ -200,8 +207,9 @@ int main(int argc, char** argv) {
         steps / 1048576.0;
     iteration[stage] = median(iter_t, steps);
     if (rank == 0)
-      printf("%-5d %16.1f %13.1f %11.1f %11.1f %16.1f\n", stage, 1e3 * median(comm_t, steps),
-             1e3 * median(grad_t, steps), 1e3 * median(step_t, steps), 1e3 * iteration[stage], moved);
+      printf("%-5d %16.1f %14.1f %13.1f %11.1f %11.1f %16.1f\n", stage, 1e3 * median(comm_t, steps),
+             1e3 * median(ready_t, steps), 1e3 * median(grad_t, steps), 1e3 * median(step_t, steps),
+             1e3 * iteration[stage], moved);
     fflush(stdout);
     zero_engine_destroy(engine);
   }

@@ -56,7 +56,6 @@
 #include <vector>
 
 #include "comm/rank_order_sum.hpp"
-#include "comm/shared_arena.hpp"
 #include "zero/zero.h"
 
 namespace zero {
@@ -106,10 +105,16 @@ class NodeWindow {
   }
   // Blocks of at least `bytes` go single copy (when it is on); the same on every rank. kDirectMinBytes by default.
   void set_direct_min_bytes(size_t bytes) { direct_min_ = bytes; }
-  // The node's shared arena, mapped in this process by every rank at the same offsets (zero copy, above).
-  void set_arena(std::shared_ptr<SharedArena> arena) { arena_ = std::move(arena); }
+  // The node's shared arena (shared_arena.hpp) as this process maps it: rank r's share of `share_bytes` at
+  // base + r * share_bytes (zero copy, above). `owner` keeps the mapping. Plain pointers: the MPI module compiles
+  // this window without the arena.
+  void set_arena(const char* base, size_t share_bytes, std::shared_ptr<const void> owner) {
+    arena_base_ = base;
+    arena_share_ = share_bytes;
+    arena_owner_ = std::move(owner);
+  }
 
-  // Whether collectives of kDirectMinBytes per block and more read straight from the peers' buffers.
+  // Whether collectives of direct_min_bytes per block and more read straight from the peers' buffers.
   bool single_copy() const { return direct_; }
 
   // Gives the memory back (zero_comm_finalize; collective where the owner's release is).
@@ -281,7 +286,17 @@ class NodeWindow {
   // or null when it must be read with process_vm_readv.
   const char* resident(int r, uint64_t s) const {
     const uint64_t at = line(r)[kArenaWord + s % 2];
-    return at == 0 || !arena_ ? nullptr : arena_->share(r) + (at - 1);
+    // An offset the share cannot hold (a peer's corrupt line) is read with the system call, which checks it.
+    if (at == 0 || arena_base_ == nullptr || at - 1 >= arena_share_) return nullptr;
+    return arena_base_ + static_cast<size_t>(r) * arena_share_ + (at - 1);
+  }
+  // This rank's [p, p + bytes) as an offset in its share plus one, or 0 when it is not all in the share.
+  uint64_t arena_word(const void* p, size_t bytes) const {
+    if (arena_base_ == nullptr) return 0;
+    const uintptr_t mine = reinterpret_cast<uintptr_t>(arena_base_) + static_cast<uintptr_t>(rank_) * arena_share_;
+    const uintptr_t q = reinterpret_cast<uintptr_t>(p);
+    if (q < mine || q >= mine + arena_share_ || bytes > mine + arena_share_ - q) return 0;
+    return static_cast<uint64_t>(q - mine) + 1;
   }
 
   uint64_t* line(int r) const { return reinterpret_cast<uint64_t*>(slots_[static_cast<size_t>(r)]); }
@@ -321,9 +336,7 @@ class NodeWindow {
       if (!all_arrived(op.s)) return Progress::kWaiting;
       write_descriptor(op.s, op.sequence, op.kind, op.dtype, op.count);
       line(rank_)[kBufferWord + op.s % 2] = reinterpret_cast<uintptr_t>(op.buf);
-      const uint64_t in_arena =
-          arena_ ? arena_->offset_of(op.buf, static_cast<size_t>(size_) * op.block_bytes) : SharedArena::kNotShared;
-      line(rank_)[kArenaWord + op.s % 2] = in_arena == SharedArena::kNotShared ? 0 : in_arena + 1;
+      line(rank_)[kArenaWord + op.s % 2] = arena_word(op.buf, static_cast<size_t>(size_) * op.block_bytes);
       arrive(op.s);
       op.phase = 1;
 #ifdef ZERO_TEST_HOOKS
@@ -440,7 +453,9 @@ class NodeWindow {
   uint64_t next_chunk_ = 0;  // chunk s waits for every counter to reach s (chunk 0: the initial 0s)
   bool direct_ = false;      // single copy (process_vm_readv) works between every pair of ranks
   size_t direct_min_ = kDirectMinBytes;
-  std::shared_ptr<SharedArena> arena_;
+  const char* arena_base_ = nullptr;  // every rank's share of the arena, mapped here (null: none)
+  size_t arena_share_ = 0;
+  std::shared_ptr<const void> arena_owner_;
   uint64_t probe_word_ = 0;  // read by the peers at creation
   std::string failure_;
 };

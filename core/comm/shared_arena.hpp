@@ -11,6 +11,8 @@
 // process_vm_readv as before, with the same bits.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -31,7 +33,8 @@ class SharedArena final : public Allocator {
   SharedArena(const SharedArena&) = delete;
   SharedArena& operator=(const SharedArena&) = delete;
 
-  // From this rank's share (2 MiB-aligned extents), else from the host allocator.
+  // From this rank's share (extents of 2 MiB on 2 MiB boundaries), else from the host allocator (also in a process
+  // forked from the owner).
   void* allocate(size_t bytes, size_t alignment) override;
   void deallocate(void* p, size_t bytes) noexcept override;
   std::string name() const override;
@@ -54,6 +57,9 @@ class SharedArena final : public Allocator {
   int fd_ = -1;
   size_t offset_ = 0, share_ = 0;
   int rank_ = 0, ranks_ = 0;
+  pid_t owner_ = 0;           // the process that allocates; a forked child only reads
+  char* reserved_ = nullptr;  // the address space reserved for the shares (base_ is its first 2 MiB boundary)
+  size_t reserved_bytes_ = 0;
   char* base_ = nullptr;
   mutable std::mutex mutex_;
   std::map<size_t, size_t> free_;  // this rank's free extents: offset in its share -> bytes

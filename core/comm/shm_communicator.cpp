@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -38,25 +39,40 @@ size_t half_bytes_from_env() {
   return v >= 4096 && v <= (1ull << 30) ? static_cast<size_t>(v) : size_t{512} << 10;
 }
 
-// Each rank's share of the shared arena: ZERO_SHM_ARENA_BYTES, else /dev/shm's size over the ranks (address space
-// only: a rank commits what its buffers take), at most 64 GiB.
+// A byte count from the environment: `fallback` when unset, a configuration error when it is not a number of at most
+// `most` bytes.
+size_t bytes_from_env(const char* name, size_t fallback, uint64_t most) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (*env == '-' || *end != '\0' || errno != 0 || v > most)
+    fail(ZERO_ERR_CONFIG, std::string(name) + " is '" + env + "': a number of bytes, at most " + std::to_string(most));
+  return static_cast<size_t>(v);
+}
+
+// Each rank's share of the shared arena: ZERO_SHM_ARENA_BYTES, else half of /dev/shm's free space over the ranks
+// (address space: a rank commits only what its buckets take, and the other half stays free for what else uses
+// /dev/shm, a data loader's workers), at most 64 GiB.
 size_t arena_bytes_from_env(int ranks) {
-  if (const char* env = std::getenv("ZERO_SHM_ARENA_BYTES"))
-    return static_cast<size_t>(std::strtoull(env, nullptr, 10));
   struct statvfs fs {};
-  if (statvfs("/dev/shm", &fs) != 0) return 0;
-  const uint64_t total = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
-  return static_cast<size_t>(std::min<uint64_t>(total / static_cast<uint64_t>(std::max(ranks, 1)), uint64_t{64} << 30));
+  uint64_t fallback = 0;
+  if (statvfs("/dev/shm", &fs) == 0)
+    fallback = std::min<uint64_t>(
+        static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize / 2 / static_cast<uint64_t>(std::max(ranks, 1)),
+        uint64_t{64} << 30);
+  return bytes_from_env("ZERO_SHM_ARENA_BYTES", static_cast<size_t>(fallback), uint64_t{1} << 40);
 }
 
 size_t direct_min_bytes_from_env() {
-  const char* env = std::getenv("ZERO_SHM_DIRECT_MIN_BYTES");
-  return env != nullptr && *env != '\0' ? static_cast<size_t>(std::strtoull(env, nullptr, 10))
-                                        : NodeWindow::kDirectMinBytes;
+  return bytes_from_env("ZERO_SHM_DIRECT_MIN_BYTES", NodeWindow::kDirectMinBytes, uint64_t{1} << 40);
 }
 
-ShmSegment::Settings settings_from_env(int ranks, bool one_node) {
+// Rank 0's choice is the job's (the segment ignores the others'), so only rank 0 reads and checks them.
+ShmSegment::Settings settings_from_env(int local_rank, int ranks, bool one_node) {
   ShmSegment::Settings s;
+  if (local_rank != 0) return s;
   s.half_bytes = half_bytes_from_env();
   s.arena_bytes = one_node ? arena_bytes_from_env(ranks) : 0;  // the cross-node paths stage through the halves
   s.direct_min_bytes = direct_min_bytes_from_env();
@@ -90,7 +106,8 @@ class ShmCommunicator final : public Communicator {
   ShmCommunicator(const std::string& name, int rank, int size, double join_timeout_s, const ShmNodes* nodes)
       : Communicator(rank, size, locals_of(size, nodes), true),
         segment_(segment_name(name, rank, nodes), rank % locals_of(size, nodes), locals_of(size, nodes),
-                 settings_from_env(locals_of(size, nodes), nodes == nullptr), join_timeout_s),
+                 settings_from_env(rank % locals_of(size, nodes), locals_of(size, nodes), nodes == nullptr),
+                 join_timeout_s),
         owner_(getpid()) {
     const int locals = locals_of(size, nodes), local = rank % locals;
     // One deadline for the whole setup, as the caller's timeout promises.
@@ -311,7 +328,10 @@ class ShmCommunicator final : public Communicator {
     segment_.barrier(4, timeout_s, "agreeing on single copy");  // nobody reads a probe word after this
     window_->set_single_copy(all, "ZERO_SHM_SINGLE_COPY=0");
     // The arena is read in place on the single-copy path only (the halves copy whatever the buffer).
-    if (all && segment_.arena()) window_->set_arena(segment_.arena());
+    if (all && segment_.arena()) {
+      const std::shared_ptr<SharedArena>& arena = segment_.arena();
+      window_->set_arena(arena->share(0), arena->share_bytes(), arena);
+    }
   }
 
   Request do_start(const Collective& c) override {

@@ -150,10 +150,10 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, const Settin
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
-  // The other ranks learn the layout from the header: they map the whole object first and give the arena's
-  // range back once they have read it.
-  if (rank != 0) bytes_ = file_bytes;
-  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  // The other ranks map the header and the lines first, and the window once the header says how large it is (the
+  // arena maps its shares itself).
+  if (rank != 0) bytes_ = std::min(round_up(lines, kPage), file_bytes);
+  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base_ == MAP_FAILED) {
     base_ = nullptr;
     close(fd);
@@ -173,6 +173,12 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, const Settin
       store(&h->magic, kMagic);
     } else {
       while (load(&h->magic) != kMagic) {
+        const uint64_t magic = load(&h->magic);
+        if (magic != 0 && (magic & 0x00ffffffffffffffull) == (kMagic & 0x00ffffffffffffffull))
+          fail(ZERO_ERR_MISMATCH, "the segment " + name_ + " was made by another version of libzero (layout '" +
+                                      std::string(1, static_cast<char>(magic >> 56)) + "', this one '" +
+                                      std::string(1, static_cast<char>(kMagic >> 56)) +
+                                      "'): every rank must run the same");
         if (std::chrono::steady_clock::now() >= deadline)
           fail(ZERO_ERR_TIMEOUT,
                "the segment " + name_ + " was not made ready within " + std::to_string(join_timeout_s) + " s");
@@ -189,7 +195,19 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, const Settin
       slot_stride_ = round_up(NodeWindow::slot_bytes(half_), kPage);
       slots_offset_ = round_up(lines, kPage);
       const size_t window_bytes = slots_offset_ + static_cast<size_t>(size) * slot_stride_;
-      if (window_bytes < bytes_) munmap(static_cast<char*>(base_) + window_bytes, bytes_ - window_bytes);
+      size_t shares = 0;
+      const bool fits = arena_bytes == 0
+                            ? window_bytes == file_bytes
+                            : arena_offset >= window_bytes && arena_offset % kArenaAlign == 0 &&
+                                  !__builtin_mul_overflow(arena_bytes, static_cast<size_t>(size), &shares) &&
+                                  arena_offset <= file_bytes && shares == file_bytes - arena_offset;
+      if (!fits)
+        fail(ZERO_ERR_MISMATCH, "the segment " + name_ + "'s header does not match its size of " +
+                                    std::to_string(file_bytes) + " bytes (another job under the same name?)");
+      void* window = mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (window == MAP_FAILED) fail(ZERO_ERR_OUT_OF_MEMORY, os_error("mmap of the segment " + name_));
+      munmap(base_, bytes_);
+      base_ = window;
       bytes_ = window_bytes;
     }
     // Without the arena (no address space for it: a ulimit -v) this rank's buffers are read with process_vm_readv

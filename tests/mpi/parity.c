@@ -50,7 +50,9 @@
  * --comm shm-nodes:L does too across "nodes" of L ranks on this machine (zero_comm_create_shm_nodes: a segment per
  * node, TCP over loopback between them).
  * --comm shm runs over zero_comm_create_shm (the shared-memory communicator a torchrun job uses; mpirun only starts
- * the processes and hands out the segment's name).
+ * the processes and hands out the segment's name). --expect-arena 1 then also checks that the gradient buckets
+ * lived in the segment's shared arena: this process's mapping of the segment beyond the window (a nonzero file
+ * offset in /proc/self/smaps) holds pages.
  * --comm split: control messages over the MPI module and data collectives over zero_comm_create_shm, one
  * communicator (zero_comm_create_split, what a job with NCCL for data and MPI or gloo for control uses).
  *
@@ -201,6 +203,28 @@ static void expect_weights_equal(zero_engine_t* engine, const int32_t* ids, cons
   }
 }
 
+/* Kilobytes resident in this process's mappings of the shared-memory object `name` at a nonzero file offset (the
+ * shared arena's shares; the window is mapped from offset 0). */
+static long arena_resident_kb(const char* name) {
+  FILE* f = fopen("/proc/self/smaps", "r");
+  if (f == NULL) return -1;
+  char line[1024];
+  long total = 0;
+  int in_arena = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    unsigned long offset = 0;
+    char perms[8];
+    if (sscanf(line, "%*x-%*x %7s %lx", perms, &offset) == 2) {
+      in_arena = strstr(line, name) != NULL && offset != 0;
+      continue;
+    }
+    long kb = 0;
+    if (in_arena && sscanf(line, "Rss: %ld kB", &kb) == 1) total += kb;
+  }
+  fclose(f);
+  return total;
+}
+
 /* Step t's micro-steps: gas, except every fourth window with --partial, which ends after 1, 2, ..., gas - 1 in turn
  * (a power of two with --loss-averaged). */
 static int window_of(int t, int gas, int partial, int loss_averaged) {
@@ -212,7 +236,8 @@ static int window_of(int t, int gas, int partial, int loss_averaged) {
 
 int main(int argc, char** argv) {
   int stage = 0, gas = 1, overlap = 0, explicit_prefetch = 0, shuffle = 0, norm_in_update = 0, partial = 0;
-  int loss_averaged = 0;
+  int loss_averaged = 0, expect_arena = 0;
+  char shm_name[64] = {0};
   long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
   const char *nvme_dir = NULL, *nvme_params_dir = NULL, *offload = NULL;
   const char* comm_kind = "mpi";
@@ -255,6 +280,8 @@ int main(int argc, char** argv) {
       offload = argv[i + 1];
     else if (strcmp(argv[i], "--device") == 0)
       g_device = argv[i + 1];
+    else if (strcmp(argv[i], "--expect-arena") == 0)
+      expect_arena = atoi(argv[i + 1]);
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   if (norm_in_update) {
@@ -297,6 +324,7 @@ int main(int argc, char** argv) {
     snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));
     MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD); /* mpirun only launches: libzero uses no MPI */
     CHECK(zero_comm_create_shm(&comm, name, rank, world, 60.0));
+    snprintf(shm_name, sizeof shm_name, "%s", name);
   } else if (strcmp(comm_kind, "split") == 0) {
     /* Control messages over the MPI module, data collectives over shared memory (zero_comm_create_split). */
     char name[64];
@@ -498,6 +526,11 @@ int main(int argc, char** argv) {
     EXPECT(strstr(recent, "\"side\": \"data\"") != NULL && strstr(recent, "\"side\": \"control\"") != NULL,
            "the recorder does not tell the sides apart: %.200s", recent);
     zero_string_destroy(recent);
+  }
+  if (expect_arena) {
+    const long kb = shm_name[0] != '\0' ? arena_resident_kb(shm_name) : -1;
+    EXPECT(kb > 0, "--expect-arena: %ld KiB of the shared arena resident here (the buckets were not in it)", kb);
+    if (rank == 0) printf("shared arena: %ld KiB resident in rank 0\n", kb);
   }
   if (rank == 0 && stage == 3)
     printf("fetching ahead: %llu all-gathers for %llu zero_gather calls; gathered buffers %llu bytes\n",

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -50,6 +51,8 @@ TEST(SharedArena, HandsOutExtentsCommitsThemAndGivesThemBack) {
   EXPECT_EQ(arena.offset_of(a, 3 * kMiB), 0u);  // rank 1's share starts at its own offset 0
   EXPECT_EQ(arena.offset_of(b, 1000), 4 * kMiB);
   EXPECT_EQ(static_cast<const char*>(a), arena.share(1));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % (2 * kMiB), 0u);  // aligned as the host allocator aligns large buffers
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % (2 * kMiB), 0u);
   EXPECT_EQ(arena.shared_bytes_in_use(), 6 * kMiB);
   EXPECT_EQ(file.committed(), 6 * kMiB);
   std::memset(a, 1, 3 * kMiB);  // committed: no SIGBUS
@@ -81,6 +84,27 @@ TEST(SharedArena, ABufferThatOverrunsTheShareIsNotShared) {
   arena.deallocate(a, kMiB);
 }
 
+TEST(SharedArena, AForkedChildNeverGivesBackTheOwnersMemory) {
+  ArenaFile file(1, 4 * kMiB);
+  SharedArena arena(file.fd, 0, 4 * kMiB, 0, 1);
+  char* a = static_cast<char*>(arena.allocate(2 * kMiB, 64));
+  std::memset(a, 7, 2 * kMiB);
+  const pid_t child = fork();
+  if (child == 0) {
+    // What a forked worker does when it drops the engine it inherited: the pages are the parent's, shared.
+    arena.deallocate(a, 2 * kMiB);
+    void* b = arena.allocate(2 * kMiB, 64);  // from the host allocator in the child
+    _exit(arena.offset_of(b, 2 * kMiB) == SharedArena::kNotShared ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(a[12345], 7);
+  EXPECT_EQ(file.committed(), 2 * kMiB);
+  arena.deallocate(a, 2 * kMiB);
+  EXPECT_EQ(file.committed(), 0u);
+}
+
 // `ranks` threads run one collective through windows over shared slots, each rank's buffer in the arena where
 // `in_arena[r]`; `fill` gives rank r's initial buffer.
 struct Job {
@@ -106,7 +130,8 @@ struct Job {
       EXPECT_TRUE(windows[static_cast<size_t>(r)]->probe_peers());
       windows[static_cast<size_t>(r)]->set_single_copy(true, "");
       windows[static_cast<size_t>(r)]->set_direct_min_bytes(0);  // small blocks too
-      if (arena) windows[static_cast<size_t>(r)]->set_arena(arenas[static_cast<size_t>(r)]);
+      const std::shared_ptr<SharedArena>& mine = arenas[static_cast<size_t>(r)];
+      if (arena) windows[static_cast<size_t>(r)]->set_arena(mine->share(0), mine->share_bytes(), mine);
     }
   }
   // Runs collective `sequence` of `kind` on every rank's buffer.
