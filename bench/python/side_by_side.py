@@ -6,7 +6,9 @@ ds_config.json, 2 ranks on CPU, in one run (bench/README.md, "Python side by sid
         --mpi-testing-module build/release/tests/libzero_mpi_testing.so
 
 Each run is its own job (libzero under mpirun over its MPI backend and under torchrun over its shared-memory
-communicator, the others under torchrun over gloo; --only libzero_gloo adds libzero over gloo); runs
+communicator, the others under torchrun over gloo; --only libzero_gloo adds libzero over gloo, libzero_noarena
+libzero under torchrun with the shared arena off, ZERO_SHM_ARENA_BYTES=0, and compute_only with --stages 0,...
+torch's forward and backward alone on every rank, the floor under any framework's step); runs
 alternate framework order between repeats (paired), and every figure is the median over repeats of a per-run
 median. Tokens/s counts every rank's tokens per step over the slowest rank's median step time; peak RSS is the
 largest rank's; the optimizer step is the time of engine.step() (or clip + optimizer.step + zero_grad).
@@ -36,7 +38,9 @@ RUNS = [
     ("zero_redundancy", 1), ("fsdp2", 3),
 ]
 NAMES = {"libzero": "libzero", "libzero_torchrun": "libzero under torchrun",
-         "libzero_gloo": "libzero under torchrun over gloo", "deepspeed": "DeepSpeed 0.19", "zero_redundancy": "torch ZeroRedundancyOptimizer + DDP",
+         "libzero_gloo": "libzero under torchrun over gloo",
+         "libzero_noarena": "libzero under torchrun, buckets outside the shared arena",
+         "compute_only": "torch forward + backward alone (no optimizer, no communication)", "deepspeed": "DeepSpeed 0.19", "zero_redundancy": "torch ZeroRedundancyOptimizer + DDP",
          "fsdp2": "torch FSDP2 (fully_shard)"}
 
 
@@ -52,6 +56,9 @@ def launch(framework: str, stage: int, args: argparse.Namespace, out: str) -> di
     worker = [sys.executable, os.path.join(HERE, "train.py"), "--framework", framework, "--stage", str(stage),
               "--config", args.config, "--steps", str(args.steps), "--warmup", str(args.warmup), "--out", out]
     env = dict(os.environ, DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1")
+    if framework == "libzero_noarena":  # the shared-memory communicator with its arena off: peers' pieces copied first
+        env["ZERO_SHM_ARENA_BYTES"] = "0"
+        worker[worker.index("--framework") + 1] = "libzero_torchrun"
     if args.machines > 1:
         per = args.ranks // args.machines
         env["ZERO_MPI_BACKEND"] = os.path.abspath(args.mpi_testing_module)
@@ -115,7 +122,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.machines > 1 and (args.ranks % args.machines or not args.mpi_testing_module):
         ap.error("--machines needs --ranks divisible by it and --mpi-testing-module")
-    extra = [(f, s) for f in ("libzero_gloo",) for s in (1, 2, 3)]  # with --only
+    extra = [(f, s) for f in ("libzero_gloo", "libzero_noarena") for s in (1, 2, 3)]  # with --only
+    extra += [("compute_only", 0)]  # with --only and a 0 in --stages: the floor of any framework's step
     with open(args.config) as f:
         config = json.load(f)
     if isinstance(config.get("train_batch_size"), int):  # the same micro-batch per rank at any rank count

@@ -26,7 +26,8 @@ def resident_bytes() -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--framework", required=True, choices=["libzero", "libzero_torchrun", "libzero_gloo", "deepspeed", "zero_redundancy", "fsdp2"])
+    ap.add_argument("--framework", required=True, choices=["libzero", "libzero_torchrun", "libzero_gloo", "deepspeed", "zero_redundancy", "fsdp2",
+                                                            "compute_only"])
     ap.add_argument("--stage", type=int, default=1)
     ap.add_argument("--config", required=True)
     ap.add_argument("--steps", type=int, default=12)
@@ -71,6 +72,23 @@ def main() -> None:
             engine.backward(loss)
             t = time.perf_counter()
             engine.step()
+            return loss, time.perf_counter() - t
+
+    elif args.framework == "compute_only":
+        # The floor under every framework's step: torch's forward and backward on this rank's micro-batch alone (no
+        # communication, no optimizer; the gradients dropped), with the other ranks doing the same on their cores.
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        baseline = resident_bytes()
+        model = make_model()
+
+        def train_step(x, y):
+            loss = model(x, y)
+            loss.backward()
+            t = time.perf_counter()
+            model.zero_grad(set_to_none=True)
             return loss, time.perf_counter() - t
 
     else:
