@@ -4,8 +4,8 @@
  * exposed communication, since this benchmark runs no model), zero_step (its reductions at stages 0-1, the norm
  * exchange, the optimizer pass, publishing the params), and the stage-3 / stage-0 ratio of the whole iteration.
  * The model: --params-millions fp32 params in --units equal units (one param each), AdamW, clipping at 1.0
- * (--clip 0: no clipping and no norm before the update, compute_grad_norm false: the optimizer pass sums the squares,
- * the "1pass" step of step_vs_torch.py).
+ * (--clip 0: no clipping and no norm before the update, compute_grad_norm false: in fp32 the optimizer pass sums the
+ * squares, the "1pass" step of step_vs_torch.py; 16-bit modes may still check for overflow first).
  * Medians over --steps iterations after one warm-up. The gradient writes (one add per element, what a framework's
  * backward would produce) are timed apart ("grad writes") and left out of the communication figure; "of which
  * ready" is the part of it spent in zero_grad_ready (at stages 2-3 with overlap off: the buckets' reductions and the
@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
         steps / 1048576.0;
     iteration[stage] = median(iter_t, steps);
     if (rank == 0)
-      printf("%-5d %16.1f %14.1f %13.1f %11.1f %11.1f %16.1f\n", stage, 1e3 * median(comm_t, steps),
+      printf("%-5d %16.1f %16.1f %13.1f %11.1f %11.1f %16.1f\n", stage, 1e3 * median(comm_t, steps),
              1e3 * median(ready_t, steps), 1e3 * median(grad_t, steps), 1e3 * median(step_t, steps),
              1e3 * iteration[stage], moved);
     fflush(stdout);

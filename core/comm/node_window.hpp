@@ -282,12 +282,12 @@ class NodeWindow {
   // the same at 256 MiB; 16 KiB loses to the system calls).
   static constexpr size_t kDirectSumPiece = 128 << 10;
 
-  // Peer r's buffer of the single-copy collective whose first chunk is s, where this process maps it (the arena),
-  // or null when it must be read with process_vm_readv.
-  const char* resident(int r, uint64_t s) const {
+  // Peer r's buffer of `bytes` of the single-copy collective whose first chunk is s, where this process maps it
+  // (the arena), or null when it must be read with process_vm_readv.
+  const char* resident(int r, uint64_t s, size_t bytes) const {
     const uint64_t at = line(r)[kArenaWord + s % 2];
-    // An offset the share cannot hold (a peer's corrupt line) is read with the system call, which checks it.
-    if (at == 0 || arena_base_ == nullptr || at - 1 >= arena_share_) return nullptr;
+    // A buffer the share cannot hold (a peer's corrupt line) is read with the system call, which checks it.
+    if (at == 0 || arena_base_ == nullptr || at - 1 >= arena_share_ || bytes > arena_share_ - (at - 1)) return nullptr;
     return arena_base_ + static_cast<size_t>(r) * arena_share_ + (at - 1);
   }
   // This rank's [p, p + bytes) as an offset in its share plus one, or 0 when it is not all in the share.
@@ -363,7 +363,7 @@ class NodeWindow {
           if (op.peer >= size_) break;
           const uint64_t at = static_cast<uint64_t>(op.peer) * op.block_bytes + op.offset;
           const size_t n = std::min(kDirectPiece, op.block_bytes - op.offset);
-          if (const char* theirs = resident(op.peer, op.s))
+          if (const char* theirs = resident(op.peer, op.s, static_cast<size_t>(size_) * op.block_bytes))
             std::memcpy(op.buf + at, theirs + at, n);
           else if (!read_peer(op.peer, op.buf + at, line(op.peer)[kBufferWord + op.s % 2] + at, n))
             return Progress::kFailed;
@@ -383,7 +383,7 @@ class NodeWindow {
               sources_[static_cast<size_t>(r)] = op.buf + mine + op.offset;
               continue;
             }
-            if (const char* theirs = resident(r, op.s)) {
+            if (const char* theirs = resident(r, op.s, static_cast<size_t>(size_) * op.block_bytes)) {
               sources_[static_cast<size_t>(r)] = theirs + mine + op.offset;
               continue;
             }

@@ -47,7 +47,7 @@ size_t bytes_from_env(const char* name, size_t fallback, uint64_t most) {
   char* end = nullptr;
   errno = 0;
   const unsigned long long v = std::strtoull(env, &end, 10);
-  if (*env == '-' || *end != '\0' || errno != 0 || v > most)
+  if (*env < '0' || *env > '9' || *end != '\0' || errno != 0 || v > most)
     fail(ZERO_ERR_CONFIG, std::string(name) + " is '" + env + "': a number of bytes, at most " + std::to_string(most));
   return static_cast<size_t>(v);
 }
@@ -69,10 +69,10 @@ size_t direct_min_bytes_from_env() {
   return bytes_from_env("ZERO_SHM_DIRECT_MIN_BYTES", NodeWindow::kDirectMinBytes, uint64_t{1} << 40);
 }
 
-// Rank 0's choice is the job's (the segment ignores the others'), so only rank 0 reads and checks them.
-ShmSegment::Settings settings_from_env(int local_rank, int ranks, bool one_node) {
+// Rank 0's choice is the job's (the segment ignores the others'); every rank checks its own, so that a job whose
+// ranks share a bad value fails on all of them at once rather than on rank 0 while the others wait to join.
+ShmSegment::Settings settings_from_env(int ranks, bool one_node) {
   ShmSegment::Settings s;
-  if (local_rank != 0) return s;
   s.half_bytes = half_bytes_from_env();
   s.arena_bytes = one_node ? arena_bytes_from_env(ranks) : 0;  // the cross-node paths stage through the halves
   s.direct_min_bytes = direct_min_bytes_from_env();
@@ -106,8 +106,7 @@ class ShmCommunicator final : public Communicator {
   ShmCommunicator(const std::string& name, int rank, int size, double join_timeout_s, const ShmNodes* nodes)
       : Communicator(rank, size, locals_of(size, nodes), true),
         segment_(segment_name(name, rank, nodes), rank % locals_of(size, nodes), locals_of(size, nodes),
-                 settings_from_env(rank % locals_of(size, nodes), locals_of(size, nodes), nodes == nullptr),
-                 join_timeout_s),
+                 settings_from_env(locals_of(size, nodes), nodes == nullptr), join_timeout_s),
         owner_(getpid()) {
     const int locals = locals_of(size, nodes), local = rank % locals;
     // One deadline for the whole setup, as the caller's timeout promises.

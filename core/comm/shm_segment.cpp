@@ -187,23 +187,27 @@ ShmSegment::ShmSegment(const std::string& name, int rank, int size, const Settin
       if (h->size != static_cast<uint64_t>(size) || h->bytes != file_bytes)
         fail(ZERO_ERR_MISMATCH, "the segment " + name_ + " belongs to a job of " + std::to_string(h->size) +
                                     " ranks, not " + std::to_string(size) + " (another job under the same name?)");
-      layout_agreed = true;
       half_ = static_cast<size_t>(h->half_bytes);
       direct_min_ = static_cast<size_t>(h->direct_min_bytes);
       arena_offset = static_cast<size_t>(h->arena_offset);
       arena_bytes = static_cast<size_t>(h->arena_bytes);
       slot_stride_ = round_up(NodeWindow::slot_bytes(half_), kPage);
       slots_offset_ = round_up(lines, kPage);
-      const size_t window_bytes = slots_offset_ + static_cast<size_t>(size) * slot_stride_;
-      size_t shares = 0;
-      const bool fits = arena_bytes == 0
-                            ? window_bytes == file_bytes
+      size_t slots = 0, shares = 0;
+      const bool slots_fit = !__builtin_mul_overflow(static_cast<size_t>(size), slot_stride_, &slots) &&
+                             slots <= file_bytes && slots_offset_ <= file_bytes - slots;
+      const size_t window_bytes = slots_fit ? slots_offset_ + slots : 0;
+      const bool fits =
+          slots_fit &&
+          (arena_bytes == 0 ? window_bytes == file_bytes
                             : arena_offset >= window_bytes && arena_offset % kArenaAlign == 0 &&
                                   !__builtin_mul_overflow(arena_bytes, static_cast<size_t>(size), &shares) &&
-                                  arena_offset <= file_bytes && shares == file_bytes - arena_offset;
+                                  arena_offset <= file_bytes && shares == file_bytes - arena_offset);
+      // Until the layout is known to be this job's, this rank writes nothing into the segment (not even a stop).
       if (!fits)
         fail(ZERO_ERR_MISMATCH, "the segment " + name_ + "'s header does not match its size of " +
                                     std::to_string(file_bytes) + " bytes (another job under the same name?)");
+      layout_agreed = true;
       void* window = mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (window == MAP_FAILED) fail(ZERO_ERR_OUT_OF_MEMORY, os_error("mmap of the segment " + name_));
       munmap(base_, bytes_);

@@ -79,7 +79,8 @@ struct Avx2V {
   }
   static D dzero() { return D{{_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()}}; }
   // Vector `part` (0 or 1) of a 16-element block: its elements go to lanes 8 x part .. 8 x part + 7.
-  static D accumulate_squares(D acc, F x, size_t part) {
+  // Inlined into each call with a constant `part` (cpu_loops.hpp), so that the lanes stay in registers.
+  __attribute__((always_inline)) static D accumulate_squares(D acc, F x, size_t part) {
     __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
     acc.lanes[2 * part] = _mm256_add_pd(acc.lanes[2 * part], _mm256_mul_pd(lo, lo));
     acc.lanes[2 * part + 1] = _mm256_add_pd(acc.lanes[2 * part + 1], _mm256_mul_pd(hi, hi));

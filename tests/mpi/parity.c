@@ -52,7 +52,7 @@
  * --comm shm runs over zero_comm_create_shm (the shared-memory communicator a torchrun job uses; mpirun only starts
  * the processes and hands out the segment's name). --expect-arena 1 then also checks that the gradient buckets
  * lived in the segment's shared arena: this process's mapping of the segment beyond the window (a nonzero file
- * offset in /proc/self/smaps) holds pages.
+ * offset in /proc/self/smaps) holds pages: its own buckets' or, read in place, its peers'.
  * --comm split: control messages over the MPI module and data collectives over zero_comm_create_shm, one
  * communicator (zero_comm_create_split, what a job with NCCL for data and MPI or gloo for control uses).
  *
