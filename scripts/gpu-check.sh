@@ -20,7 +20,10 @@
 #     tokens/s; and at 2 and 3 processes on the one GPU (examples/gpt/launch_ranks.sh; each its own NCCL_HOSTID),
 #     once with the data over NCCL (libzero-nccl.so.1 with the machine's libnccl.so.2: torch's nvidia-nccl wheel) and
 #     once host-staged over shared memory, stages 0-3 each: all eight runs of a rank count give one digest (NCCL's
-#     path has the host-staged path's bits, which are the CPU engine's). --emulator is the CPU machine's check of the
+#     path has the host-staged path's bits, which are the CPU engine's). Parity (tests/mpi/parity.c built without MPI,
+#     started by tests/mpi/shm_launch.sh): 1, 2 and 3 processes at stages 0-3 over shared memory, 2 and 3 over NCCL,
+#     ZeRO-Offload at 2, each ending with its single-process reference's weights bit for bit (so N = 1 and N = 2, 3
+#     give the same weights). --emulator is the CPU machine's check of the
 #     same bundle (CTest gpu-check.bundle): the tests' emulator halves and the GPT's CPU run (one process and two),
 #     and the GPU halves load and report themselves skipped.
 #     Where a prebuilt program does not load (another glibc, a missing library), or with --lean, it first builds
@@ -53,7 +56,7 @@ done
 bundle=${bundle:-$out}
 
 programs=(tests/test_device_runtime tests/test_capi_device tests/test_gpu_kernels tests/zero_unit_tests bench_gpu_kernels
-          bench_offload_pipeline train_gpt_device bench_nccl)
+          bench_offload_pipeline train_gpt_device bench_nccl tests/test_parity_launch)
 modules=(libzero.so.1 libzero-cuda.so.1 libzero-nccl.so.1)
 max_bytes=$((48 << 20))
 
@@ -67,8 +70,8 @@ prepare() {
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
     cmake --build "$build" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels \
-      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl zero zero_cuda_module \
-      zero_nccl_module
+      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl test_parity_launch zero \
+      zero_cuda_module zero_nccl_module
   fi
   collect "$build" "$out"
   vendor "$out/vendor"
@@ -160,7 +163,8 @@ lean_build() {
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_VENDOR_DIR="$vendored" \
     >"$dir/lean.log" 2>&1 || { tail -30 "$dir/lean.log"; echo "gpu-check: the lean build's configure failed"; exit 1; }
   cmake --build "$dir" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels zero_unit_tests \
-    bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl zero zero_cuda_module zero_nccl_module \
+    bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl test_parity_launch zero zero_cuda_module \
+    zero_nccl_module \
     >>"$dir/lean.log" 2>&1 ||
     { tail -40 "$dir/lean.log"; echo "gpu-check: the lean build failed (log: $dir/lean.log)"; exit 1; }
   echo "gpu-check: the lean build took $((SECONDS - start)) s"
@@ -313,6 +317,35 @@ run() {
     echo "rank 0 ended with status $rc, $((SECONDS - start)) s after rank 1 was killed"
     ((rc != 0))
   }
+  # parity N ARGS...: N processes of tests/mpi/parity.c (built without MPI) end with the weights of its
+  # single-process reference, bit for bit (every rank count and stage, so N = 1 and N = 2, 3 alike); bf16, three
+  # micro-steps per window with partial windows.
+  parity() {
+    local n=$1
+    shift
+    bash "$root/tests/mpi/shm_launch.sh" "$n" -1 "$bin/test_parity_launch" --job @JOB@ --gas 3 --dtype bf16 \
+      --partial 1 "$@"
+  }
+  echo "== parity"
+  local n stage
+  if ((emulator)); then
+    for n in 1 2 3; do check "parity.emulator.n$n.stage3" pass parity "$n" --device emulator --comm shm --stage 3; done
+  else
+    # Over shared memory (one process: no collective; several: host-staged), and the data over NCCL.
+    for n in 1 2 3; do
+      for stage in 0 1 2 3; do
+        check "parity.n$n.stage$stage" pass parity "$n" --device cuda --comm shm --stage "$stage"
+      done
+    done
+    for n in 2 3; do
+      for stage in 0 1 2 3; do
+        check "parity.nccl.n$n.stage$stage" pass parity "$n" --device cuda --comm nccl --stage "$stage"
+      done
+    done
+    # ZeRO-Offload at two processes (host-staged): the optimizer on the CPU, and stage 3's param shards too.
+    check parity.offload.n2.stage2 pass parity 2 --device cuda --comm shm --stage 2 --offload optimizer
+    check parity.offload-all.n2.stage3 pass parity 2 --device cuda --comm shm --stage 3 --offload all --overlap 1
+  fi
   local small=(--layers 2 --channels 64 --heads 4 --seq-len 10 --micro-batch 16) launch=$root/examples/gpt/launch_ranks.sh
   if ((emulator)); then
     check gpt.cpu pass "$bin/train_gpt_device" --device cpu "${small[@]}" --compare-stages --compare-steps 3 --digest
@@ -329,7 +362,7 @@ run() {
       --micro-batch 8 --steps 30 --print-every 10
     # Several processes on the one GPU: data over NCCL, and host-staged over shared memory; bf16 at 3 ranks (the
     # module's block exchange and device sum; fp32 at 2 ranks is NCCL's own reduce-scatter).
-    local n extra
+    local extra
     for n in 2 3; do
       extra=()
       ((n == 3)) && extra=(--bf16)

@@ -20,6 +20,23 @@ gtest_discover_tests(zero_unit_tests TEST_PREFIX unit. DISCOVERY_TIMEOUT 60
                      PROPERTIES LABELS unit ENVIRONMENT ZERO_TEST_NVME_DIR=${ZERO_TEST_NVME_DIR})
 set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_costs.cmake)
 
+# ---- Parity without MPI: tests/mpi/parity.c built with ZERO_TEST_WITHOUT_MPI for the GPU check's machine, which has
+# no MPI (a launcher starts the ranks, as torchrun does). The GPU check runs it on the GPU at 1-3 processes over shared
+# memory and over NCCL; here over the emulator (several processes: the host-staged path), every stage.
+add_executable(test_parity_launch mpi/parity.c)
+target_compile_definitions(test_parity_launch PRIVATE ZERO_TEST_WITHOUT_MPI)
+target_link_libraries(test_parity_launch PRIVATE zero m)
+target_compile_options(test_parity_launch PRIVATE ${ZERO_WARNINGS})
+foreach(world 1 2 3)
+  foreach(stage 0 1 2 3)
+    set(name launch.parity.device-emulator.bf16.n${world}.stage${stage})
+    add_test(NAME ${name} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi/shm_launch.sh ${world} -1
+                                  $<TARGET_FILE:test_parity_launch> --job @JOB@ --comm shm --device emulator
+                                  --stage ${stage} --gas 3 --dtype bf16 --partial 1)
+    set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT 120)
+  endforeach()
+endforeach()
+
 # ---- The device runtime (core/device) and the engine's device memory over it: on the host emulator everywhere, on
 # CUDA where a GPU is (the gpu label; without a device those report themselves skipped with the runtime's reason).
 add_executable(test_device_runtime device/runtime_test.cpp device/memory_test.cpp device/engine_test.cpp

@@ -3,7 +3,8 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
- *                            [--comm mpi|shm|shm-nodes:L|split|custom|custom-async] [--overlap 0|1] [--prefetch ELEMS]
+ *                            [--comm mpi|shm|shm-nodes:L|split|nccl|custom|custom-async] [--overlap 0|1] [--prefetch
+ * ELEMS]
  *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
  *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
  *                            [--loss-averaged 0|1] [--device emulator|cuda] [--offload optimizer|all]
@@ -56,6 +57,13 @@
  * --comm split: control messages over the MPI module and data collectives over zero_comm_create_shm, one
  * communicator (zero_comm_create_split, what a job with NCCL for data and MPI or gloo for control uses).
  *
+ * --comm nccl: control over zero_comm_create_shm, data over libzero's NCCL module (zero_comm_create_nccl; --device
+ * cuda), each rank with an NCCL_HOSTID of its own unless one is set, so that processes sharing a GPU can join.
+ *
+ * test_parity_launch is this test built without MPI (ZERO_TEST_WITHOUT_MPI) for machines without it (the GPU
+ * check's): a launcher starts the ranks with RANK and WORLD_SIZE (tests/mpi/shm_launch.sh N -1 test_parity_launch
+ * --job @JOB@ ...), --comm shm or nccl.
+ *
  * --persist sets stage3_param_persistence_threshold: units smaller than that stay resident at stage 3 (two of the
  * model's three units with 200), mixing gathered and resident units in one run.
  *
@@ -72,6 +80,7 @@
  * code. Every gathered view is
  * also compared against the reference's weights, so stage 3's all-gathers are checked at every use.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -79,7 +88,10 @@
 #include <unistd.h>
 
 #define ZERO_EXPERIMENTAL_API
+#ifndef ZERO_TEST_WITHOUT_MPI
 #include "custom_backend.h"
+#endif
+#include "fp16_reference.h"
 #include "harness.h"
 
 enum { kSteps = 20 };
@@ -241,6 +253,7 @@ int main(int argc, char** argv) {
   long bucket = 400, persist = 0, prefetch = -1, reuse = -1, live = -1;
   const char *nvme_dir = NULL, *nvme_params_dir = NULL, *offload = NULL;
   const char* comm_kind = "mpi";
+  const char* job = NULL; /* --job: the segment's name, given to every rank alike by a launcher without MPI */
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--stage") == 0)
       stage = atoi(argv[i + 1]);
@@ -282,6 +295,8 @@ int main(int argc, char** argv) {
       g_device = argv[i + 1];
     else if (strcmp(argv[i], "--expect-arena") == 0)
       expect_arena = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--job") == 0)
+      job = argv[i + 1];
   }
   if (g_dtype != ZERO_DTYPE_FP32) g_clip = 0.12; /* smaller gradients in 16-bit modes (see test_grad) */
   if (norm_in_update) {
@@ -291,21 +306,57 @@ int main(int argc, char** argv) {
     }
     g_clip = 0.0;
   }
+  int rank = 0, world = 1;
+#ifdef ZERO_TEST_WITHOUT_MPI
+  /* Started by a launcher (tests/mpi/shm_launch.sh, torchrun): RANK and WORLD_SIZE, and --job for the segment. */
+  if (getenv("RANK") == NULL || getenv("WORLD_SIZE") == NULL || job == NULL ||
+      (strcmp(comm_kind, "shm") != 0 && strcmp(comm_kind, "nccl") != 0)) {
+    fprintf(stderr,
+            "built without MPI: start every rank with RANK and WORLD_SIZE set, --job NAME (the same on "
+            "every rank) and --comm shm or nccl\n");
+    return 2;
+  }
+  rank = atoi(getenv("RANK"));
+  world = atoi(getenv("WORLD_SIZE"));
+#else
   int mpi_provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &mpi_provided);
-  int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+#endif
+  /* The segment's name for the shared-memory communicators: the launcher's, or rank 0's handed out over MPI
+   * (mpirun only launches: libzero uses no MPI). */
+  char name[64];
+  if (job != NULL) {
+    snprintf(name, sizeof name, "libzero-parity-%s", job);
+  } else {
+    snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));
+#ifndef ZERO_TEST_WITHOUT_MPI
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+#endif
+  }
 
   zero_comm_t* comm = NULL;
-  if (strcmp(comm_kind, "mpi") == 0) {
+  if (strcmp(comm_kind, "shm") == 0) {
+    CHECK(zero_comm_create_shm(&comm, name, rank, world, 60.0));
+    snprintf(shm_name, sizeof shm_name, "%s", name);
+  } else if (strcmp(comm_kind, "nccl") == 0) {
+    /* Control over shared memory, data over libzero's NCCL module (zero_comm_create_nccl), as a job with one GPU
+     * per process runs; processes that share a GPU need NCCL_HOSTID apart (NCCL then uses its sockets). */
+    char host[96];
+    snprintf(host, sizeof host, "%s-%d", name, rank);
+    setenv("NCCL_HOSTID", host, 0);
+    zero_comm_t* control = NULL;
+    CHECK(zero_comm_create_shm(&control, name, rank, world, 60.0));
+    CHECK(zero_comm_create_nccl(&comm, control, 0, 120.0));
+    zero_comm_destroy(control); /* the split keeps it */
+  }
+#ifndef ZERO_TEST_WITHOUT_MPI
+  else if (strcmp(comm_kind, "mpi") == 0) {
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
   } else if (strncmp(comm_kind, "shm-nodes:", 10) == 0) {
     /* Nodes of L ranks on this machine: each its own segment, TCP over loopback between them. The addresses are
      * gathered over MPI here, as torchrun's store gathers them: libzero itself uses no MPI. */
-    char name[64];
-    snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
     zero_listener_t* listener = NULL;
     const char* address = NULL;
     CHECK(zero_listener_create(&listener, &address, "127.0.0.1"));
@@ -319,25 +370,22 @@ int main(int argc, char** argv) {
     zero_listener_destroy(listener);
     free(addresses);
     free(all);
-  } else if (strcmp(comm_kind, "shm") == 0) {
-    char name[64];
-    snprintf(name, sizeof name, "libzero-parity-%ld-%ld", (long)getpid(), (long)time(NULL));
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD); /* mpirun only launches: libzero uses no MPI */
-    CHECK(zero_comm_create_shm(&comm, name, rank, world, 60.0));
-    snprintf(shm_name, sizeof shm_name, "%s", name);
   } else if (strcmp(comm_kind, "split") == 0) {
     /* Control messages over the MPI module, data collectives over shared memory (zero_comm_create_split). */
-    char name[64];
-    snprintf(name, sizeof name, "libzero-parity-split-%ld-%ld", (long)getpid(), (long)time(NULL));
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
     zero_comm_t *control = NULL, *data = NULL;
     CHECK(zero_comm_create_mpi(&control, ZERO_MPI_COMM_WORLD));
     CHECK(zero_comm_create_shm(&data, name, rank, world, 60.0));
     CHECK(zero_comm_create_split(&comm, control, data));
     zero_comm_destroy(control); /* the split keeps both */
     zero_comm_destroy(data);
-  } else
+  } else {
     CHECK(create_test_backend_comm(&comm, strcmp(comm_kind, "custom-async") == 0));
+  }
+#endif
+  if (comm == NULL) {
+    fprintf(stderr, "--comm %s: unknown\n", comm_kind);
+    return 2;
+  }
   char fetch[512] = "";
   if (prefetch >= 0) snprintf(fetch, sizeof fetch, ", \"stage3_prefetch_bucket_size\": %ld", prefetch);
   if (reuse >= 0)
@@ -546,6 +594,8 @@ int main(int argc, char** argv) {
   for (int p = 0; p < kNumParams; ++p) free(ref.w[p]), free(ref.m[p]), free(ref.v[p]), free(ref.g[p]);
   zero_engine_destroy(engine);
   zero_comm_destroy(comm);
+#ifndef ZERO_TEST_WITHOUT_MPI
   MPI_Finalize();
+#endif
   return 0;
 }
