@@ -23,7 +23,9 @@
 #     path has the host-staged path's bits, which are the CPU engine's). Parity (tests/mpi/parity.c built without MPI,
 #     started by tests/mpi/shm_launch.sh): 1, 2 and 3 processes at stages 0-3 over shared memory, 2 and 3 over NCCL,
 #     ZeRO-Offload at 2, each ending with its single-process reference's weights bit for bit (so N = 1 and N = 2, 3
-#     give the same weights). --emulator is the CPU machine's check of the
+#     give the same weights). One rank failing (tests/mpi/failures.c without MPI): before a gather, a bucket and the
+#     step, inside a group of reduce-scatters in flight, and stalled, host-staged and over NCCL.
+#     --emulator is the CPU machine's check of the
 #     same bundle (CTest gpu-check.bundle): the tests' emulator halves and the GPT's CPU run (one process and two),
 #     and the GPU halves load and report themselves skipped.
 #     Where a prebuilt program does not load (another glibc, a missing library), or with --lean, it first builds
@@ -56,7 +58,7 @@ done
 bundle=${bundle:-$out}
 
 programs=(tests/test_device_runtime tests/test_capi_device tests/test_gpu_kernels tests/zero_unit_tests bench_gpu_kernels
-          bench_offload_pipeline train_gpt_device bench_nccl tests/test_parity_launch)
+          bench_offload_pipeline train_gpt_device bench_nccl tests/test_parity_launch tests/test_failures_launch)
 modules=(libzero.so.1 libzero-cuda.so.1 libzero-nccl.so.1)
 max_bytes=$((48 << 20))
 
@@ -70,8 +72,8 @@ prepare() {
     cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZERO_WERROR=ON -DZERO_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_BUILD_PYTHON=OFF -DZERO_JAVA=OFF -DZERO_GO=OFF >/dev/null
     cmake --build "$build" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels \
-      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl test_parity_launch zero \
-      zero_cuda_module zero_nccl_module
+      zero_unit_tests bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl test_parity_launch \
+      test_failures_launch zero zero_cuda_module zero_nccl_module
   fi
   collect "$build" "$out"
   vendor "$out/vendor"
@@ -163,8 +165,8 @@ lean_build() {
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DZERO_VENDOR_DIR="$vendored" \
     >"$dir/lean.log" 2>&1 || { tail -30 "$dir/lean.log"; echo "gpu-check: the lean build's configure failed"; exit 1; }
   cmake --build "$dir" -j "$(nproc)" --target test_device_runtime test_capi_device test_gpu_kernels zero_unit_tests \
-    bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl test_parity_launch zero zero_cuda_module \
-    zero_nccl_module \
+    bench_gpu_kernels bench_offload_pipeline train_gpt_device bench_nccl test_parity_launch test_failures_launch zero \
+    zero_cuda_module zero_nccl_module \
     >>"$dir/lean.log" 2>&1 ||
     { tail -40 "$dir/lean.log"; echo "gpu-check: the lean build failed (log: $dir/lean.log)"; exit 1; }
   echo "gpu-check: the lean build took $((SECONDS - start)) s"
@@ -345,6 +347,30 @@ run() {
     # ZeRO-Offload at two processes (host-staged): the optimizer on the CPU, and stage 3's param shards too.
     check parity.offload.n2.stage2 pass parity 2 --device cuda --comm shm --stage 2 --offload optimizer
     check parity.offload-all.n2.stage3 pass parity 2 --device cuda --comm shm --stage 3 --offload all --overlap 1
+  fi
+  # failing N SCENARIO STAGE ARGS...: tests/mpi/failures.c (built without MPI): the last rank fails at a point of
+  # SCENARIO; it gets its own error and every other rank ZERO_ERR_REMOTE naming it within seconds (or, stalled, a
+  # timeout naming the collective), whichever call waits.
+  failing() {
+    local n=$1 scenario=$2 stage=$3
+    shift 3
+    bash "$root/tests/mpi/shm_launch.sh" "$n" -1 "$bin/test_failures_launch" --scenario "$scenario" --stage "$stage" \
+      --shm-name @JOB@ "$@"
+  }
+  echo "== one rank failing"
+  local case scenario
+  if ((emulator)); then
+    check failures.emulator.fail-in-group.n2 pass failing 2 fail-in-group 2 --device emulator
+  else
+    # Before a gather, a bucket, the step; inside a group of reduce-scatters in flight (waited for at once, or later
+    # with overlap_comm); stuck past the 2 s timeout: host-staged, and with the data over NCCL.
+    for case in fail-at:gather:3 fail-at:bucket:2 fail-at:step:2 fail-in-group:2 fail-in-flight:2 stall:2; do
+      scenario=${case%:*}
+      check "failures.${scenario/:/.}.n2" pass failing 2 "$scenario" "${case##*:}" --device cuda
+      check "failures.nccl.${scenario/:/.}.n2" pass failing 2 "$scenario" "${case##*:}" --device cuda --nccl 1
+    done
+    check failures.nccl.fail-in-group.n3 pass failing 3 fail-in-group 2 --device cuda --nccl 1
+    check failures.nccl.stall.n3 pass failing 3 stall 2 --device cuda --nccl 1
   fi
   local small=(--layers 2 --channels 64 --heads 4 --seq-len 10 --micro-batch 16) launch=$root/examples/gpt/launch_ranks.sh
   if ((emulator)); then

@@ -20,6 +20,15 @@ gtest_discover_tests(zero_unit_tests TEST_PREFIX unit. DISCOVERY_TIMEOUT 60
                      PROPERTIES LABELS unit ENVIRONMENT ZERO_TEST_NVME_DIR=${ZERO_TEST_NVME_DIR})
 set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${CMAKE_CURRENT_SOURCE_DIR}/unit/unit_costs.cmake)
 
+# ---- The C API over the engine with fault injection (zero_core_testing: core/util/test_hooks.hpp), as a static
+# library: only the tests that inject failures link it; every other test runs the shipped libzero.so.
+add_library(zero_testing STATIC ${PROJECT_SOURCE_DIR}/capi/errors.cpp ${PROJECT_SOURCE_DIR}/capi/comm.cpp
+                                ${PROJECT_SOURCE_DIR}/capi/engine.cpp ${PROJECT_SOURCE_DIR}/capi/info.cpp)
+target_include_directories(zero_testing PUBLIC ${PROJECT_SOURCE_DIR}/capi/include ${PROJECT_BINARY_DIR}/include
+                                        PRIVATE ${PROJECT_SOURCE_DIR}/capi)
+target_link_libraries(zero_testing PUBLIC zero_core_testing)
+target_compile_options(zero_testing PRIVATE ${ZERO_WARNINGS})
+
 # ---- Parity without MPI: tests/mpi/parity.c built with ZERO_TEST_WITHOUT_MPI for the GPU check's machine, which has
 # no MPI (a launcher starts the ranks, as torchrun does). The GPU check runs it on the GPU at 1-3 processes over shared
 # memory and over NCCL; here over the emulator (several processes: the host-staged path), every stage.
@@ -33,6 +42,28 @@ foreach(world 1 2 3)
     add_test(NAME ${name} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi/shm_launch.sh ${world} -1
                                   $<TARGET_FILE:test_parity_launch> --job @JOB@ --comm shm --device emulator
                                   --stage ${stage} --gas 3 --dtype bf16 --partial 1)
+    set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT 120)
+  endforeach()
+endforeach()
+
+# ---- One rank failing, without MPI: tests/mpi/failures.c built with ZERO_TEST_WITHOUT_MPI (the GPU check runs it on
+# the GPU, host-staged and over NCCL). Here a device engine on the emulator at 2 and 3 processes, host-staged: a rank
+# fails before a collective (its own error, the others ZERO_ERR_REMOTE, the engines usable), inside a group in
+# flight, or stalls.
+add_executable(test_failures_launch mpi/failures.c)
+target_compile_definitions(test_failures_launch PRIVATE ZERO_TEST_WITHOUT_MPI)
+target_link_libraries(test_failures_launch PRIVATE zero_testing Threads::Threads m)
+target_compile_options(test_failures_launch PRIVATE ${ZERO_WARNINGS})
+foreach(world 2 3)
+  foreach(case "fail-at:gather;3" "fail-at:bucket;2" "fail-at:step;2" "fail-in-group;2" "fail-in-flight;2"
+               "stall;2")
+    list(GET case 0 scenario)
+    list(GET case 1 stage)
+    string(REPLACE ":" "." tag ${scenario})
+    set(name launch.failures.device-emulator.${tag}.n${world})
+    add_test(NAME ${name} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/mpi/shm_launch.sh ${world} -1
+                                  $<TARGET_FILE:test_failures_launch> --scenario ${scenario} --stage ${stage}
+                                  --shm-name @JOB@ --device emulator)
     set_tests_properties(${name} PROPERTIES LABELS mpi TIMEOUT 120)
   endforeach()
 endforeach()

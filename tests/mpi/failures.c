@@ -2,6 +2,13 @@
  * No rank waits forever, no rank silently diverges. One scenario per run:
  *
  *   mpirun -np N test_failures --scenario NAME [--stage S] [--shm-name NAME | --split-data-shm NAME]
+ *                                 [--device emulator|cuda] [--nccl 1]
+ *
+ * --device puts the engine on a device (zero_engine_set_device; gradients through zero_engine_copy); with several
+ * ranks its collectives are host-staged, or with --nccl 1 (and --shm-name) go over libzero's NCCL module, control
+ * over shared memory. test_failures_launch is this test built without MPI (ZERO_TEST_WITHOUT_MPI) for the GPU
+ * check's machine: tests/mpi/shm_launch.sh starts its ranks, --shm-name is required, and the two scenarios that need
+ * MPI's barrier are refused.
  *
  * --shm-name runs over the shared-memory communicator (zero_comm_create_shm, named NAME; mpirun only starts the
  * processes and MPI is never initialised), which must give the same errors. --split-data-shm NAME runs over a split
@@ -90,7 +97,6 @@
  * libzero initialises MPI itself here (the program never calls MPI_Init), which also covers the exit hooks.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <mpi.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -107,8 +113,17 @@ static long g_bucket_elems = 300; /* reduce_bucket_size: one unit per bucket */
 static int g_overlap = 0;         /* overlap_comm */
 static int g_gas = 1;             /* gradient_accumulation_steps */
 static const char* g_scenario = "";
-static int g_shm = 0; /* --shm-name: over zero_comm_create_shm, no MPI at all */
+static int g_shm = 0;               /* --shm-name: over zero_comm_create_shm, no MPI at all */
+static const char* g_device = NULL; /* --device: the engine on a device (zero_engine_set_device) */
 static char g_dir[512];
+
+/* A barrier outside libzero (the scenarios that need every rank past a point without a collective of the engine's):
+ * MPI's; built without MPI, these scenarios are not run (main refuses them). */
+static void test_barrier(void) {
+#ifndef ZERO_TEST_WITHOUT_MPI
+  MPI_Barrier(MPI_COMM_WORLD);
+#endif
+}
 
 static double now(void) {
   struct timespec t;
@@ -144,6 +159,7 @@ static zero_engine_t* make_engine(zero_comm_t* comm, int stage, double timeout_s
            g_gas, stage, g_bucket_elems, g_overlap ? "true" : "false", timeout_s);
   zero_engine_t* engine = NULL;
   CHECK(zero_engine_create(&engine, config, comm));
+  if (g_device != NULL) CHECK(zero_engine_set_device(engine, g_device));
   register_test_model(engine, ZERO_DTYPE_FP32, NULL, ids);
   if (finalize) CHECK(zero_engine_finalize(engine));
   return engine;
@@ -160,9 +176,12 @@ static void micro_step(zero_engine_t* engine, const int32_t* ids) {
 static zero_status_t backward_until_failure(zero_engine_t* engine, const int32_t* ids) {
   zero_status_t s = ZERO_OK;
   for (int p = kNumParams - 1; p >= 0 && s == ZERO_OK; --p) {
-    float* g = NULL;
-    CHECK(zero_grad_data((void**)&g, engine, ids[p]));
-    g[0] += 1.0f / 1024;
+    void* g = NULL; /* through zero_engine_copy: a device engine's gradients too */
+    float first = 0.0f;
+    CHECK(zero_grad_data(&g, engine, ids[p]));
+    CHECK(zero_engine_copy(engine, &first, g, sizeof first));
+    first += 1.0f / 1024;
+    CHECK(zero_engine_copy(engine, g, &first, sizeof first));
     s = zero_grad_ready(engine, ids[p]);
   }
   return s;
@@ -380,7 +399,7 @@ static int exit_while_fetching(zero_comm_t* comm, int stage) {
   }
   /* Every rank has started its all-gathers before the last one leaves (else the others may learn it while
    * starting them, which is right but not what this scenario tests). */
-  MPI_Barrier(MPI_COMM_WORLD);
+  test_barrier();
   if (g_rank == g_last) {
     last_rank_leaves(engine, comm);
     return 1;
@@ -402,7 +421,7 @@ static int abort_with_prefetch_open(zero_comm_t* comm) {
   zero_engine_t* engine = make_engine(comm, 3, 60.0, ids, 1);
   CHECK(zero_prefetch(engine, 0));
   CHECK(zero_prefetch(engine, 1));
-  MPI_Barrier(MPI_COMM_WORLD);
+  test_barrier();
   if (g_rank == g_last) {
     last_rank_leaves(engine, comm);
     return 1;
@@ -799,13 +818,25 @@ int main(int argc, char** argv) {
   const char* dir = "failures-ckpt";
   const char* shm_name = NULL;
   const char* split_data_shm = NULL;
+  int nccl = 0; /* --nccl 1: with --shm-name, the data over libzero's NCCL module (zero_comm_create_nccl) */
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--scenario") == 0) g_scenario = argv[i + 1];
     if (strcmp(argv[i], "--stage") == 0) stage = atoi(argv[i + 1]);
     if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
     if (strcmp(argv[i], "--shm-name") == 0) shm_name = argv[i + 1];
     if (strcmp(argv[i], "--split-data-shm") == 0) split_data_shm = argv[i + 1];
+    if (strcmp(argv[i], "--device") == 0) g_device = argv[i + 1];
+    if (strcmp(argv[i], "--nccl") == 0) nccl = atoi(argv[i + 1]);
   }
+#ifdef ZERO_TEST_WITHOUT_MPI
+  if (shm_name == NULL || split_data_shm != NULL || strcmp(g_scenario, "exit-while-fetching") == 0 ||
+      strcmp(g_scenario, "abort-with-prefetch-open") == 0) {
+    fprintf(stderr,
+            "built without MPI: --shm-name NAME, ranks started by a launcher (tests/mpi/shm_launch.sh), and "
+            "no scenario that needs MPI's barrier\n");
+    return 2;
+  }
+#endif
   /* exit-while-fetching needs the all-gathers still in flight when the last rank leaves: the MPI module's progress
    * thread would complete them in the background first (which is what it is for). */
   if (strcmp(g_scenario, "exit-while-fetching") == 0 || strcmp(g_scenario, "abort-with-prefetch-open") == 0)
@@ -819,10 +850,22 @@ int main(int argc, char** argv) {
     CHECK(zero_comm_create_split(&comm, control, data));
     zero_comm_destroy(control); /* the split keeps both */
     zero_comm_destroy(data);
-  } else if (shm_name != NULL)
+  } else if (shm_name != NULL) {
     CHECK(create_shm_comm_from_launcher(&comm, shm_name));
-  else
+  } else {
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
+  }
+  if (nccl) {
+    /* Control over shared memory, data over NCCL; processes that share a GPU need NCCL_HOSTID apart. */
+    int rank = 0;
+    CHECK(zero_comm_rank(&rank, comm));
+    char host[128];
+    snprintf(host, sizeof host, "%s-%d", shm_name != NULL ? shm_name : "failures", rank);
+    setenv("NCCL_HOSTID", host, 0);
+    zero_comm_t* control = comm;
+    CHECK(zero_comm_create_nccl(&comm, control, 0, 120.0));
+    zero_comm_destroy(control); /* the NCCL communicator keeps it */
+  }
   g_shm = shm_name != NULL;
   CHECK(zero_comm_rank(&g_rank, comm));
   CHECK(zero_comm_size(&g_world, comm));
