@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -174,6 +175,9 @@ int main(int argc, char** argv) {
   }
   // Each rank reads every rank's piece of its block and writes its accumulator once.
   const double floor_bytes = static_cast<double>(ranks + 1) * static_cast<double>(block * sizeof(float)) * ranks;
-  std::printf("floor traffic: %.0f MB per repetition, all ranks together\n", floor_bytes / 1e6);
+  std::printf("floor traffic: %.0f MB per run of a mode, all ranks together\n", floor_bytes / 1e6);
+#if !defined(__SSE2__)
+  std::printf("no SSE2 here: stream and floor store as usual (no non-temporal stores)\n");
+#endif
   return 0;
 }

@@ -56,7 +56,7 @@ target_link_libraries(test_failures_launch PRIVATE zero_testing Threads::Threads
 target_compile_options(test_failures_launch PRIVATE ${ZERO_WARNINGS})
 foreach(world 2 3)
   foreach(case "fail-at:gather;3" "fail-at:bucket;2" "fail-at:step;2" "fail-in-group;2" "fail-in-flight;2"
-               "stall;2")
+               "stall;1")
     list(GET case 0 scenario)
     list(GET case 1 stage)
     string(REPLACE ":" "." tag ${scenario})

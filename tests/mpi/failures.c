@@ -4,11 +4,12 @@
  *   mpirun -np N test_failures --scenario NAME [--stage S] [--shm-name NAME | --split-data-shm NAME]
  *                                 [--device emulator|cuda] [--nccl 1]
  *
- * --device puts the engine on a device (zero_engine_set_device; gradients through zero_engine_copy); with several
- * ranks its collectives are host-staged, or with --nccl 1 (and --shm-name) go over libzero's NCCL module, control
- * over shared memory. test_failures_launch is this test built without MPI (ZERO_TEST_WITHOUT_MPI) for the GPU
- * check's machine: tests/mpi/shm_launch.sh starts its ranks, --shm-name is required, and the two scenarios that need
- * MPI's barrier are refused.
+ * --device puts the engine on a device (zero_engine_set_device; gradients through zero_engine_copy) for the
+ * scenarios fail-at:SITE, fail-in-group, fail-in-flight and stall (the others refuse it); with several ranks its
+ * collectives are host-staged, or with --nccl 1 (--device cuda) go over libzero's NCCL module, control over shared
+ * memory; each rank's NCCL_HOSTID is the inherited one (or the segment's name) and its rank. test_failures_launch is
+ * this test built without MPI (ZERO_TEST_WITHOUT_MPI) for the GPU check's machine: tests/mpi/shm_launch.sh starts its
+ * ranks, --shm-name is required, and the two scenarios that need MPI's barrier are refused.
  *
  * --shm-name runs over the shared-memory communicator (zero_comm_create_shm, named NAME; mpirun only starts the
  * processes and MPI is never initialised), which must give the same errors. --split-data-shm NAME runs over a split
@@ -828,6 +829,16 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--device") == 0) g_device = argv[i + 1];
     if (strcmp(argv[i], "--nccl") == 0) nccl = atoi(argv[i + 1]);
   }
+  /* The scenarios whose engines come from make_engine and whose gradients go through zero_engine_copy take a device;
+   * NCCL carries a device engine's data only. */
+  const int on_device = strncmp(g_scenario, "fail-at:", 8) == 0 || strcmp(g_scenario, "fail-in-group") == 0 ||
+                        strcmp(g_scenario, "fail-in-flight") == 0 || strcmp(g_scenario, "stall") == 0;
+  if ((g_device != NULL && !on_device) || (nccl && (g_device == NULL || strcmp(g_device, "cuda") != 0))) {
+    fprintf(stderr,
+            "--device takes the scenarios fail-at:SITE, fail-in-group, fail-in-flight and stall; --nccl 1 "
+            "needs --device cuda\n");
+    return 2;
+  }
 #ifdef ZERO_TEST_WITHOUT_MPI
   if (shm_name == NULL || split_data_shm != NULL || strcmp(g_scenario, "exit-while-fetching") == 0 ||
       strcmp(g_scenario, "abort-with-prefetch-open") == 0) {
@@ -859,9 +870,14 @@ int main(int argc, char** argv) {
     /* Control over shared memory, data over NCCL; processes that share a GPU need NCCL_HOSTID apart. */
     int rank = 0;
     CHECK(zero_comm_rank(&rank, comm));
-    char host[128];
-    snprintf(host, sizeof host, "%s-%d", shm_name != NULL ? shm_name : "failures", rank);
-    setenv("NCCL_HOSTID", host, 0);
+    char host[256];
+    const char* inherited = getenv("NCCL_HOSTID");
+    snprintf(host, sizeof host, "%s-%d",
+             inherited != NULL  ? inherited
+             : shm_name != NULL ? shm_name
+                                : "failures",
+             rank);
+    setenv("NCCL_HOSTID", host, 1);
     zero_comm_t* control = comm;
     CHECK(zero_comm_create_nccl(&comm, control, 0, 120.0));
     zero_comm_destroy(control); /* the NCCL communicator keeps it */

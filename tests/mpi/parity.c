@@ -58,7 +58,8 @@
  * communicator (zero_comm_create_split, what a job with NCCL for data and MPI or gloo for control uses).
  *
  * --comm nccl: control over zero_comm_create_shm, data over libzero's NCCL module (zero_comm_create_nccl; --device
- * cuda), each rank with an NCCL_HOSTID of its own unless one is set, so that processes sharing a GPU can join.
+ * cuda), each rank's NCCL_HOSTID the inherited one (or the segment's name) and its rank, so that processes sharing a
+ * GPU can join.
  *
  * test_parity_launch is this test built without MPI (ZERO_TEST_WITHOUT_MPI) for machines without it (the GPU
  * check's): a launcher starts the ranks with RANK and WORLD_SIZE (tests/mpi/shm_launch.sh N -1 test_parity_launch
@@ -306,6 +307,10 @@ int main(int argc, char** argv) {
     }
     g_clip = 0.0;
   }
+  if (strcmp(comm_kind, "nccl") == 0 && (g_device == NULL || strcmp(g_device, "cuda") != 0)) {
+    fprintf(stderr, "--comm nccl carries a device engine's data: it needs --device cuda\n");
+    return 2;
+  }
   int rank = 0, world = 1;
 #ifdef ZERO_TEST_WITHOUT_MPI
   /* Started by a launcher (tests/mpi/shm_launch.sh, torchrun): RANK and WORLD_SIZE, and --job for the segment. */
@@ -343,9 +348,10 @@ int main(int argc, char** argv) {
   } else if (strcmp(comm_kind, "nccl") == 0) {
     /* Control over shared memory, data over libzero's NCCL module (zero_comm_create_nccl), as a job with one GPU
      * per process runs; processes that share a GPU need NCCL_HOSTID apart (NCCL then uses its sockets). */
-    char host[96];
-    snprintf(host, sizeof host, "%s-%d", name, rank);
-    setenv("NCCL_HOSTID", host, 0);
+    char host[256];
+    const char* inherited = getenv("NCCL_HOSTID");
+    snprintf(host, sizeof host, "%s-%d", inherited != NULL ? inherited : name, rank);
+    setenv("NCCL_HOSTID", host, 1);
     zero_comm_t* control = NULL;
     CHECK(zero_comm_create_shm(&control, name, rank, world, 60.0));
     CHECK(zero_comm_create_nccl(&comm, control, 0, 120.0));
