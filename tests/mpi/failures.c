@@ -108,6 +108,7 @@
 
 #define ZERO_EXPERIMENTAL_API
 #include "harness.h"
+#include "nccl_comm.h"
 
 static int g_rank = 0, g_world = 1, g_last = 0;
 static long g_bucket_elems = 300; /* reduce_bucket_size: one unit per bucket */
@@ -866,21 +867,9 @@ int main(int argc, char** argv) {
   } else {
     CHECK(zero_comm_create_mpi(&comm, ZERO_MPI_COMM_WORLD));
   }
-  if (nccl) {
-    /* Control over shared memory, data over NCCL; processes that share a GPU need NCCL_HOSTID apart. */
-    int rank = 0;
-    CHECK(zero_comm_rank(&rank, comm));
-    char host[256];
-    const char* inherited = getenv("NCCL_HOSTID");
-    snprintf(host, sizeof host, "%s-%d",
-             inherited != NULL  ? inherited
-             : shm_name != NULL ? shm_name
-                                : "failures",
-             rank);
-    setenv("NCCL_HOSTID", host, 1);
+  if (nccl) { /* control over shared memory, data over NCCL */
     zero_comm_t* control = comm;
-    CHECK(zero_comm_create_nccl(&comm, control, 0, 120.0));
-    zero_comm_destroy(control); /* the NCCL communicator keeps it */
+    CHECK(create_nccl_comm(&comm, control, shm_name != NULL ? shm_name : "failures"));
   }
   g_shm = shm_name != NULL;
   CHECK(zero_comm_rank(&g_rank, comm));

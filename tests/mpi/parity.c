@@ -3,10 +3,9 @@
  * single-process reference AdamW applied to the averaged gradients, in fp32, bf16 and fp16.
  *
  *   mpirun -np N test_parity --stage S --gas G [--dtype fp32|bf16|fp16] [--bucket ELEMS] [--persist ELEMS]
- *                            [--comm mpi|shm|shm-nodes:L|split|nccl|custom|custom-async] [--overlap 0|1] [--prefetch
- * ELEMS]
- *                            [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1] [--shuffle 0|1]
- *                            [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
+ *                            [--comm mpi|shm|shm-nodes:L|split|nccl|custom|custom-async] [--overlap 0|1]
+ *                            [--prefetch ELEMS] [--reuse ELEMS] [--live ELEMS] [--explicit-prefetch 0|1]
+ *                            [--shuffle 0|1] [--norm-in-update 0|1] [--nvme DIR] [--nvme-params DIR] [--partial 0|1]
  *                            [--loss-averaged 0|1] [--device emulator|cuda] [--offload optimizer|all]
  *
  * --partial 1 ends every fourth window early, as a training loop does at the end of an epoch whose length is not a
@@ -94,6 +93,7 @@
 #endif
 #include "fp16_reference.h"
 #include "harness.h"
+#include "nccl_comm.h"
 
 enum { kSteps = 20 };
 static double g_clip = 0.25;
@@ -346,16 +346,10 @@ int main(int argc, char** argv) {
     CHECK(zero_comm_create_shm(&comm, name, rank, world, 60.0));
     snprintf(shm_name, sizeof shm_name, "%s", name);
   } else if (strcmp(comm_kind, "nccl") == 0) {
-    /* Control over shared memory, data over libzero's NCCL module (zero_comm_create_nccl), as a job with one GPU
-     * per process runs; processes that share a GPU need NCCL_HOSTID apart (NCCL then uses its sockets). */
-    char host[256];
-    const char* inherited = getenv("NCCL_HOSTID");
-    snprintf(host, sizeof host, "%s-%d", inherited != NULL ? inherited : name, rank);
-    setenv("NCCL_HOSTID", host, 1);
+    /* Control over shared memory, data over libzero's NCCL module, as a job with one GPU per process runs. */
     zero_comm_t* control = NULL;
     CHECK(zero_comm_create_shm(&control, name, rank, world, 60.0));
-    CHECK(zero_comm_create_nccl(&comm, control, 0, 120.0));
-    zero_comm_destroy(control); /* the split keeps it */
+    CHECK(create_nccl_comm(&comm, control, name));
   }
 #ifndef ZERO_TEST_WITHOUT_MPI
   else if (strcmp(comm_kind, "mpi") == 0) {
