@@ -22,12 +22,7 @@ set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${CMAKE_CURRENT_SOURCE
 
 # ---- The C API over the engine with fault injection (zero_core_testing: core/util/test_hooks.hpp), as a static
 # library: only the tests that inject failures link it; every other test runs the shipped libzero.so.
-add_library(zero_testing STATIC ${PROJECT_SOURCE_DIR}/capi/errors.cpp ${PROJECT_SOURCE_DIR}/capi/comm.cpp
-                                ${PROJECT_SOURCE_DIR}/capi/engine.cpp ${PROJECT_SOURCE_DIR}/capi/info.cpp)
-target_include_directories(zero_testing PUBLIC ${PROJECT_SOURCE_DIR}/capi/include ${PROJECT_BINARY_DIR}/include
-                                        PRIVATE ${PROJECT_SOURCE_DIR}/capi)
-target_link_libraries(zero_testing PUBLIC zero_core_testing)
-target_compile_options(zero_testing PRIVATE ${ZERO_WARNINGS})
+zero_static_capi(zero_testing zero_core_testing)
 
 # ---- Parity without MPI: tests/mpi/parity.c built with ZERO_TEST_WITHOUT_MPI for the GPU check's machine, which has
 # no MPI (a launcher starts the ranks, as torchrun does). The GPU check runs it on the GPU at 1-3 processes over shared
