@@ -22,7 +22,7 @@
 #     once host-staged over shared memory, stages 0-3 each: all eight runs of a rank count give one digest (NCCL's
 #     path has the host-staged path's bits, which are the CPU engine's). Parity (tests/mpi/parity.c built without MPI,
 #     started by tests/mpi/shm_launch.sh): 1, 2 and 3 processes at stages 0-3 over shared memory, 2 and 3 over NCCL,
-#     ZeRO-Offload at 2, each ending with its single-process reference's weights bit for bit (so N = 1 and N = 2, 3
+#     ZeRO-Offload at 2 over both, each ending with its single-process reference's weights bit for bit (so N = 1 and N = 2, 3
 #     give the same weights). One rank failing (tests/mpi/failures.c without MPI): before a gather, a bucket and the
 #     step, inside a group of reduce-scatters in flight, and stalled, host-staged and over NCCL.
 #     --emulator is the CPU machine's check of the
@@ -344,9 +344,14 @@ run() {
         check "parity.nccl.n$n.stage$stage" pass parity "$n" --device cuda --comm nccl --stage "$stage"
       done
     done
-    # ZeRO-Offload at two processes (host-staged): the optimizer on the CPU, and stage 3's param shards too.
-    check parity.offload.n2.stage2 pass parity 2 --device cuda --comm shm --stage 2 --offload optimizer
-    check parity.offload-all.n2.stage3 pass parity 2 --device cuda --comm shm --stage 3 --offload all --overlap 1
+    # ZeRO-Offload at two processes, host-staged and over NCCL: the optimizer on the CPU, and stage 3's param
+    # shards too.
+    local via
+    for via in shm nccl; do
+      check "parity.$via.offload.n2.stage2" pass parity 2 --device cuda --comm "$via" --stage 2 --offload optimizer
+      check "parity.$via.offload-all.n2.stage3" pass parity 2 --device cuda --comm "$via" --stage 3 --offload all \
+        --overlap 1
+    done
   fi
   # failing N SCENARIO STAGE ARGS...: tests/mpi/failures.c (built without MPI): the last rank fails at a point of
   # SCENARIO; it gets its own error and every other rank ZERO_ERR_REMOTE naming it within seconds (or, stalled, a

@@ -19,6 +19,8 @@ class DataStaging {
   // Its collective completed and its result is back in device memory. A buffer never given back (a collective left
   // in flight, which may still write into it) is never reused or freed.
   virtual void give_back(void* host) = 0;
+  // Whether [p, p + bytes) is device memory (every data collective's buffer must be: EngineComm checks).
+  virtual bool device_memory(const void* p, size_t bytes) = 0;
   // The copies, each complete when the call returns (the host then reads or the device then uses the bytes); on a
   // device that does not finish within the engine's timeout, ZERO_ERR_TIMEOUT naming `what`.
   virtual void to_host(void* host, const void* device, size_t bytes, const std::string& what) = 0;

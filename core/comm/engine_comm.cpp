@@ -69,6 +69,7 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
     if (c.kind == CollKind::kReduceScatter) c.any_order = any_order_;
     if (device_data && via.capabilities().device_buffers) c.queue = data_queue_;
   }
+  if (device_data && staging_ != nullptr) require_device_memory(c);
   if (device_data && host_staged()) p.staged_ = stage_in(c);
   try {
     const bool identity = device_data && size() == 1;
@@ -187,6 +188,20 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
     failed_ = true;
     return false;
   }
+}
+
+// A device engine's data collective takes device memory whichever communicator carries it: a device communicator
+// (NCCL) would read host memory as device memory, an illegal access on the device. Checked on every path, so that
+// the host-staged runs (the emulator's in CI) vouch for what a device communicator is given.
+void EngineComm::require_device_memory(const Collective& c) {
+  size_t bytes = c.count * elem_size(c.type);
+  if (c.kind == CollKind::kAllGather || c.kind == CollKind::kReduceScatter) bytes *= static_cast<size_t>(size());
+  if (bytes == 0 || staging_->device_memory(c.buf, bytes)) return;
+  failed_ = true;
+  comm_->abort("collective #" + std::to_string(comm_->data_side().issued() + 1) + " (" + c.label +
+               ") was given host memory on a device engine");
+  fail(ZERO_ERR_INTERNAL, c.label + ": the device engine's data collective was given " + std::to_string(bytes) +
+                              " bytes that are not device memory");
 }
 
 // The input's and the result's ranges in the collective's buffer (zero.h's in-place conventions): an all-gather

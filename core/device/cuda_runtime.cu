@@ -163,6 +163,18 @@ class CudaRuntime final : public device::Runtime {
     check(cudaFreeHost(p), "cudaFreeHost");
   }
 
+  bool device_memory(const void* p, size_t bytes) override {
+    auto on_device = [](const void* q) {
+      cudaPointerAttributes attributes{};
+      if (cudaPointerGetAttributes(&attributes, q) != cudaSuccess) {
+        cudaGetLastError();  // not a pointer CUDA knows: host memory
+        return false;
+      }
+      return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+    };
+    return on_device(p) && (bytes == 0 || on_device(static_cast<const char*>(p) + bytes - 1));
+  }
+
   // Work is queued by whatever thread calls (a framework's thread may have another device current): each call makes
   // the runtime's device current first.
   void copy(void* dst, const void* src, size_t bytes, device::Stream& stream) override {

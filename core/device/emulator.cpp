@@ -242,6 +242,9 @@ class HostEmulator final : public Emulator {
     stall_cv_.notify_all();
   }
 
+  bool device_memory(const void* p, size_t bytes) override {
+    return memory_.in_arena(p) && (bytes == 0 || memory_.in_arena(static_cast<const char*>(p) + bytes - 1));
+  }
   void host_access(const void* p, size_t bytes, bool write) override {
     checker_.issue_host();
     checker_.access(AccessChecker::kHost, p, bytes, write, write ? "a host write" : "a host read");

@@ -41,7 +41,7 @@ class Event {
 // The CUDA module (libzero-cuda.so.1) is built from the same sources as libzero and hands back a Runtime object: the
 // loader passes this version and the layout of the structs that cross (device/cuda_module.hpp), and the module
 // refuses a mismatch rather than misread them.
-constexpr uint32_t kRuntimeInterfaceVersion = 4;
+constexpr uint32_t kRuntimeInterfaceVersion = 5;
 constexpr uint64_t runtime_interface_layout() {
   return (uint64_t{sizeof(KernelArgs)} << 32) | (uint64_t{sizeof(cuda::StepChunk)} << 16) | sizeof(StepScalars);
 }
@@ -86,6 +86,10 @@ class Runtime {
   virtual void* allocate_pinned(size_t bytes) = 0;
   // The caller has ordered every use of it before (an event the host waited for); nothing waits for the device.
   virtual void release_pinned(void* p) = 0;
+
+  // Whether [p, p + bytes) is device memory (CUDA's device or managed memory; the emulator's arena): what a device
+  // communicator's collective may be given.
+  virtual bool device_memory(const void* p, size_t bytes) = 0;
 
   // ---- Work on a stream. A copy goes between any two of device, pinned and pageable host memory.
   virtual void copy(void* dst, const void* src, size_t bytes, Stream& stream) = 0;

@@ -140,12 +140,6 @@ void Engine::check_device_config() const {
                                            "collectives are staged through host memory");
   if (comm_.size() > 1 && !comm_.host_staged() && !device_buffers)
     guard_.fail(ZERO_ERR_INTERNAL, on + " at more than one rank has neither a device communicator nor host staging");
-  // ZeRO-Offload moves some collectives' data through host memory, which a device communicator cannot read.
-  if (device_buffers && (config_.offload.optimizer == OffloadConfig::Device::kCpu ||
-                         config_.offload.params == OffloadConfig::Device::kCpu))
-    guard_.fail(ZERO_ERR_UNSUPPORTED, on + " with ZeRO-Offload runs over a host communicator so far (its collectives "
-                                           "staged through pinned memory); over a device communicator (NCCL) it "
-                                           "is not built");
   if (model_parallel_ != nullptr) guard_.fail(ZERO_ERR_UNSUPPORTED, on + " runs without a model-parallel group so far");
   if (config_.offload.nvme() || config_.offload.params_nvme())
     guard_.fail(ZERO_ERR_UNSUPPORTED,

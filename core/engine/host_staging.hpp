@@ -22,6 +22,7 @@ class PinnedStaging final : public DataStaging {
 
   void* acquire(size_t bytes) override;
   void give_back(void* host) override;
+  bool device_memory(const void* p, size_t bytes) override { return context_->runtime().device_memory(p, bytes); }
   void to_host(void* host, const void* device, size_t bytes, const std::string& what) override;
   void to_device(void* device, const void* host, size_t bytes, const std::string& what) override;
 

@@ -11,7 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "comm/engine_comm.hpp"
+#include "comm/single_communicator.hpp"
 #include "device/device_memory.hpp"
+#include "engine/host_staging.hpp"
 #include "memory/buffer.hpp"
 #include "memory/device_ops.hpp"
 #include "memory/ops.hpp"
@@ -202,6 +205,38 @@ TEST_P(DeviceMemory, WhatTheDeviceDoesNotDoIsAClearError) {
     EXPECT_EQ(e.status(), ZERO_ERR_UNSUPPORTED);
   }
   device::install_device_memory(context_);
+}
+
+// A device engine's data collectives take device memory only (what NCCL is given): the runtime tells device memory
+// from pinned and pageable host memory, and a data collective on host memory is refused before it starts, on the
+// host-staged path too, naming it.
+TEST_P(DeviceMemory, DataCollectivesTakeDeviceMemoryOnly) {
+  auto stream = rt_->create_stream("test");
+  void* device = rt_->allocate(4096, *stream);
+  void* pinned = rt_->allocate_pinned(4096);
+  std::vector<float> pageable(1024, 1.0f);
+  EXPECT_TRUE(rt_->device_memory(device, 4096));
+  EXPECT_FALSE(rt_->device_memory(pinned, 4096));
+  EXPECT_FALSE(rt_->device_memory(pageable.data(), 4096));
+  {
+    EngineComm comm(make_single_communicator());
+    comm.set_data_in_device_memory(true);
+    comm.set_data_staging(std::make_shared<device::PinnedStaging>(context_));
+    comm.all_reduce_sum(device, 1024, ElemType::kF32, "a device buffer");
+    try {
+      comm.all_reduce_sum(pageable.data(), 1024, ElemType::kF32, "a host buffer");
+      ADD_FAILURE() << "a data collective on host memory started";
+    } catch (const Error& e) {
+      EXPECT_EQ(ZERO_ERR_INTERNAL, e.status());
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("a host buffer")) << e.what();
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("not device memory")) << e.what();
+    }
+  }
+  rt_->release_pinned(pinned);
+  rt_->release(device, *stream);
+  auto done = rt_->create_event();
+  rt_->record(*done, *stream);
+  rt_->synchronize(*done, testing_device::kTimeout, "the test's releases");
 }
 
 }  // namespace
