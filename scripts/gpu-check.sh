@@ -12,7 +12,7 @@
 #     (nlohmann/json.hpp, xxhash.h, cmocka.h and its library, GoogleTest's source). Fails if the bundle is over
 #     48 MiB (the repository travels beside it).
 #
-#   bash scripts/gpu-check.sh --run [--bundle DIR] [--reps N] [--emulator] [--lean] [--lean-dir DIR]
+#   bash scripts/gpu-check.sh --run [--bundle DIR] [--reps N] [--emulator] [--lean] [--lean-dir DIR] [--python PY]
 #     On the GPU machine, nothing built there: a probe (driver, CUDA, NCCL, torch), every GPU test (a skip is a
 #     failure), the device engine against the CPU engine's bits, the kernel and ZeRO-Offload benchmarks, and one
 #     table of what ran; the GPT example (examples/gpt/train_gpt_device.cpp) trains on the GPU at stages 0-3 (the
@@ -24,7 +24,10 @@
 #     started by tests/mpi/shm_launch.sh): 1, 2 and 3 processes at stages 0-3 over shared memory, 2 and 3 over NCCL,
 #     ZeRO-Offload at 2 over both, each ending with its single-process reference's weights bit for bit (so N = 1 and N = 2, 3
 #     give the same weights). One rank failing (tests/mpi/failures.c without MPI): before a gather, a bucket and the
-#     step, inside a group of reduce-scatters in flight, and stalled, host-staged and over NCCL.
+#     step, inside a group of reduce-scatters in flight, and stalled, host-staged and over NCCL. libzero.torch: the
+#     Python extension compiled there for its python3 (--python) over the bundle's libzero.so.1 and headers (the
+#     bundle's pybind11), then test_torch.py's parity test with the model on the GPU in one process and in two
+#     (torchrun), host-staged and over NCCL, and the Python GPT example at two processes over each.
 #     --emulator is the CPU machine's check of the
 #     same bundle (CTest gpu-check.bundle): the tests' emulator halves and the GPT's CPU run (one process and two),
 #     and the GPU halves load and report themselves skipped.
@@ -36,10 +39,9 @@
 #   bash scripts/gpu-check.sh [--reps N]
 #     Where a GPU and the build's dependencies both are: --prepare, then --run.
 #
-# Not covered yet: libzero.torch on a GPU (the bundle's Python extension is built for this machine's Python).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mode=both build= out=$root/build/gpu-bundle bundle= reps=20 emulator=0 lean=0 lean_dir=$root/build/lean
+mode=both build= out=$root/build/gpu-bundle bundle= reps=20 emulator=0 lean=0 lean_dir=$root/build/lean python=python3
 while [[ $# -gt 0 ]]; do
   case $1 in
     --prepare) mode=prepare ;;
@@ -51,6 +53,7 @@ while [[ $# -gt 0 ]]; do
     --emulator) emulator=1 ;;
     --lean) lean=1 ;;
     --lean-dir) lean_dir=$2; shift ;;
+    --python) python=$2; shift ;;
     *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -99,6 +102,9 @@ collect() {
     stripped "$build/$p" "$out/bin/$(basename "$p")"
   done
   for m in "${modules[@]}"; do stripped "$build/$m" "$out/lib/$m"; done
+  # The public header's generated half, for the Python extension compiled at --run (the rest is in the repository).
+  mkdir -p "$out/include/zero"
+  cp "$build/include/zero/zero_version.h" "$out/include/zero/"
   # Every shared library they load but glibc's own, so that the bundle runs on another distribution's image.
   local libs
   libs=$(for f in "$out"/bin/* "$out"/lib/*; do ldd "$f"; done | awk '$3 ~ /^\// {print $3}' | sort -u)
@@ -120,10 +126,11 @@ EOF
 }
 
 # vendor DIR: what the lean build needs from this machine's Debian packages: nlohmann-json3-dev's, libxxhash-dev's
-# and libcmocka-dev's headers, CMocka's library, googletest's source (libgtest-dev); and the toolkit's nccl.h (the
-# NCCL module's only build dependency: NCCL itself is loaded at run time).
+# and libcmocka-dev's headers, CMocka's library, googletest's source (libgtest-dev); the toolkit's nccl.h (the
+# NCCL module's only build dependency: NCCL itself is loaded at run time); and pybind11's headers (from the Python
+# that builds the bindings here: scripts/test.sh's venv, or python3), for the extension compiled at --run.
 vendor() {
-  local dir=$1 header cmocka
+  local dir=$1 header cmocka py pybind=
   mkdir -p "$dir/include" "$dir/lib" "$dir/nccl/include"
   [[ -e /usr/local/cuda/include/nccl.h ]] || { echo "gpu-check: /usr/local/cuda/include/nccl.h is missing"; exit 1; }
   cp /usr/local/cuda/include/nccl.h "$dir/nccl/include/"
@@ -138,6 +145,29 @@ vendor() {
   cp -L "$cmocka" "$dir/lib/libcmocka.so.0"
   [[ -d /usr/src/googletest ]] || { echo "gpu-check: /usr/src/googletest is missing (libgtest-dev)"; exit 1; }
   cp -r /usr/src/googletest "$dir/googletest"
+  for py in "${ZERO_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libzero/pyenv}/bin/python3" python3; do
+    pybind=$("$py" -c "import pybind11; print(pybind11.get_include())" 2>/dev/null) && break
+  done
+  [[ -d $pybind/pybind11 ]] || { echo "gpu-check: pybind11's headers are missing (pip install pybind11)"; exit 1; }
+  mkdir -p "$dir/pybind11"
+  cp -r "$pybind/pybind11" "$dir/pybind11/"
+}
+
+# python_package DIR: libzero's Python package for --python's interpreter in DIR/libzero: the sources as they are,
+# and the extension compiled here over the bundle's libzero.so.1 (the same recipe as bindings/python/CMakeLists.txt:
+# two C++ files against zero.h and pybind11, whose headers the bundle carries).
+python_package() {
+  local dir=$1 include suffix
+  include=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])') || return 1
+  [[ -e $include/Python.h ]] || { echo "gpu-check: $python has no Python.h (in $include)"; return 1; }
+  suffix=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp -r "$root/bindings/python/libzero" "$dir/"
+  "${CXX:-c++}" -O2 -std=c++17 -shared -fPIC -fvisibility=hidden -I"$include" -I"$bundle/vendor/pybind11" \
+    -I"$root/capi/include" -I"$bundle/include" "$root/bindings/python/src/module.cpp" \
+    "$root/bindings/python/src/dlpack.cpp" -o "$dir/libzero/_native$suffix" -L"$bundle/lib" -l:libzero.so.1 \
+    -Wl,-rpath,"$bundle/lib"
+  PYTHONPATH=$dir "$python" -c 'import libzero; print("libzero", libzero.__version__, "for Python", __import__("sys").version.split()[0])'
 }
 
 # The fallback build on the GPU machine, from the repository beside the bundle and the bundle's vendor directory:
@@ -408,6 +438,43 @@ run() {
     check gpt.nccl.rank-dies pass rank_dies nccl
     check gpt.staged.rank-dies pass rank_dies shm
   fi
+  # libzero.torch: the package built here for --python, then test_torch.py's parity test (every stage, fp32 and
+  # bf16: the one-process reference's bits) with the model on the GPU in one process and in two (torchrun; each
+  # rank's NCCL_HOSTID its own), host-staged and over NCCL, and the Python GPT example at two over each. On the
+  # emulator (no GPU): the same package and launches on the CPU, where --python has torch.
+  echo "== libzero.torch"
+  local pkg=$logs/python torch_test=$root/bindings/python/tests/test_torch.py
+  local -a torchrun=(timeout -k 10 300 "$python" -m torch.distributed.run --standalone --nproc-per-node 2 --no-python
+    bash "$logs/per_rank.sh")
+  local -a pytest=(timeout -k 10 300 "$python" -m pytest -q -p no:cacheprovider)
+  cat >"$logs/per_rank.sh" <<'RANK'
+export NCCL_HOSTID="${NCCL_HOSTID:-libzero}-$LOCAL_RANK"
+exec "$@"
+RANK
+  if ! "$python" -c 'import torch, numpy, pytest' 2>/dev/null; then
+    if ((emulator)); then
+      rows+=("$(printf "%-34s %-36s" libzero.torch "not run ($python has no torch, numpy or pytest)")")
+    else
+      failed+=(libzero.torch)
+      rows+=("$(printf "%-34s %-36s" libzero.torch "FAILED ($python has no torch, numpy or pytest)")")
+    fi
+  else
+    check python.package pass python_package "$pkg"
+    if ((emulator)); then
+      local cpu_case=$torch_test::test_every_stage_and_rank_count_gives_the_one_process_weights[3-bf16]
+      check torch.cpu.n1 pass env PYTHONPATH="$pkg" "${pytest[@]}" "$cpu_case"
+      check torch.cpu.shm.n2 pass env PYTHONPATH="$pkg" ZERO_TORCH_TRANSPORT=shm "${torchrun[@]}" "${pytest[@]}" \
+        "$cpu_case"
+    else
+      check torch.cuda.n1 pass env PYTHONPATH="$pkg" ZERO_TEST_TORCH_DEVICE=cuda "${pytest[@]}" "$torch_test" -k every_stage
+      for via in shm nccl; do
+        check "torch.cuda.$via.n2" pass env PYTHONPATH="$pkg" ZERO_TEST_TORCH_DEVICE=cuda ZERO_TORCH_TRANSPORT="$via" \
+          NCCL_HOSTID="torch-$$" "${torchrun[@]}" "${pytest[@]}" "$torch_test" -k every_stage
+        check "gpt-python.cuda.$via.n2" pass env PYTHONPATH="$pkg" ZERO_TORCH_TRANSPORT="$via" NCCL_HOSTID="gpt-$$" \
+          "${torchrun[@]}" "$python" "$root/examples/python/train_gpt.py" --device cuda --stage 3 --steps 300
+      done
+    fi
+  fi
   # The GPT's stages give the same weights, and a run repeats itself (both logs carry the weights' digest).
   gpt_same() {  # gpt_same NAME COUNT LOG...: the logs hold COUNT digests, all the same
     local name=$1 count=$2 all digests
@@ -454,7 +521,8 @@ run() {
     cat "$logs/bench.kernels.log" "$logs/bench.offload.log" "$logs/bench.nccl.log" "$logs/bench.step-vs-torch.log" \
       "$logs/gpt.stages.log" \
       "$logs/gpt.learns.log" "$logs/gpt.larger.log" "$logs/gpt.nccl.n2.log" "$logs/gpt.staged.n2.log" \
-      "$logs/gpt.nccl.n3.log" "$logs/gpt.staged.n3.log"
+      "$logs/gpt.nccl.n3.log" "$logs/gpt.staged.n3.log" "$logs/gpt-python.cuda.shm.n2.log" \
+      "$logs/gpt-python.cuda.nccl.n2.log" 2>/dev/null || true
   fi
   echo "== gpu-check: $( ((emulator)) && echo "the bundle on the emulator (no GPU)" || echo "on the GPU")"
   printf "%s\n" "${rows[@]}"

@@ -81,9 +81,14 @@ add_test(NAME unit.device.capi COMMAND test_capi_device)
 set_tests_properties(unit.device.capi PROPERTIES LABELS unit TIMEOUT 300)
 if(ZERO_CUDA AND NOT ZERO_LEAN)
   # The GPU check's bundle (scripts/gpu-check.sh): collected from this build within its size, and its --run half
-  # on the emulator — the GPU halves load and report themselves skipped.
+  # on the emulator — the GPU halves load and report themselves skipped; with the torch venv, libzero.torch's
+  # package compiled from the bundle and its launches on the CPU.
+  set(gpu_check_python "")
+  if(ZERO_TORCH_PYTHON)
+    set(gpu_check_python "--python ${ZERO_TORCH_PYTHON}")
+  endif()
   add_test(NAME unit.gpu-check.bundle
-           COMMAND bash -c "export PATH=/usr/local/cuda/bin:$PATH && bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --prepare --build ${PROJECT_BINARY_DIR} --out ${CMAKE_CURRENT_BINARY_DIR}/gpu-bundle && bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --run --bundle ${CMAKE_CURRENT_BINARY_DIR}/gpu-bundle --emulator")
+           COMMAND bash -c "export PATH=/usr/local/cuda/bin:$PATH && bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --prepare --build ${PROJECT_BINARY_DIR} --out ${CMAKE_CURRENT_BINARY_DIR}/gpu-bundle && bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --run --bundle ${CMAKE_CURRENT_BINARY_DIR}/gpu-bundle --emulator ${gpu_check_python}")
   set_tests_properties(unit.gpu-check.bundle PROPERTIES LABELS unit TIMEOUT 300 FIXTURES_SETUP gpu-bundle)
   # The fallback build the check makes where the prebuilt programs do not load, from the bundle's vendored headers
   # and without MPI, then the same --run half (about 2 minutes on 2 cores; every core).

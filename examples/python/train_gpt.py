@@ -7,6 +7,8 @@ greedily at the end.
     mpirun --allow-run-as-root --oversubscribe -np 2 python examples/python/train_gpt.py [--stage 3] [--steps 1500]
 
 Runs in one process without mpirun too, and under torchrun (after which it uses torch.distributed's gloo group).
+--device cuda trains on the GPU (libzero's device engine; under torchrun its data host-staged over shared memory, or
+over NCCL with ZERO_TORCH_TRANSPORT=nccl).
 """
 
 from __future__ import annotations
@@ -82,8 +84,8 @@ def batch(generator: torch.Generator, size: int, context: int) -> tuple[torch.Te
 
 
 @torch.no_grad()
-def answer(model: torch.nn.Module, lines: list[str]) -> list[str]:
-    idx = torch.tensor([list(line[:ANSWER_AT].encode()) for line in lines])
+def answer(model: torch.nn.Module, lines: list[str], device: torch.device) -> list[str]:
+    idx = torch.tensor([list(line[:ANSWER_AT].encode()) for line in lines], device=device)
     for _ in range(3):
         logits = model(idx)
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
@@ -100,13 +102,15 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=LINE)
     ap.add_argument("--micro-batch", type=int, default=96)
     ap.add_argument("--lr", type=float, default=5e-3)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: the model on this process's GPU")
     args = ap.parse_args()
+    device = torch.device(args.device)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         torch.distributed.init_process_group("gloo")
 
     torch.manual_seed(0)  # every rank builds the same model; rank 0's values are the ones registered
-    model = GPT(args.layers, args.width, args.heads, args.context)
+    model = GPT(args.layers, args.width, args.heads, args.context).to(device)
     params = sum(p.numel() for p in model.parameters())  # counted now: at stage 3 they become placeholders
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     config = {
@@ -116,23 +120,24 @@ def main() -> None:
         "zero_optimization": {"stage": args.stage},
         "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.01}},
         "scheduler": {"type": "WarmupCosineLR",
-                      "params": {"total_num_steps": args.steps, "warmup_num_steps": args.steps // 20}},
+                      "params": {"total_num_steps": args.steps, "warmup_num_steps": max(1, args.steps // 20)}},
     }
     engine = libzero.torch.initialize(model, config)
     rank = engine.engine.rank
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"{params / 1e6:.2f} M params, ZeRO stage {args.stage}, {engine.engine.world_size} ranks")
+    say(f"{params / 1e6:.2f} M params, ZeRO stage {args.stage}, {engine.engine.world_size} ranks, "
+        f"{engine.engine.device or 'cpu'} engine")
     data = torch.Generator().manual_seed(1 + rank)
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
-        loss = engine(*batch(data, args.micro_batch, args.context))
+        loss = engine(*(t.to(device) for t in batch(data, args.micro_batch, args.context)))
         engine.backward(loss)
         result = engine.step()
         if step % 100 == 0 or step == 1:
             say(f"step {step:4d}  loss {loss.item():.3f}  lr {result.lr:.2e}  grad norm {result.grad_norm:.2f}  "
                 f"{time.perf_counter() - start:.0f} s")
     heldout = problems(torch.Generator().manual_seed(4242), 384)
-    got = answer(engine, heldout)
+    got = answer(engine, heldout, device)
     right = sum(g == line[ANSWER_AT : ANSWER_AT + 3] for g, line in zip(got, heldout))
     for line, g in list(zip(heldout, got))[:5]:
         a, b = int(line[:2]), int(line[3:5])

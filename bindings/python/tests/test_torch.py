@@ -1,6 +1,11 @@
 """libzero.torch: a plain-torch GPT trained through libzero at stages 0-3, in one process, under mpirun (MPI backend)
 and under torchrun (ProcessGroupComm over gloo). Every rank count and stage gives the weights of libzero's own
-one-process run bit for bit, and torch.optim.AdamW's within a stated tolerance."""
+one-process run bit for bit, and torch.optim.AdamW's within a stated tolerance.
+
+ZERO_TEST_TORCH_DEVICE=cuda puts the parity test's model and batches on the GPU (a device engine; under torchrun its
+data host-staged, or over NCCL with ZERO_TORCH_TRANSPORT=nccl): what scripts/gpu-check.sh runs there with
+``-k every_stage``. Its forward and backward then run torch's deterministic kernels, so that a rank's micro-batch
+gives the reference's gradients bit for bit."""
 
 from __future__ import annotations
 
@@ -15,6 +20,10 @@ import libzero.torch as lzt
 from torch_model import batch, make_model
 
 torch.set_num_threads(1)  # the same matmul kernels in every process, so forward and backward give the same bits
+DEVICE = torch.device(os.environ.get("ZERO_TEST_TORCH_DEVICE", "cpu"))
+if DEVICE.type == "cuda":
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what cuBLAS needs for deterministic products
+    torch.use_deterministic_algorithms(True)  # embedding's backward, among others, adds with atomics otherwise
 
 STEPS = 20
 LR = 3e-3
@@ -73,7 +82,13 @@ def config(stage: int, dtype: str, world: int, gas: int = 1, **extra) -> dict:
 
 
 def bits(params: dict[str, torch.Tensor]) -> dict[str, bytes]:
-    return {name: t.contiguous().view(torch.uint8).numpy().tobytes() for name, t in params.items()}
+    return {name: t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes() for name, t in params.items()}
+
+
+def on_device(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s micro-batch of step `step` on DEVICE."""
+    xs, ys = batch(step, rank)
+    return xs.to(DEVICE), ys.to(DEVICE)
 
 
 _references: dict[str, dict[str, bytes]] = {}
@@ -82,10 +97,11 @@ _references: dict[str, dict[str, bytes]] = {}
 def reference(dtype: str) -> dict[str, bytes]:
     """libzero's own one-process run at stage 0: every step accumulates the micro-batches of ranks 0..N-1 in order."""
     if dtype not in _references:
-        eng = lzt.initialize(make_model(dtype=DTYPES[dtype]), config(0, dtype, 1, gas=WORLD), libzero.Comm.single())
+        model = make_model(dtype=DTYPES[dtype]).to(DEVICE)
+        eng = lzt.initialize(model, config(0, dtype, 1, gas=WORLD), libzero.Comm.single())
         for s in range(STEPS):
             for r in range(WORLD):
-                eng.backward(eng(*batch(s, r)))
+                eng.backward(eng(*on_device(s, r)))
                 eng.step()
         _references[dtype] = bits(eng.full_parameters())
         eng.close()
@@ -95,12 +111,13 @@ def reference(dtype: str) -> dict[str, bytes]:
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_every_stage_and_rank_count_gives_the_one_process_weights(stage, dtype):
-    model = make_model(dtype=DTYPES[dtype])
+    model = make_model(dtype=DTYPES[dtype]).to(DEVICE)
     eng = lzt.initialize(model, config(stage, dtype, WORLD), comm())
     assert eng.engine.world_size == WORLD and eng.engine.info["deterministic"]
+    assert eng.engine.device == ("cuda" if DEVICE.type == "cuda" else None)
     losses = []
     for s in range(STEPS):
-        loss = eng(*batch(s, RANK))
+        loss = eng(*on_device(s, RANK))
         eng.backward(loss)
         result = eng.step()
         assert result is not None and result.step == s + 1 and not result.skipped
