@@ -89,7 +89,7 @@ if(ZERO_CUDA AND NOT ZERO_LEAN)
   endif()
   add_test(NAME unit.gpu-check.bundle
            COMMAND bash -c "export PATH=/usr/local/cuda/bin:$PATH && bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --prepare --build ${PROJECT_BINARY_DIR} --out ${CMAKE_CURRENT_BINARY_DIR}/gpu-bundle && bash ${PROJECT_SOURCE_DIR}/scripts/gpu-check.sh --run --bundle ${CMAKE_CURRENT_BINARY_DIR}/gpu-bundle --emulator ${gpu_check_python}")
-  set_tests_properties(unit.gpu-check.bundle PROPERTIES LABELS unit TIMEOUT 300 FIXTURES_SETUP gpu-bundle)
+  set_tests_properties(unit.gpu-check.bundle PROPERTIES LABELS unit TIMEOUT 600 FIXTURES_SETUP gpu-bundle)
   # The fallback build the check makes where the prebuilt programs do not load, from the bundle's vendored headers
   # and without MPI, then the same --run half (about 2 minutes on 2 cores; every core).
   add_test(NAME unit.gpu-check.lean

@@ -55,21 +55,21 @@ std::string EngineComm::recent_json() const { return recorder_.json(); }
 
 // Start, then wait (below). A failure to start leaves the sequences apart on this rank: the engine breaks.
 EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
+  // Control messages (run_small's) and host-memory broadcasts go to the control side; a split communicator carries
+  // them apart from the data.
+  const bool control = c.control || c.host_memory;
+  const bool device_data = data_in_device_memory_ && !control;
+  if (device_data) require_device_memory(c.kind, c.buf, c.count, c.type, c.label);
   stats_.sequence += 1;
   count(counter, bytes, wire_bytes);
   Pending p;
   p.begin_ = std::chrono::steady_clock::now();
-  // Control messages (run_small's) and host-memory broadcasts go to the control side; a split communicator carries
-  // them apart from the data.
-  const bool control = c.control || c.host_memory;
   Communicator& via = control ? comm_->control_side() : comm_->data_side();
   p.via_ = &via;
-  const bool device_data = data_in_device_memory_ && !control;
   if (!control) {
     if (c.kind == CollKind::kReduceScatter) c.any_order = any_order_;
     if (device_data && via.capabilities().device_buffers) c.queue = data_queue_;
   }
-  if (device_data && staging_ != nullptr) require_device_memory(c);
   if (device_data && host_staged()) p.staged_ = stage_in(c);
   try {
     const bool identity = device_data && size() == 1;
@@ -193,15 +193,19 @@ bool EngineComm::try_wait(Pending& p, double seconds) {
 // A device engine's data collective takes device memory whichever communicator carries it: a device communicator
 // (NCCL) would read host memory as device memory, an illegal access on the device. Checked on every path, so that
 // the host-staged runs (the emulator's in CI) vouch for what a device communicator is given.
-void EngineComm::require_device_memory(const Collective& c) {
-  size_t bytes = c.count * elem_size(c.type);
-  if (c.kind == CollKind::kAllGather || c.kind == CollKind::kReduceScatter) bytes *= static_cast<size_t>(size());
-  if (bytes == 0 || staging_->device_memory(c.buf, bytes)) return;
+// A group's members are all checked before the group opens, so that a refusal leaves no group open on the data
+// side (NCCL's group is per thread) and nothing of it started.
+void EngineComm::require_device_memory(CollKind kind, const void* buf, size_t count, ElemType type,
+                                       const std::string& label) {
+  if (staging_ == nullptr) return;
+  size_t bytes = count * elem_size(type);
+  if (kind == CollKind::kAllGather || kind == CollKind::kReduceScatter) bytes *= static_cast<size_t>(size());
+  if (bytes == 0 || staging_->device_memory(buf, bytes)) return;
   failed_ = true;
-  comm_->abort("collective #" + std::to_string(comm_->data_side().issued() + 1) + " (" + c.label +
+  comm_->abort("collective #" + std::to_string(comm_->data_side().issued() + 1) + " (" + label +
                ") was given host memory on a device engine");
-  fail(ZERO_ERR_INTERNAL, c.label + ": the device engine's data collective was given " + std::to_string(bytes) +
-                              " bytes that are not device memory");
+  fail(ZERO_ERR_INTERNAL, label + ": the device engine's data collective was given " + std::to_string(bytes) +
+                              " bytes that are not this engine's device memory");
 }
 
 // The input's and the result's ranges in the collective's buffer (zero.h's in-place conventions): an all-gather
@@ -297,6 +301,8 @@ std::vector<EngineComm::Pending> EngineComm::start_group(std::vector<Planned> gr
   // Data collectives: a group is the data side's (one NCCL launch). A group_end that fails leaves the started ones
   // in flight as far as this rank knows.
   Communicator& data = comm_->data_side();
+  if (data_in_device_memory_)
+    for (const Planned& g : group) require_device_memory(g.kind, g.buf, g.block, g.type, g.label);
   data.group_begin();
   try {
     for (Planned& g : group) pendings.push_back(start_data(g.kind, g.buf, g.block, g.type, g.label));

@@ -221,7 +221,7 @@ class EngineComm {
   void run_small(Collective c, size_t total_bytes, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   Pending start(Collective c, Counter counter, uint64_t bytes, uint64_t wire_bytes);
   // Host-staged: moves c's input into a host buffer and points c at it; the result's range is returned.
-  void require_device_memory(const Collective& c);
+  void require_device_memory(CollKind kind, const void* buf, size_t count, ElemType type, const std::string& label);
   Pending::Staged stage_in(Collective& c);
   // Host-staged, after the collective completed: its result back into device memory (unless the engine is going
   // away: `copy_back` false), and the host buffer back.

@@ -163,14 +163,20 @@ class CudaRuntime final : public device::Runtime {
     check(cudaFreeHost(p), "cudaFreeHost");
   }
 
+  // Device (or managed) memory of this runtime's device: what NCCL, bound to it, may be given. Pageable host memory
+  // is cudaMemoryTypeUnregistered; an error other than an invalid value is the device's, and thrown.
   bool device_memory(const void* p, size_t bytes) override {
-    auto on_device = [](const void* q) {
+    const DeviceScope on(device_);
+    auto on_device = [this](const void* q) {
       cudaPointerAttributes attributes{};
-      if (cudaPointerGetAttributes(&attributes, q) != cudaSuccess) {
-        cudaGetLastError();  // not a pointer CUDA knows: host memory
+      const cudaError_t err = cudaPointerGetAttributes(&attributes, q);
+      if (err == cudaErrorInvalidValue) {
+        cudaGetLastError();  // clears exactly this call's error
         return false;
       }
-      return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+      check(err, "cudaPointerGetAttributes");
+      return (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
+             attributes.device == device_;
     };
     return on_device(p) && (bytes == 0 || on_device(static_cast<const char*>(p) + bytes - 1));
   }

@@ -229,7 +229,7 @@ TEST_P(DeviceMemory, DataCollectivesTakeDeviceMemoryOnly) {
     } catch (const Error& e) {
       EXPECT_EQ(ZERO_ERR_INTERNAL, e.status());
       EXPECT_NE(std::string::npos, std::string(e.what()).find("a host buffer")) << e.what();
-      EXPECT_NE(std::string::npos, std::string(e.what()).find("not device memory")) << e.what();
+      EXPECT_NE(std::string::npos, std::string(e.what()).find("not this engine's device memory")) << e.what();
     }
   }
   rt_->release_pinned(pinned);

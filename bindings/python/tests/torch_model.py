@@ -26,7 +26,7 @@ class Block(nn.Module):
         shape = (b, t, self.heads, c // self.heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(b, t, c)
         x = x + self.proj(y)
