@@ -5,7 +5,8 @@
 add_executable(zero_unit_tests unit/aio_test.cpp unit/config_test.cpp unit/layout_test.cpp unit/plan_test.cpp unit/device_plan_test.cpp unit/offload_pipeline_test.cpp unit/engine_test.cpp unit/kernels_test.cpp unit/launch_table_test.cpp unit/rank_order_sum_test.cpp
                                unit/schedule_test.cpp unit/checkpoint_io_test.cpp unit/deepspeed_test.cpp
                                unit/fetch_ahead_test.cpp unit/gather_state_test.cpp unit/tcp_link_test.cpp
-                               unit/hierarchy_tcp_test.cpp unit/shared_arena_test.cpp unit/fixture_paths.cpp)
+                               unit/hierarchy_tcp_test.cpp unit/shared_arena_test.cpp unit/accumulator_test.cpp
+                               unit/fixture_paths.cpp)
 # DeepSpeed's own numbers, recorded by tests/deepspeed/make_fixtures.py (tests/deepspeed/README.md): the path is
 # defined for one small file only, so that the other files' compile commands are the same in every clone.
 set_source_files_properties(unit/fixture_paths.cpp PROPERTIES COMPILE_DEFINITIONS

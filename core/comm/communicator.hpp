@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "comm/reduced_sink.hpp"
 #include "memory/allocator.hpp"
 #include "numeric/dtype.hpp"
 #include "zero/zero.h"
@@ -58,6 +59,9 @@ struct Collective {
   bool any_order = false;
   // A control message (the agreement, checks, the step's small sums): host memory, on Communicator::control_side.
   bool control = false;
+  // A reduce-scatter of host memory: where a backend can, it hands this rank's summed block to the sink piece by
+  // piece instead of storing it (comm/reduced_sink.hpp). Backends that cannot ignore it.
+  ReducedSink* sink = nullptr;
 };
 
 // What a backend guarantees; the engine asks for what it needs (libzero.deterministic) and reports the rest

@@ -70,6 +70,7 @@ EngineComm::Pending EngineComm::start(Collective c, Counter counter, uint64_t by
     if (c.kind == CollKind::kReduceScatter) c.any_order = any_order_;
     if (device_data && via.capabilities().device_buffers) c.queue = data_queue_;
   }
+  if (control || device_data) c.sink = nullptr;  // a sink takes host memory's sums (staging copies them back)
   if (device_data && host_staged()) p.staged_ = stage_in(c);
   try {
     const bool identity = device_data && size() == 1;
@@ -305,7 +306,7 @@ std::vector<EngineComm::Pending> EngineComm::start_group(std::vector<Planned> gr
     for (const Planned& g : group) require_device_memory(g.kind, g.buf, g.block, g.type, g.label);
   data.group_begin();
   try {
-    for (Planned& g : group) pendings.push_back(start_data(g.kind, g.buf, g.block, g.type, g.label));
+    for (Planned& g : group) pendings.push_back(start_data(g.kind, g.buf, g.block, g.type, g.label, g.sink));
   } catch (...) {
     try {
       data.group_end();
@@ -341,13 +342,14 @@ Collective collective(CollKind kind, void* buf, size_t count, ElemType type, std
 
 // All-gathers and reduce-scatters move (N-1)/N of the N blocks per rank, whichever algorithm runs them.
 EngineComm::Pending EngineComm::start_data(CollKind kind, void* buf, size_t block, ElemType type,
-                                           const std::string& label) {
+                                           const std::string& label, ReducedSink* sink) {
   if (kind != CollKind::kAllGather && kind != CollKind::kReduceScatter)
     fail(ZERO_ERR_INTERNAL, label + ": only all-gathers and reduce-scatters start without waiting");
   const uint64_t block_bytes = block * elem_size(type), n = size();
-  return start(collective(kind, buf, block, type, label),
-               kind == CollKind::kAllGather ? Counter::kAllGather : Counter::kReduceScatter, block_bytes * n,
-               block_bytes * (n - 1));
+  Collective c = collective(kind, buf, block, type, label);
+  if (kind == CollKind::kReduceScatter) c.sink = sink;
+  return start(std::move(c), kind == CollKind::kAllGather ? Counter::kAllGather : Counter::kReduceScatter,
+               block_bytes * n, block_bytes * (n - 1));
 }
 
 EngineComm::Pending EngineComm::start_all_gather(void* buf, size_t block, ElemType type, const std::string& label) {

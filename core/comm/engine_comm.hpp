@@ -158,6 +158,7 @@ class EngineComm {
     size_t block;
     ElemType type;
     std::string label;
+    ReducedSink* sink = nullptr;  // a reduce-scatter's (Collective::sink): host data only
   };
   std::vector<Pending> start_group(std::vector<Planned> group);
   void wait_all(std::vector<Pending>& pendings);
@@ -229,7 +230,8 @@ class EngineComm {
   // The collective completed in the backend: staged out, then recorded done. A copy back that fails breaks the
   // engine and aborts the communicator, so the others learn it in their next collective.
   void complete(Pending& p, bool copy_back = true);
-  Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label);
+  Pending start_data(CollKind kind, void* buf, size_t block, ElemType type, const std::string& label,
+                     ReducedSink* sink = nullptr);
   void count(Counter counter, uint64_t bytes, uint64_t wire_bytes);
 
   std::shared_ptr<Communicator> comm_;

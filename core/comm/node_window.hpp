@@ -31,6 +31,9 @@
 // a reduce-scatter sums such a peer's piece straight from its memory (no staging read: one pass over the peers'
 // data instead of two), an all-gather copies it with memcpy rather than a system call. Ranks mix freely (a buffer
 // the arena could not hold is read with process_vm_readv as before); the sum and its order are the same.
+// A reduce-scatter given a sink (reduced_sink.hpp) hands it each piece's sources, which the engine's accumulator sums
+// straight into itself (this rank's block of the buffer is then never written), or, where the sink declines, each
+// summed piece as soon as it is stored, which the accumulator takes from cache.
 // The owner of the memory turns single copy off where it is not wanted (ZERO_MPI_SINGLE_COPY=0,
 // ZERO_SHM_SINGLE_COPY=0).
 //
@@ -56,6 +59,7 @@
 #include <vector>
 
 #include "comm/rank_order_sum.hpp"
+#include "comm/reduced_sink.hpp"
 #include "zero/zero.h"
 
 namespace zero {
@@ -140,6 +144,9 @@ class NodeWindow {
     int peer = 0;         // single copy, all-gather: the peer being read
     int32_t op = 0;       // all-reduce: ZERO_REDUCE_SUM, _MIN or _MAX
     int root = 0;         // broadcast
+    // Single-copy reduce-scatter: takes this rank's summed block piece by piece as it is stored
+    // (comm/reduced_sink.hpp). Ignored elsewhere.
+    ReducedSink* sink = nullptr;
   };
 
   // `reduce_op` (all-reduce) and `root` (broadcast) as in zero_collective_t. An all-reduce takes ZERO_DTYPE_FP32,
@@ -371,7 +378,8 @@ class NodeWindow {
           if (op.offset == op.block_bytes) op.offset = 0, ++op.peer;
         } else {
           // This rank's block, piece by piece: each peer's piece in place where it lies in the arena, else read
-          // into this rank's half; then the sum in rank order with this rank's own piece, in place.
+          // into this rank's half; then the sum in rank order with this rank's own piece, in place, which a sink
+          // then takes from cache.
           if (op.offset == op.block_bytes) break;
           size_t per = std::min(kDirectSumPiece, half_ / static_cast<size_t>(size_ - 1)) / 64 * 64;
           per = std::max(op.esize, per / op.esize * op.esize);
@@ -391,7 +399,12 @@ class NodeWindow {
             if (!read_peer(r, into, line(r)[kBufferWord + op.s % 2] + mine + op.offset, n)) return Progress::kFailed;
             sources_[static_cast<size_t>(r)] = into;
           }
-          zero::sum_in_rank_order(op.buf + mine + op.offset, sources_.data(), size_, n / op.esize, op.dtype);
+          char* sum = op.buf + mine + op.offset;
+          const size_t first = op.offset / op.esize, count = n / op.esize;
+          if (op.sink == nullptr || !op.sink->take_sources(sources_.data(), size_, op.dtype, first, count)) {
+            zero::sum_in_rank_order(sum, sources_.data(), size_, count, op.dtype);
+            if (op.sink != nullptr) op.sink->take(sum, first, count);
+          }
           op.offset += n;
         }
       }

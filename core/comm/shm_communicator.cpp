@@ -351,6 +351,7 @@ class ShmCommunicator final : public Communicator {
     else
       op->window_op = window_->begin(c.sequence, static_cast<int32_t>(c.kind), static_cast<int32_t>(c.type), c.buf,
                                      c.count, elem_size(c.type), static_cast<int32_t>(c.op), c.root);
+    if (!cross_ && c.kind == CollKind::kReduceScatter) op->window_op.sink = c.sink;
     if (use_progress_thread_) start_progress_thread();
     {
       std::lock_guard<std::mutex> lock(queue_mutex_);

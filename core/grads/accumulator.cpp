@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "comm/rank_order_sum.hpp"
 #include "memory/ops.hpp"
 #include "util/error.hpp"
 
@@ -17,10 +18,8 @@ UnitAccumulator::UnitAccumulator(GradientView grads, const std::vector<ShardSegm
   if (sums_squares_) segment_squares_.assign(norm_segments.size(), 0.0);
 }
 
-// The shard is walked in the order of its norm segments (params, ascending offsets): the gaps between them
-// (alignment, padding) are accumulated only, each segment block by block (kSumBlockElems from its start, the norm
-// pass's blocks) and each block's squares summed right after it is written, from cache. The accumulation itself is
-// element-wise, so cutting it into pieces changes no bit.
+// A device's reduced block for host accumulators (ZeRO-Offload) is staged to the host first; otherwise the block is
+// added as AccumulatorPieces adds a backend's pieces.
 TransferQueue::Ticket UnitAccumulator::accumulate(const char* reduced, MemorySpace reduced_space,
                                                   bool last_micro_step) {
   if (host_addressable(reduced_space) != host_addressable(grads_.space)) {
@@ -34,37 +33,155 @@ TransferQueue::Ticket UnitAccumulator::accumulate(const char* reduced, MemorySpa
         [this, last_micro_step](const char* host) { accumulate(host, MemorySpace::kHost, last_micro_step); },
         "the reduced gradients of unit " + std::to_string(unit_) + " to the host");
   }
-  const DType accum = grads_.dtype;
+  AccumulatorPieces pieces;
+  begin_reduction(pieces, last_micro_step, reduced);
+  pieces.finish();
+  return 0;
+}
+
+void UnitAccumulator::begin_reduction(AccumulatorPieces& pieces, bool last_micro_step, const char* reduced_block) {
   const ElementOps& ops = element_ops(grads_.space);
-  const auto add = written_ ? ops.accumulate : ops.accumulate_into_zero;
-  char* acc = grads_.at(0);
+  pieces.unit_ = this;
+  pieces.block_ = reduced_block;
+  pieces.add_ = written_ ? ops.accumulate : ops.accumulate_into_zero;
+  pieces.squares_ = sums_squares_ && last_micro_step;
+  pieces.stream_ = nullptr;
+  pieces.squares_of_piece_ = false;
+  pieces.squares_dtype_ = grads_.dtype;
+  pieces.into_zero_ = !written_;
+  pieces.reduce_into_ = nullptr;
+  if (host_addressable(grads_.space)) {  // a device's accumulator is added by the device's own ops, unsquared
+    const KernelTable& table = kernels(active_isa());
+    if (!written_ && grads_.dtype == DType::kF32 && grads_.elems * 4 >= kStreamMinBytes)
+      pieces.stream_ = table.stream_into_zero[static_cast<int>(comm_dtype_)];
+    if (grads_.dtype == DType::kF32) pieces.reduce_into_ = table.reduce_into[static_cast<int>(comm_dtype_)];
+    // The squares are of the accumulator's values: read from the piece where it holds them (fp32, streamed: the
+    // accumulator's lines are not in cache), else from the accumulator just written.
+    pieces.squares_of_piece_ = pieces.stream_ != nullptr && comm_dtype_ == DType::kF32;
+    pieces.squares_dtype_ = grads_.dtype;
+    pieces.squares_more_ = table.squares_more[static_cast<int>(pieces.squares_dtype_)];
+    pieces.squares_end_ = table.squares_end[static_cast<int>(pieces.squares_dtype_)];
+  } else if (pieces.squares_) {
+    fail(ZERO_ERR_INTERNAL, "the norm's squares of a device's accumulator summed on the host");
+  }
+  pieces.carry_ = SquaresCarry();
+  pieces.scratch_.resize(AccumulatorPieces::kScratchElems * dtype_size(comm_dtype_));
+  pieces.taken_ = pieces.segment_ = pieces.norm_block_ = 0;
+  pieces.segment_sum_ = 0.0;
+  pieces.arm();
   written_ = true;
   squares_final_ = false;
-  if (!sums_squares_ || !last_micro_step) {
-    add(acc, accum, reduced, comm_dtype_, grads_.elems);
-    return 0;
+}
+
+void AccumulatorPieces::consume(const void* piece, size_t offset, size_t count) noexcept {
+  // Out of order or past the end (not from a backend that keeps the contract): finish() adds from the block.
+  if (offset == taken_ && count <= unit_->grads_.elems - taken_) add(piece, count);
+}
+
+// Walks [begin, end) of the shard (consecutive calls, consecutive ranges) in the norm's pieces: run(from, to,
+// squared) for each run within one of the norm's blocks (squared: its squares go into carry_, in order) or outside
+// the segments (only added); each block is closed (squares_end, block order from zero, as parallel_sum_squares adds
+// them) when it completes, and each segment's sum when its last block does. Without squares, one run.
+template <class Run>
+void AccumulatorPieces::walk(size_t begin, size_t end, Run&& run) {
+  if (!squares_) {
+    if (end > begin) run(begin, end, false);
+    return;
   }
-  const size_t acc_size = dtype_size(accum), red_size = dtype_size(comm_dtype_);
-  auto run = [&](size_t begin, size_t end) {
-    if (end > begin) add(acc + begin * acc_size, accum, reduced + begin * red_size, comm_dtype_, end - begin);
-  };
-  const SumSquaresKernel squares = kernels(grads_.space, active_isa()).sum_squares[static_cast<int>(accum)];
-  size_t pos = 0;
-  for (size_t i = 0; i < norm_segments_->size(); ++i) {
-    const ShardSegment& s = (*norm_segments_)[i];
-    run(pos, s.shard_offset);
-    double sum = 0.0;  // block order from zero, as parallel_sum_squares adds them
-    for (size_t begin = 0; begin < s.numel; begin += kSumBlockElems) {
-      const size_t n = std::min(kSumBlockElems, s.numel - begin), at = s.shard_offset + begin;
-      run(at, at + n);
-      sum += squares(acc + at * acc_size, n);
+  UnitAccumulator& u = *unit_;
+  const std::vector<ShardSegment>& segments = *u.norm_segments_;
+  size_t at = begin;
+  while (segment_ < segments.size()) {
+    const ShardSegment& s = segments[segment_];
+    if (norm_block_ * kSumBlockElems >= s.numel) {
+      u.segment_squares_[segment_] = segment_sum_;
+      segment_sum_ = 0.0;
+      ++segment_, norm_block_ = 0;
+      continue;
     }
-    segment_squares_[i] = sum;
-    pos = s.shard_offset + s.numel;
+    if (at >= end) return;
+    const size_t block_begin = s.shard_offset + norm_block_ * kSumBlockElems;
+    const size_t block_end = s.shard_offset + std::min(s.numel, (norm_block_ + 1) * kSumBlockElems);
+    if (at < block_begin) {  // between segments
+      const size_t to = std::min(end, block_begin);
+      run(at, to, false);
+      at = to;
+      if (at >= end) return;
+    }
+    const size_t to = std::min(end, block_end);
+    run(at, to, true);
+    at = to;
+    if (to < block_end) return;  // the block goes on in a later piece
+    segment_sum_ += squares_end_(carry_);
+    ++norm_block_;
   }
-  run(pos, grads_.elems);
-  squares_final_ = true;
-  return 0;
+  if (at < end) run(at, end, false);  // after the last segment
+}
+
+// Elements [from, to) of the shard from `values` (theirs, in the communication dtype): added (or written), and
+// squared into carry_ where `squared`.
+void AccumulatorPieces::add_run(const char* values, size_t from, size_t to, bool squared) {
+  UnitAccumulator& u = *unit_;
+  if (stream_ != nullptr)
+    stream_(u.grads_.at(from), values, to - from);
+  else
+    add_(u.grads_.at(from), u.grads_.dtype, values, u.comm_dtype_, to - from);
+  if (squared) squares_more_(carry_, squares_of_piece_ ? values : u.grads_.at(from), to - from);
+}
+
+bool AccumulatorPieces::consume_sources(const void* const* sources, int n, int32_t dtype, size_t offset,
+                                        size_t count) noexcept {
+  UnitAccumulator& u = *unit_;
+  if (offset != taken_ || count > u.grads_.elems - taken_ || dtype != static_cast<int32_t>(elem_type(u.comm_dtype_)) ||
+      n < 1 || n > kMaxSources)
+    return false;
+  const size_t esize = dtype_size(u.comm_dtype_);
+  const void* at[kMaxSources];
+  auto sources_at = [&](size_t element) {
+    for (int r = 0; r < n; ++r) at[r] = static_cast<const char*>(sources[r]) + (element - offset) * esize;
+    return at;
+  };
+  walk(offset, offset + count, [&](size_t from, size_t to, bool squared) {
+    // Whole groups of the squares' lanes in one pass from the sources (the accumulator aligned where it is
+    // streamed; a run that starts inside a group, which the window's pieces never do, takes the path below).
+    size_t fused = 0;
+    float* acc = reinterpret_cast<float*>(u.grads_.at(from));
+    if (reduce_into_ != nullptr && (stream_ == nullptr || reinterpret_cast<uintptr_t>(acc) % 64 == 0) &&
+        (!squared || carry_.pending_elems == 0))
+      fused = (to - from) / kSquareGroup * kSquareGroup;
+    if (fused != 0)
+      reduce_into_(acc, sources_at(from), n, fused, into_zero_, stream_ != nullptr, squared ? &carry_ : nullptr);
+    // The rest through the scratch: summed as the backend sums, then added.
+    for (size_t begin = from + fused; begin < to; begin += kScratchElems) {
+      const size_t m = std::min(kScratchElems, to - begin);
+      sum_in_rank_order(scratch_.data(), sources_at(begin), n, m, dtype);
+      add_run(scratch_.data(), begin, begin + m, squared);
+    }
+  });
+  taken_ = offset + count;
+  return true;
+}
+
+void AccumulatorPieces::add(const void* piece, size_t count) {
+  const size_t begin = taken_, esize = dtype_size(unit_->comm_dtype_);
+  walk(begin, begin + count, [&](size_t from, size_t to, bool squared) {
+    add_run(static_cast<const char*>(piece) + (from - begin) * esize, from, to, squared);
+  });
+  taken_ = begin + count;
+}
+
+void AccumulatorPieces::finish() {
+  UnitAccumulator& u = *unit_;
+  const char* reduced_block = block_;
+  const size_t red_size = dtype_size(u.comm_dtype_);
+  disarm();  // the backend is done with it (the wait returned)
+  // Left to add: in pieces of a norm block, so that each is squared while it is in cache.
+  const size_t step = squares_ ? kSumBlockElems : u.grads_.elems;
+  while (taken_ < u.grads_.elems) add(reduced_block + taken_ * red_size, std::min(step, u.grads_.elems - taken_));
+  if (squares_) {
+    walk(taken_, taken_, [](size_t, size_t, bool) {});  // segments that end at the shard's end, or hold no element
+    u.squares_final_ = true;
+  }
 }
 
 // Widening in place runs back to front (a wider element overwrites the narrower ones after it), so the range is

@@ -1,5 +1,7 @@
 #include "grads/bucket.hpp"
 
+#include <mutex>
+
 #include "memory/ops.hpp"
 #include "util/error.hpp"
 
@@ -46,7 +48,27 @@ MicroStepOutcome after_micro_step(const std::vector<uint64_t>& all, int ranks, s
 }
 
 Bucket::Bucket(int index, size_t elems, std::vector<UnitSlot> units, DType accum_dtype, DType comm_dtype)
-    : index_(index), elems_(elems), units_(std::move(units)), accum_dtype_(accum_dtype), comm_dtype_(comm_dtype) {}
+    : index_(index), elems_(elems), units_(std::move(units)), accum_dtype_(accum_dtype), comm_dtype_(comm_dtype) {
+  pieces_.resize(units_.size());
+}
+
+namespace {
+
+// A sink a backend may still call: reachable for the life of the process (a leak checker sees it kept, not lost).
+void keep_forever(std::unique_ptr<AccumulatorPieces> pieces) {
+  static std::mutex mutex;
+  static std::vector<AccumulatorPieces*>* const kept = new std::vector<AccumulatorPieces*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(pieces.release());
+}
+
+}  // namespace
+
+Bucket::~Bucket() {
+  if (reducing_ == nullptr) return;
+  for (std::unique_ptr<AccumulatorPieces>& p : pieces_)
+    if (p != nullptr) p->disarm(), keep_forever(std::move(p));
+}
 
 char* Bucket::gradients(BufferPool& pool, const UnitSlot& slot, size_t offset_in_unit) {
   if (buffer_ == nullptr) {
@@ -56,7 +78,7 @@ char* Bucket::gradients(BufferPool& pool, const UnitSlot& slot, size_t offset_in
   return static_cast<char*>(buffer_) + (slot.offset + offset_in_unit) * grad_size();
 }
 
-void Bucket::start(EngineComm& comm, BufferPool& pool, const std::string& label) {
+void Bucket::start(EngineComm& comm, BufferPool& pool, const std::string& label, bool last_micro_step) {
   if (in_flight()) fail(ZERO_ERR_INTERNAL, label + ": the bucket's previous reduction is still in flight");
   if (buffer_ == nullptr) {  // no gradient was asked for here: this rank contributes zeros
     buffer_ = pool.acquire();
@@ -64,11 +86,21 @@ void Bucket::start(EngineComm& comm, BufferPool& pool, const std::string& label)
   }
   const ElementOps& ops = element_ops(pool.space());
   std::vector<EngineComm::Planned> group;
-  for (const UnitSlot& slot : units_) {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const UnitSlot& slot = units_[i];
     char* full = static_cast<char*>(buffer_) + slot.offset * grad_size();
     ops.convert(full, comm_dtype_, full, accum_dtype_, slot.padded_elems);
+    ReducedSink* sink = nullptr;
+    if (slot.accumulator->takes_pieces(pool.space()) && slot.accumulator->elems() == slot.shard_elems) {
+      if (pieces_[i] == nullptr) pieces_[i] = std::make_unique<AccumulatorPieces>();
+      slot.accumulator->begin_reduction(*pieces_[i], last_micro_step,
+                                        full + comm.rank() * slot.shard_elems * dtype_size(comm_dtype_));
+      sink = pieces_[i].get();
+    } else {
+      pieces_[i].reset();
+    }
     group.push_back({CollKind::kReduceScatter, full, slot.shard_elems, elem_type(comm_dtype_),
-                     label + ", unit " + std::to_string(slot.unit)});
+                     label + ", unit " + std::to_string(slot.unit), sink});
   }
   reducing_ = buffer_;
   buffer_ = nullptr;  // a gradient that comes later gets a fresh buffer (reduced again at zero_backward_end)
@@ -80,10 +112,15 @@ void Bucket::finish(EngineComm& comm, BufferPool& pool, bool last_micro_step) {
   const int rank = comm.rank();
   OffloadPipeline* offload = nullptr;  // ZeRO-Offload's copies still reading the buffer, the last one's ticket
   TransferQueue::Ticket copy = 0;
-  for (const UnitSlot& slot : units_) {
-    const char* full = static_cast<const char*>(reducing_) + slot.offset * grad_size();
-    const TransferQueue::Ticket t = slot.accumulator->accumulate(
-        full + rank * slot.shard_elems * dtype_size(comm_dtype_), pool.space(), last_micro_step);
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const UnitSlot& slot = units_[i];
+    const char* block = static_cast<const char*>(reducing_) + slot.offset * grad_size() +
+                        rank * slot.shard_elems * dtype_size(comm_dtype_);
+    if (pieces_[i] != nullptr) {
+      pieces_[i]->finish();
+      continue;
+    }
+    const TransferQueue::Ticket t = slot.accumulator->accumulate(block, pool.space(), last_micro_step);
     if (t != 0) offload = slot.accumulator->offload(), copy = t;
   }
   if (offload != nullptr) {

@@ -69,6 +69,11 @@ class Bucket {
   };
 
   Bucket(int index, size_t elems, std::vector<UnitSlot> units, DType accum_dtype, DType comm_dtype);
+  Bucket(Bucket&&) = default;
+  Bucket& operator=(Bucket&&) = delete;
+  // A reduction still in flight (the engine gave up on it, or is going away in the middle of it) may still hand
+  // pieces to its sinks: they are disarmed, and kept, never freed.
+  ~Bucket();
 
   int index() const { return index_; }
   size_t elems() const { return elems_; }
@@ -89,11 +94,13 @@ class Bucket {
   // ---- the reduction
   // Narrows each unit in place, starts the reduce-scatters as one group (labelled `label` + ", unit u") and puts
   // the buffer in flight; a gradient that comes later gets a fresh buffer. Without a buffer (no gradient was asked
-  // for on this rank) it takes one of zeros from the pool, reserved by the caller.
-  void start(EngineComm& comm, BufferPool& pool, const std::string& label);
+  // for on this rank) it takes one of zeros from the pool, reserved by the caller. The accumulators' adds begin
+  // here: a backend that can hands each unit's summed block to them as it goes (comm/reduced_sink.hpp);
+  // `last_micro_step` as for finish().
+  void start(EngineComm& comm, BufferPool& pool, const std::string& label, bool last_micro_step);
   bool in_flight() const { return !pending_.empty(); }
-  // Waits for the reduction in flight, adds this rank's block of each unit into its accumulator (with the norm's
-  // squares on the window's last micro-step) and gives the buffer back.
+  // Waits for the reduction in flight, adds this rank's block of each unit into its accumulator (what the backend
+  // did not hand it already; with the norm's squares on the window's last micro-step) and gives the buffer back.
   void finish(EngineComm& comm, BufferPool& pool, bool last_micro_step);
   // The buffers a backend may still write after the engine gave up on it.
   void* in_flight_buffer() const { return reducing_; }
@@ -109,6 +116,9 @@ class Bucket {
   void* buffer_ = nullptr;    // collecting this micro-step's gradients
   void* reducing_ = nullptr;  // in flight
   std::vector<EngineComm::Pending> pending_;
+  // Per unit, the reduction's adds into its accumulator, begun in start(): host buffers (null for device ones, whose
+  // reduced blocks are added in finish()).
+  std::vector<std::unique_ptr<AccumulatorPieces>> pieces_;
 };
 
 }  // namespace zero

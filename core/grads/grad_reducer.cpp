@@ -160,7 +160,8 @@ void GradientReducer::reduce_bucket(int index, bool again) {
   });
   call.agree(again ? -(index + 1) : index, static_cast<int64_t>(bucket.elems()));
   call.move([&] {
-    bucket.start(comm_, bucket_pool_, guard_.label("reduce-scatter of bucket " + std::to_string(index)));
+    bucket.start(comm_, bucket_pool_, guard_.label("reduce-scatter of bucket " + std::to_string(index)),
+                 window_.running_last());
     in_flight_.push_back(index);
     test_hooks::maybe_fail("bucket.group", comm_.rank());  // a failure while the group is in flight
   });

@@ -180,6 +180,55 @@ double sum_squares_kernel(const void* grad, size_t n) {
   return V::dsum(acc);
 }
 
+// sum_squares_kernel in pieces (SquaresCarry): the same 16-element groups from the run's start, the same zero-padded
+// last group, the same lanes and the same final sum.
+template <class V, DType G>
+void squares_more_kernel(SquaresCarry& carry, const void* grad, size_t n) {
+  using D = typename V::D;
+  using Elem = std::conditional_t<G == DType::kF32, float, uint16_t>;
+  using Parts = std::make_index_sequence<kSquareLanes / V::W>;
+  static_assert(sizeof(D) <= sizeof(carry.lanes) && kSquareLanes * sizeof(Elem) <= sizeof(carry.pending), "carry");
+  D acc = V::dzero();
+  if (carry.started) std::memcpy(&acc, carry.lanes, sizeof acc);
+  carry.started = true;
+  const char* p = static_cast<const char*>(grad);
+  if (carry.pending_elems != 0) {
+    const size_t take = std::min<size_t>(kSquareLanes - carry.pending_elems, n);
+    std::memcpy(carry.pending + carry.pending_elems * sizeof(Elem), p, take * sizeof(Elem));
+    carry.pending_elems += static_cast<uint32_t>(take);
+    p += take * sizeof(Elem), n -= take;
+    if (carry.pending_elems == kSquareLanes) {
+      alignas(64) Elem group[kSquareLanes];
+      std::memcpy(group, carry.pending, sizeof group);
+      acc = accumulate_block<V, G>(acc, group, 0, Parts{});
+      carry.pending_elems = 0;
+    }
+  }
+  const size_t body = n / kSquareLanes * kSquareLanes;
+  for (size_t i = 0; i < body; i += kSquareLanes) acc = accumulate_block<V, G>(acc, p, i, Parts{});
+  if (body < n) {
+    std::memcpy(carry.pending, p + body * sizeof(Elem), (n - body) * sizeof(Elem));
+    carry.pending_elems = static_cast<uint32_t>(n - body);
+  }
+  std::memcpy(carry.lanes, &acc, sizeof acc);
+}
+
+template <class V, DType G>
+double squares_end_kernel(SquaresCarry& carry) {
+  using D = typename V::D;
+  using Elem = std::conditional_t<G == DType::kF32, float, uint16_t>;
+  D acc = V::dzero();
+  if (carry.started) std::memcpy(&acc, carry.lanes, sizeof acc);
+  if (carry.pending_elems != 0) {  // a zero-padded last group: squares of zero add nothing
+    alignas(64) Elem group[kSquareLanes] = {};
+    std::memcpy(group, carry.pending, carry.pending_elems * sizeof(Elem));
+    acc = accumulate_block<V, G>(acc, group, 0, std::make_index_sequence<kSquareLanes / V::W>{});
+  }
+  carry.pending_elems = 0;
+  carry.started = false;
+  return V::dsum(acc);
+}
+
 // The conversions (kernels.hpp): whole vectors, and the last partial vector by the same vector code on a
 // zero-padded copy (as the step kernels do), so an element's result never depends on where it sits and these files
 // call no scalar conversion (which, compiled here, would carry this file's instruction set).
@@ -256,6 +305,94 @@ void accumulate_kernel(void* acc, const void* src, size_t n) {
   std::memcpy(a + body, sum, (n - body) * sizeof(float));
 }
 
+// Vector units with non-temporal stores have V::stream and V::fence (which orders them before a later
+// release store); the others store as usual.
+template <class V, class = void>
+struct HasStream : std::false_type {};
+template <class V>
+struct HasStream<V, std::void_t<decltype(&V::fence)>> : std::true_type {};
+
+template <class V, DType D>
+void stream_into_zero_kernel(void* acc, const void* src, size_t n) {
+  if constexpr (!HasStream<V>::value) {
+    accumulate_kernel<V, D, true>(acc, src, n);
+  } else {
+    constexpr size_t W = V::W, kVectorBytes = W * sizeof(float);
+    using Elem = std::conditional_t<D == DType::kF32, float, uint16_t>;
+    float* a = static_cast<float*>(acc);
+    const Elem* s = static_cast<const Elem*>(src);
+    // Non-temporal stores want whole aligned vectors: the elements before the first such boundary, and those after
+    // the last, are stored as usual (the same values).
+    const uintptr_t misaligned = reinterpret_cast<uintptr_t>(a) % kVectorBytes;
+    size_t head = misaligned == 0 ? 0 : (kVectorBytes - misaligned) / sizeof(float);
+    if (misaligned % sizeof(float) != 0 || head > n) head = n;
+    accumulate_kernel<V, D, true>(a, s, head);
+    const size_t body = head + (n - head) / W * W;
+    for (size_t i = head; i < body; i += W) V::stream(a + i, V::add(V::set1(0.0f), load_any<V, D>(s, i)));
+    accumulate_kernel<V, D, true>(a + body, s + body, n - body);
+    V::fence();
+  }
+}
+
+// reduce_into (kernels.hpp): one vector of the sum in rank order — the first source as it is, each later one added
+// (a 16-bit sum rounded once to its dtype, as the backends round it) — into the accumulator, as accumulate_kernel
+// adds (the accumulator, or 0, plus the sum), and its square into the lanes as sum_squares_kernel adds it.
+template <class V, DType C, bool kIntoZero, bool kStream, bool kSquares>
+ZERO_HOST_INLINE typename V::D reduce_vector(typename V::D lanes, float* acc, const void* const* src, int n, size_t i,
+                                             size_t part) {
+  typename V::F x = load_any<V, C>(src[0], i);
+  for (int r = 1; r < n; ++r) x = V::add(x, load_any<V, C>(src[r], i));
+  if constexpr (C != DType::kF32) {
+    alignas(64) uint16_t rounded[V::W];
+    store16<V, C>(rounded, x);
+    x = load16<V, C>(rounded);
+  }
+  const typename V::F v = V::add(kIntoZero ? V::set1(0.0f) : V::load(acc + i), x);
+  if constexpr (kStream && HasStream<V>::value)
+    V::stream(acc + i, v);
+  else
+    V::store(acc + i, v);
+  if constexpr (kSquares) lanes = V::accumulate_squares(lanes, v, part);
+  return lanes;
+}
+
+template <class V, DType C, bool kIntoZero, bool kStream, bool kSquares, size_t... Part>
+ZERO_HOST_INLINE typename V::D reduce_group(typename V::D lanes, float* acc, const void* const* src, int n, size_t i,
+                                            std::index_sequence<Part...>) {
+  ((lanes = reduce_vector<V, C, kIntoZero, kStream, kSquares>(lanes, acc, src, n, i + Part * V::W, Part)), ...);
+  return lanes;
+}
+
+template <class V, DType C, bool kIntoZero, bool kStream, bool kSquares>
+void reduce_into_loop(float* acc, const void* const* src, int n, size_t count, SquaresCarry* carry) {
+  using D = typename V::D;
+  D lanes = V::dzero();
+  if constexpr (kSquares) {
+    static_assert(sizeof(D) <= sizeof(carry->lanes), "the carry holds the lanes");
+    if (carry->started) std::memcpy(&lanes, carry->lanes, sizeof lanes);
+  }
+  for (size_t i = 0; i < count; i += kSquareLanes)
+    lanes = reduce_group<V, C, kIntoZero, kStream, kSquares>(lanes, acc, src, n, i,
+                                                             std::make_index_sequence<kSquareLanes / V::W>{});
+  if constexpr (kSquares) {
+    std::memcpy(carry->lanes, &lanes, sizeof lanes);
+    carry->started = true;
+  }
+  if constexpr (kStream && HasStream<V>::value) V::fence();
+}
+
+template <class V, DType C>
+void reduce_into_kernel(float* acc, const void* const* src, int n, size_t count, bool into_zero, bool stream,
+                        SquaresCarry* carry) {
+  const bool squares = carry != nullptr;
+  if (into_zero && stream && squares) return reduce_into_loop<V, C, true, true, true>(acc, src, n, count, carry);
+  if (into_zero && stream) return reduce_into_loop<V, C, true, true, false>(acc, src, n, count, carry);
+  if (into_zero && squares) return reduce_into_loop<V, C, true, false, true>(acc, src, n, count, carry);
+  if (into_zero) return reduce_into_loop<V, C, true, false, false>(acc, src, n, count, carry);
+  if (squares) return reduce_into_loop<V, C, false, false, true>(acc, src, n, count, carry);
+  return reduce_into_loop<V, C, false, false, false>(acc, src, n, count, carry);
+}
+
 template <class V, OptimizerKind K, DType G>
 void fill_copy_modes(KernelTable& t) {
   t.step[static_cast<int>(K)][static_cast<int>(G)][0] = step_kernel<V, K, G, CopyMode::kNone>;
@@ -292,6 +429,18 @@ KernelTable make_table() {
   t.accumulate_into_zero[0] = accumulate_kernel<V, DType::kF32, true>;
   t.accumulate_into_zero[1] = accumulate_kernel<V, DType::kBF16, true>;
   t.accumulate_into_zero[2] = accumulate_kernel<V, DType::kF16, true>;
+  t.squares_more[0] = squares_more_kernel<V, DType::kF32>;
+  t.squares_more[1] = squares_more_kernel<V, DType::kBF16>;
+  t.squares_more[2] = squares_more_kernel<V, DType::kF16>;
+  t.squares_end[0] = squares_end_kernel<V, DType::kF32>;
+  t.squares_end[1] = squares_end_kernel<V, DType::kBF16>;
+  t.squares_end[2] = squares_end_kernel<V, DType::kF16>;
+  t.reduce_into[0] = reduce_into_kernel<V, DType::kF32>;
+  t.reduce_into[1] = reduce_into_kernel<V, DType::kBF16>;
+  t.reduce_into[2] = reduce_into_kernel<V, DType::kF16>;
+  t.stream_into_zero[0] = stream_into_zero_kernel<V, DType::kF32>;
+  t.stream_into_zero[1] = stream_into_zero_kernel<V, DType::kBF16>;
+  t.stream_into_zero[2] = stream_into_zero_kernel<V, DType::kF16>;
   return t;
 }
 

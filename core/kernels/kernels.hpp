@@ -92,6 +92,25 @@ struct KernelArgs {
 
 using StepKernel = void (*)(const KernelArgs&);
 using SumSquaresKernel = double (*)(const void* grad, size_t n);
+// sum_squares over a run handed in consecutive pieces (a reduction's, as it is summed): the lanes, and the elements
+// of a 16-element group not yet complete, carried between calls. squares_more over the pieces, then squares_end,
+// give sum_squares' bits over the whole run; squares_end starts the carry afresh. One instruction set's kernels per
+// carry (its lanes are that path's registers as stored).
+struct SquaresCarry {
+  alignas(64) unsigned char lanes[128];
+  alignas(64) unsigned char pending[64];
+  uint32_t pending_elems = 0;
+  bool started = false;
+};
+using SquaresMoreKernel = void (*)(SquaresCarry& carry, const void* grad, size_t n);
+using SquaresEndKernel = double (*)(SquaresCarry& carry);
+// A reduction's pass straight from its sources: elements [0, count) of the sum in rank order of n sources (the
+// communication dtype; a 16-bit sum rounded once to it, as the backends round it) written into the fp32 accumulator
+// (into_zero: 0 + sum, else acc + sum: accumulate's bits), with non-temporal stores where `stream` (acc then aligned
+// to 64 bytes; the stores fenced before it returns), and, with a carry (no element pending), each result's square
+// into its lanes as squares_more over the results would add it. count: whole groups of kSquareLanes.
+using ReduceIntoKernel = void (*)(float* acc, const void* const* sources, int n, size_t count, bool into_zero,
+                                  bool stream, SquaresCarry* carry);
 
 // Gradient conversions between fp32 and a 16-bit dtype, with core/numeric/convert.hpp's exact per-element results
 // (round to nearest even, denormals kept, nans as there: quieted by narrowing and by fp16 widening), at memory speed.
@@ -103,10 +122,16 @@ using ConvertKernel = void (*)(void* dst, const void* src, size_t n);
 struct KernelTable {
   StepKernel step[kNumOptimizerKinds][3][kNumCopyModes];  // [optimizer][grad dtype][copy mode]
   SumSquaresKernel sum_squares[3];                        // [grad dtype]
+  SquaresMoreKernel squares_more[3];                      // [grad dtype]
+  SquaresEndKernel squares_end[3];                        // [grad dtype]
+  ReduceIntoKernel reduce_into[3];                        // [communication dtype], into fp32
   ConvertKernel narrow[3];                                // [16-bit dtype: kBF16, kF16]; [kF32] unused
   ConvertKernel widen[3];                                 // [16-bit dtype]
   ConvertKernel accumulate[3];                            // [source dtype], into fp32
   ConvertKernel accumulate_into_zero[3];                  // [source dtype], into fp32
+  // accumulate_into_zero with non-temporal stores (the same values): for a large accumulator read again only after
+  // every other bucket, so that its lines are neither read for ownership nor kept in cache. Host paths only.
+  ConvertKernel stream_into_zero[3];  // [source dtype], into fp32
 };
 
 // The best path this CPU supports, unless ZERO_SIMD=scalar|avx2|avx512 forces one (an unsupported forced path

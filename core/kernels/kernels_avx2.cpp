@@ -17,6 +17,8 @@ struct Avx2V {
   };
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static void stream(float* p, F v) { _mm256_stream_ps(p, v); }  // p aligned to the vector
+  static void fence() { _mm_sfence(); }
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }

@@ -22,6 +22,8 @@ struct Avx512V {
   };
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+  static void stream(float* p, F v) { _mm512_stream_ps(p, v); }  // p aligned to the vector
+  static void fence() { _mm_sfence(); }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }

@@ -134,13 +134,16 @@ struct Job {
       if (arena) windows[static_cast<size_t>(r)]->set_arena(mine->share(0), mine->share_bytes(), mine);
     }
   }
-  // Runs collective `sequence` of `kind` on every rank's buffer.
-  void run(uint64_t sequence, int32_t kind, int32_t dtype, std::vector<char*>& bufs, size_t count, size_t esize) {
+  // Runs collective `sequence` of `kind` on every rank's buffer (a reduce-scatter handing rank r's block to
+  // sinks[r] where given).
+  void run(uint64_t sequence, int32_t kind, int32_t dtype, std::vector<char*>& bufs, size_t count, size_t esize,
+           const std::vector<ReducedSink*>& sinks = {}) {
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)
       threads.emplace_back([&, r] {
         NodeWindow& w = *windows[static_cast<size_t>(r)];
         NodeWindow::Op op = w.begin(sequence, kind, dtype, bufs[static_cast<size_t>(r)], count, esize);
+        if (!sinks.empty()) op.sink = sinks[static_cast<size_t>(r)];
         EXPECT_TRUE(op.direct);
         for (;;) {
           const NodeWindow::Progress p = w.step(op);
@@ -174,7 +177,49 @@ std::vector<char> random_buffer(size_t bytes, uint32_t seed, int32_t dtype) {
   return out;
 }
 
-void check_mix(int ranks, const std::vector<bool>& in_arena, int32_t dtype, size_t count, bool window_arena = true) {
+// Collects the pieces a reduce-scatter hands it, and whether they came in order, each element once: their sums, or
+// (`sums_sources`) their sources, which it sums itself in rank order, as AccumulatorPieces does.
+class CollectingSink final : public ReducedSink {
+ public:
+  CollectingSink(size_t count, size_t esize, bool sums_sources)
+      : esize_(esize), sums_sources_(sums_sources), got_(count * esize) {
+    arm();
+  }
+  const std::vector<char>& got() const { return got_; }
+  size_t taken() const { return taken_; }
+  bool in_order() const { return in_order_; }
+  int pieces() const { return pieces_; }
+
+ private:
+  void consume(const void* piece, size_t offset, size_t count) noexcept override {
+    in_order_ = in_order_ && offset == taken_ && (offset + count) * esize_ <= got_.size();
+    if (!in_order_) return;
+    std::memcpy(got_.data() + offset * esize_, piece, count * esize_);
+    taken_ += count;
+    ++pieces_;
+  }
+  bool consume_sources(const void* const* sources, int n, int32_t dtype, size_t offset,
+                       size_t count) noexcept override {
+    if (!sums_sources_) return false;
+    in_order_ = in_order_ && offset == taken_ && (offset + count) * esize_ <= got_.size();
+    if (!in_order_) return false;
+    sum_in_rank_order(got_.data() + offset * esize_, sources, n, count, dtype);
+    taken_ += count;
+    ++pieces_;
+    return true;
+  }
+  size_t esize_;
+  bool sums_sources_;
+  std::vector<char> got_;
+  size_t taken_ = 0;
+  bool in_order_ = true;
+  int pieces_ = 0;
+};
+
+enum class Sinks { kNone, kSums, kSources };
+
+void check_mix(int ranks, const std::vector<bool>& in_arena, int32_t dtype, size_t count, bool window_arena = true,
+               Sinks sinks = Sinks::kNone) {
   SCOPED_TRACE("ranks " + std::to_string(ranks) + ", dtype " + std::to_string(dtype) + ", count " +
                std::to_string(count));
   Job job(ranks, window_arena);
@@ -192,17 +237,34 @@ void check_mix(int ranks, const std::vector<bool>& in_arena, int32_t dtype, size
     std::memcpy(buf, inputs.back().data(), bytes);
     bufs.push_back(buf);
   }
-  job.run(1, ZERO_COLL_REDUCE_SCATTER, dtype, bufs, count, esize);
+  std::vector<std::unique_ptr<CollectingSink>> collecting;
+  std::vector<ReducedSink*> sink_of;
+  for (int r = 0; sinks != Sinks::kNone && r < ranks; ++r) {
+    collecting.push_back(std::make_unique<CollectingSink>(count, esize, sinks == Sinks::kSources));
+    sink_of.push_back(collecting.back().get());
+  }
+  job.run(1, ZERO_COLL_REDUCE_SCATTER, dtype, bufs, count, esize, sink_of);
   for (int r = 0; r < ranks; ++r) {
     std::vector<char> expected(count * esize);
     std::vector<const void*> sources;
     for (int from = 0; from < ranks; ++from)
       sources.push_back(inputs[static_cast<size_t>(from)].data() + static_cast<size_t>(r) * count * esize);
     sum_in_rank_order(expected.data(), sources.data(), ranks, count, dtype);
-    EXPECT_EQ(std::memcmp(bufs[static_cast<size_t>(r)] + static_cast<size_t>(r) * count * esize, expected.data(),
+    // A sink that sums the sources leaves the block as it was (this rank's input); otherwise it holds the sum.
+    const char* block_holds = sinks == Sinks::kSources
+                                  ? inputs[static_cast<size_t>(r)].data() + static_cast<size_t>(r) * count * esize
+                                  : expected.data();
+    EXPECT_EQ(std::memcmp(bufs[static_cast<size_t>(r)] + static_cast<size_t>(r) * count * esize, block_holds,
                           expected.size()),
               0)
         << "rank " << r << "'s block";
+    if (sinks == Sinks::kNone) continue;
+    // The sum went to the sink (or the sink made it), in order, each element once, in pieces.
+    const CollectingSink& sink = *collecting[static_cast<size_t>(r)];
+    EXPECT_TRUE(sink.in_order()) << "rank " << r;
+    EXPECT_EQ(sink.taken(), count) << "rank " << r;
+    EXPECT_GT(sink.pieces(), count * esize > (128 << 10) ? 1 : 0) << "rank " << r;
+    EXPECT_EQ(std::memcmp(sink.got().data(), expected.data(), expected.size()), 0) << "rank " << r << "'s sum";
   }
   // Then an all-gather of the reduced blocks: every rank ends with every block.
   job.run(2, ZERO_COLL_ALL_GATHER, dtype, bufs, count, esize);
@@ -227,6 +289,24 @@ TEST(SharedArenaWindow, ReduceScatterAndAllGatherInPlaceWithAnyMixOfRanks) {
       check_mix(3, {false, true, false}, dtype, count);
       check_mix(3, {false, false, false}, dtype, count);
       check_mix(4, {false, true, true, false}, dtype, count);
+    }
+}
+
+TEST(SharedArenaWindow, AReduceScatterHandsItsSumToASinkPieceByPiece) {
+  for (size_t count : {size_t{1000}, size_t{300001}})
+    for (int32_t dtype : {ZERO_DTYPE_FP32, ZERO_DTYPE_BF16}) {
+      check_mix(2, {true, true}, dtype, count, true, Sinks::kSums);
+      check_mix(3, {true, false, true}, dtype, count, true, Sinks::kSums);
+      check_mix(3, {false, false, false}, dtype, count, true, Sinks::kSums);
+    }
+}
+
+TEST(SharedArenaWindow, ASinkThatSumsTheSourcesLeavesTheBlockUnwritten) {
+  for (size_t count : {size_t{1000}, size_t{300001}})
+    for (int32_t dtype : {ZERO_DTYPE_FP32, ZERO_DTYPE_BF16}) {
+      check_mix(2, {true, true}, dtype, count, true, Sinks::kSources);
+      check_mix(3, {true, false, true}, dtype, count, true, Sinks::kSources);
+      check_mix(3, {false, false, false}, dtype, count, true, Sinks::kSources);
     }
 }
 
