@@ -378,7 +378,8 @@ class NodeWindow {
           if (op.offset == op.block_bytes) op.offset = 0, ++op.peer;
         } else {
           // This rank's block, piece by piece: each peer's piece in place where it lies in the arena, else read
-          // into this rank's half; then the sum in rank order with this rank's own piece, in place, which a sink
+          // into this rank's half; then the sources, in rank order with this rank's own piece, to the sink, which
+          // sums them into its accumulator — or, without one or where it declines, the sum in place, which a sink
           // then takes from cache.
           if (op.offset == op.block_bytes) break;
           size_t per = std::min(kDirectSumPiece, half_ / static_cast<size_t>(size_ - 1)) / 64 * 64;

@@ -3,8 +3,9 @@
 // that the engine's accumulator takes it while it is in cache — or hands the piece's sources, in rank order, for the
 // sink to sum itself straight into its accumulator, the buffer's block then never written. Pieces come in ascending
 // order, each element once; a backend that cannot ignores the sink, and whatever a sink was not handed it takes from
-// the buffer after the wait. A sink is armed while its reduction runs: the engine disarms it when it gives the
-// reduction up, after which the backend's calls do nothing (and the backend sums into the buffer as without a sink).
+// the buffer after the wait. A sink is armed while its reduction runs: the engine disarms it when the reduction ends
+// or is given up, after which the backend's calls do nothing and it sums the pieces still to come into the buffer as
+// without a sink (a given-up reduction's buffer, part of it summed and part not, is never read again).
 #pragma once
 
 #include <cstddef>

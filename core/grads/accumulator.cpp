@@ -39,7 +39,8 @@ TransferQueue::Ticket UnitAccumulator::accumulate(const char* reduced, MemorySpa
   return 0;
 }
 
-void UnitAccumulator::begin_reduction(AccumulatorPieces& pieces, bool last_micro_step, const char* reduced_block) {
+void UnitAccumulator::begin_reduction(AccumulatorPieces& pieces, bool last_micro_step, const char* reduced_block,
+                                      bool from_sources) {
   const ElementOps& ops = element_ops(grads_.space);
   pieces.unit_ = this;
   pieces.block_ = reduced_block;
@@ -65,7 +66,7 @@ void UnitAccumulator::begin_reduction(AccumulatorPieces& pieces, bool last_micro
     fail(ZERO_ERR_INTERNAL, "the norm's squares of a device's accumulator summed on the host");
   }
   pieces.carry_ = SquaresCarry();
-  pieces.scratch_.resize(AccumulatorPieces::kScratchElems * dtype_size(comm_dtype_));
+  if (from_sources) pieces.scratch_.resize(AccumulatorPieces::kScratchElems * dtype_size(comm_dtype_));
   pieces.taken_ = pieces.segment_ = pieces.norm_block_ = 0;
   pieces.segment_sum_ = 0.0;
   pieces.arm();
@@ -122,7 +123,8 @@ void AccumulatorPieces::walk(size_t begin, size_t end, Run&& run) {
 // squared into carry_ where `squared`.
 void AccumulatorPieces::add_run(const char* values, size_t from, size_t to, bool squared) {
   UnitAccumulator& u = *unit_;
-  if (stream_ != nullptr)
+  // Streamed lines leave the cache: squares read from the accumulator (16-bit pieces) want them stored.
+  if (stream_ != nullptr && (!squared || squares_of_piece_))
     stream_(u.grads_.at(from), values, to - from);
   else
     add_(u.grads_.at(from), u.grads_.dtype, values, u.comm_dtype_, to - from);
@@ -132,8 +134,8 @@ void AccumulatorPieces::add_run(const char* values, size_t from, size_t to, bool
 bool AccumulatorPieces::consume_sources(const void* const* sources, int n, int32_t dtype, size_t offset,
                                         size_t count) noexcept {
   UnitAccumulator& u = *unit_;
-  if (offset != taken_ || count > u.grads_.elems - taken_ || dtype != static_cast<int32_t>(elem_type(u.comm_dtype_)) ||
-      n < 1 || n > kMaxSources)
+  if (scratch_.empty() || offset != taken_ || count > u.grads_.elems - taken_ ||
+      dtype != static_cast<int32_t>(elem_type(u.comm_dtype_)) || n < 1 || n > kMaxSources)
     return false;
   const size_t esize = dtype_size(u.comm_dtype_);
   const void* at[kMaxSources];

@@ -18,17 +18,17 @@ namespace zero {
 
 class UnitAccumulator;
 
-// One reduction's adds into a unit's accumulator (UnitAccumulator::begin_reduction), taken in ascending pieces: from
-// a backend as it sums them (comm/reduced_sink.hpp) — better, the pieces' sources, summed here straight into the
-// accumulator a few thousand elements at a time through a scratch in L1, the reduced block never written — then
-// whatever the backend did not hand, from the reduced block after the wait (finish). The norm's squares are summed
-// as each piece is added, from cache, with the norm pass's kernel carried across pieces (SquaresCarry), each
-// segment in kSumBlockElems blocks from its start. The adds are element-wise, the sum in rank order is the
-// backend's, and the carried squares are the whole block's, so the cut into pieces changes no bit.
+// One reduction's adds into a unit's accumulator (UnitAccumulator::begin_reduction), taken in ascending pieces: the
+// pieces' sources from a backend that hands them (comm/reduced_sink.hpp), summed here straight into the accumulator
+// in one pass (reduce_into: the sum, the add, the squares in registers; the reduced block is never written), or the
+// pieces as a backend sums them, or, after the wait, whatever the backend did not hand, from the reduced block
+// (finish). The norm's squares are summed as each piece is added, with the norm pass's lanes carried across pieces
+// (SquaresCarry), each segment in kSumBlockElems blocks from its start. The adds are element-wise, the sum in rank
+// order is the backend's, and the carried squares are the whole block's, so the cut into pieces changes no bit.
 class AccumulatorPieces final : public ReducedSink {
  public:
-  // After the wait: the elements the backend did not hand (all or none), from this rank's reduced block (the one
-  // begin_reduction was given).
+  // After the wait: the elements the backend did not hand (a suffix of the block, or all of it), from this rank's
+  // reduced block (the one begin_reduction was given).
   void finish();
 
  private:
@@ -82,9 +82,10 @@ class UnitAccumulator {
   bool takes_pieces(MemorySpace reduced_space) const {
     return host_addressable(reduced_space) && host_addressable(grads_.space);
   }
-  // `reduced_block` is where the backend stores this rank's reduced block (its pieces are stored there before they
-  // are handed over).
-  void begin_reduction(AccumulatorPieces& pieces, bool last_micro_step, const char* reduced_block);
+  // `reduced_block` is where the backend stores this rank's reduced block, unless it hands the pieces' sources to
+  // the sink (then the block is never written); `from_sources`: a backend may hand them (a bucket's sink).
+  void begin_reduction(AccumulatorPieces& pieces, bool last_micro_step, const char* reduced_block,
+                       bool from_sources = false);
   // The window's first reduction into an fp32 accumulator of at least this many bytes writes it with non-temporal
   // stores: it is read again only by the optimizer, after every other bucket has gone through the caches.
   static constexpr size_t kStreamMinBytes = size_t{512} << 10;

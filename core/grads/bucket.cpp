@@ -94,7 +94,7 @@ void Bucket::start(EngineComm& comm, BufferPool& pool, const std::string& label,
     if (slot.accumulator->takes_pieces(pool.space()) && slot.accumulator->elems() == slot.shard_elems) {
       if (pieces_[i] == nullptr) pieces_[i] = std::make_unique<AccumulatorPieces>();
       slot.accumulator->begin_reduction(*pieces_[i], last_micro_step,
-                                        full + comm.rank() * slot.shard_elems * dtype_size(comm_dtype_));
+                                        full + comm.rank() * slot.shard_elems * dtype_size(comm_dtype_), true);
       sink = pieces_[i].get();
     } else {
       pieces_[i].reset();
@@ -104,11 +104,27 @@ void Bucket::start(EngineComm& comm, BufferPool& pool, const std::string& label,
   }
   reducing_ = buffer_;
   buffer_ = nullptr;  // a gradient that comes later gets a fresh buffer (reduced again at zero_backward_end)
-  pending_ = comm.start_group(std::move(group));
+  try {
+    pending_ = comm.start_group(std::move(group));
+  } catch (...) {
+    disarm();
+    throw;
+  }
+}
+
+// The engine gives the reduction up: what the backend still runs sums into the buffer, never into the accumulators.
+void Bucket::disarm() {
+  for (std::unique_ptr<AccumulatorPieces>& p : pieces_)
+    if (p != nullptr) p->disarm();
 }
 
 void Bucket::finish(EngineComm& comm, BufferPool& pool, bool last_micro_step) {
-  comm.wait_all(pending_);
+  try {
+    comm.wait_all(pending_);
+  } catch (...) {
+    disarm();
+    throw;
+  }
   const int rank = comm.rank();
   OffloadPipeline* offload = nullptr;  // ZeRO-Offload's copies still reading the buffer, the last one's ticket
   TransferQueue::Ticket copy = 0;

@@ -102,6 +102,8 @@ class Bucket {
   // Waits for the reduction in flight, adds this rank's block of each unit into its accumulator (what the backend
   // did not hand it already; with the norm's squares on the window's last micro-step) and gives the buffer back.
   void finish(EngineComm& comm, BufferPool& pool, bool last_micro_step);
+  // The engine gives up on the reduction in flight: its sinks take nothing more (finish and start do it on failure).
+  void disarm();
   // The buffers a backend may still write after the engine gave up on it.
   void* in_flight_buffer() const { return reducing_; }
 

@@ -1,12 +1,16 @@
 // A reduction's adds into a unit's accumulator piece by piece (grads/accumulator.hpp's AccumulatorPieces): handed
-// the pieces' sources in any cut (summed there, in rank order, through its scratch) and the rest from the reduced
-// block after the wait, it leaves the accumulator and the norm's segment squares with the bits the whole block's
-// accumulate gives — the window's first reduction (written, streamed when large) and a later one (added), fp32 and
-// bf16 communication, 1-3 ranks, norm segments with gaps, blocks that span pieces. And the squares' carry itself:
-// squares_more over any cut, then squares_end, is sum_squares over the whole run, on every instruction set.
+// the pieces' sources in any cut and in the window's cuts (summed there in one pass, or through its scratch) and the
+// rest from the reduced block after the wait, it leaves the accumulator and the norm's segment squares with the bits
+// the whole block's accumulate gives — the window's first reduction (written, streamed when large) and a later one
+// (added), fp32, bf16 and fp16 communication, 1-3 ranks, norm segments with gaps, blocks that span pieces. Beneath
+// it, on every instruction set: reduce_into (the one pass) against the sum, the add and the norm's kernel, special
+// values included; streaming into zero against accumulating into zero; and the squares' carry, whose pieces in any
+// cut give sum_squares over the whole run.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -67,6 +71,61 @@ TEST(SquaresCarry, PiecesInAnyCutGiveTheWholeRunsBits) {
   }
 }
 
+// Non-temporal stores change where the lines go, never a value: the same bits as accumulate_into_zero (0 + x: a
+// negative zero becomes positive) for every source dtype, destination alignment and length, specials included.
+TEST(ReduceInto, StreamingIntoZeroStoresWhatAccumulatingIntoZeroStores) {
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  const size_t n = 1000;
+  std::vector<float> f32(n);
+  std::vector<uint16_t> bf16(n), fp16(n);
+  for (size_t i = 0; i < n; ++i) f32[i] = value(gen);
+  f32[3] = -0.0f, f32[100] = std::numeric_limits<float>::infinity(), f32[200] = std::nanf(""), f32[301] = 1e-40f;
+  for (size_t i = 0; i < n; ++i) bf16[i] = float_to_bf16_rne(f32[i]), fp16[i] = float_to_fp16_rne(f32[i]);
+  const void* sources[3] = {f32.data(), bf16.data(), fp16.data()};
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    const KernelTable& k = kernels(isa);
+    for (int dtype = 0; dtype < 3; ++dtype)
+      for (size_t offset : {0, 1, 5, 8, 15})
+        for (size_t len : {size_t{0}, size_t{3}, size_t{16}, size_t{17}, size_t{64}, n - offset}) {
+          SCOPED_TRACE("isa " + std::to_string(static_cast<int>(isa)) + ", dtype " + std::to_string(dtype) +
+                       ", offset " + std::to_string(offset) + ", length " + std::to_string(len));
+          std::vector<float> streamed(n + 32, 7.0f), stored(n + 32, 7.0f);
+          const char* src = static_cast<const char*>(sources[dtype]) + offset * (dtype == 0 ? 4 : 2);
+          // The destination offset by `offset` floats from a 64-byte boundary.
+          float* a = streamed.data() + (16 - reinterpret_cast<uintptr_t>(streamed.data()) / 4 % 16) % 16 + offset;
+          float* b = stored.data() + (16 - reinterpret_cast<uintptr_t>(stored.data()) / 4 % 16) % 16 + offset;
+          k.stream_into_zero[dtype](a, src, len);
+          k.accumulate_into_zero[dtype](b, src, len);
+          ASSERT_EQ(std::memcmp(a, b, len * 4), 0);
+          ASSERT_EQ(a[len], 7.0f);  // nothing past the end
+          if (a != streamed.data()) {
+            ASSERT_EQ(a[-1], 7.0f);
+          }
+        }
+  }
+}
+
+// Values whose sums test the arithmetic's corners, at the same places in every source: zeros of both signs, infinities
+// of opposite signs (a NaN), NaNs with different payloads, a subnormal, and values whose 16-bit sum overflows.
+void put_specials(std::vector<char>& v, DType dtype, int rank) {
+  const float inf = std::numeric_limits<float>::infinity();
+  uint32_t payload = 0x7fc00001u + static_cast<uint32_t>(rank);
+  float nan;
+  std::memcpy(&nan, &payload, sizeof nan);
+  const float specials[] = {-0.0f, rank == 0 ? 0.0f : -0.0f, rank % 2 ? -inf : inf, nan, 1e-40f, 60000.0f, -3e38f};
+  for (size_t k = 0; k < sizeof specials / sizeof specials[0]; ++k) {
+    const size_t at = 3 + 17 * k;
+    if (dtype == DType::kF32) {
+      std::memcpy(v.data() + at * 4, &specials[k], 4);
+    } else {
+      const uint16_t h = dtype == DType::kBF16 ? float_to_bf16_rne(specials[k]) : float_to_fp16_rne(specials[k]);
+      std::memcpy(v.data() + at * 2, &h, 2);
+    }
+  }
+}
+
 // One pass from the sources: the sum as the backends make it, added as accumulate adds it, streamed or stored, and
 // the squares as the norm's kernel takes them, on every instruction set, for 1-3 sources of each dtype.
 TEST(ReduceInto, OnePassFromTheSourcesGivesTheSumTheAddsAndTheSquares) {
@@ -84,7 +143,10 @@ TEST(ReduceInto, OnePassFromTheSourcesGivesTheSumTheAddsAndTheSquares) {
                          (into_zero ? ", written" : ", added") + (stream ? ", streamed" : ""));
             std::vector<std::vector<char>> sources;
             std::vector<const void*> from;
-            for (int r = 0; r < n; ++r) sources.push_back(random_values(count, comm, 40 + static_cast<uint32_t>(r)));
+            for (int r = 0; r < n; ++r) {
+              sources.push_back(random_values(count, comm, 40 + static_cast<uint32_t>(r)));
+              put_specials(sources.back(), comm, r);
+            }
             for (const std::vector<char>& v : sources) from.push_back(v.data());
             std::vector<char> sum(count * dtype_size(comm));
             sum_in_rank_order(sum.data(), from.data(), n, count, static_cast<int32_t>(comm));
@@ -153,7 +215,7 @@ void check_pieces(const AccumulatorCase& c, uint32_t seed) {
 
   // The sources of about two thirds of the block in pieces of every size, then the rest from the block.
   AccumulatorPieces pieces;
-  got.begin_reduction(pieces, true, reduced.data());
+  got.begin_reduction(pieces, true, reduced.data(), true);
   std::mt19937 gen(seed);
   std::uniform_int_distribution<size_t> cut(1, 40000);
   const size_t line = 64 / esize;
@@ -176,7 +238,7 @@ TEST(AccumulatorPieces, SourcesSummedInPiecesGiveTheWholeBlocksBits) {
   uint32_t seed = 1;
   // 300001 fp32 elements pass kStreamMinBytes (the first reduction streams); 20001 do not.
   for (size_t elems : {size_t{20001}, size_t{300001}})
-    for (DType comm : {DType::kF32, DType::kBF16})
+    for (DType comm : {DType::kF32, DType::kBF16, DType::kF16})
       for (int ranks : {1, 2, 3})
         for (bool earlier : {false, true})
           for (bool window_cuts : {false, true}) check_pieces({comm, ranks, earlier, elems, window_cuts}, seed++);
@@ -192,7 +254,7 @@ TEST(AccumulatorPieces, OutOfOrderPiecesAndADisarmedSinkAreDeclined) {
   UnitAccumulator unit(GradientView{acc.data(), DType::kF32, MemorySpace::kHost, elems}, segments, 0, true,
                        DType::kF32);
   AccumulatorPieces pieces;
-  unit.begin_reduction(pieces, true, a.data());
+  unit.begin_reduction(pieces, true, a.data(), true);
   const void* sources[2] = {a.data() + 400, b.data() + 400};
   EXPECT_FALSE(pieces.take_sources(sources, 2, ZERO_DTYPE_FP32, 100, 10));  // not at the next element
   EXPECT_FALSE(pieces.take_sources(sources, 2, ZERO_DTYPE_BF16, 0, 10));    // another dtype

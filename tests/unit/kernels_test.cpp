@@ -16,9 +16,7 @@
 #endif
 
 #include <cmath>
-#include <cstring>
 #include <deque>
-#include <limits>
 #include <random>
 #include <vector>
 
@@ -430,42 +428,6 @@ TEST(Kernels, SpecialValuesRoundTheSameOnEveryPath) {
       results.push_back(out);
     }
     for (const auto& r : results) EXPECT_EQ(r, results[0]);
-  }
-}
-
-// Non-temporal stores change where the lines go, never a value: the same bits as accumulate_into_zero (0 + x: a
-// negative zero becomes positive) for every source dtype, destination alignment and length, specials included.
-TEST(Kernels, StreamingIntoZeroStoresWhatAccumulatingIntoZeroStores) {
-  std::mt19937 gen(11);
-  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
-  const size_t n = 1000;
-  std::vector<float> f32(n);
-  std::vector<uint16_t> bf16(n), fp16(n);
-  for (size_t i = 0; i < n; ++i) f32[i] = value(gen);
-  f32[3] = -0.0f, f32[100] = std::numeric_limits<float>::infinity(), f32[200] = std::nanf(""), f32[301] = 1e-40f;
-  for (size_t i = 0; i < n; ++i) bf16[i] = float_to_bf16_rne(f32[i]), fp16[i] = float_to_fp16_rne(f32[i]);
-  const void* sources[3] = {f32.data(), bf16.data(), fp16.data()};
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (!isa_supported(isa)) continue;
-    const KernelTable& k = kernels(isa);
-    for (int dtype = 0; dtype < 3; ++dtype)
-      for (size_t offset : {0, 1, 5, 8, 15})
-        for (size_t len : {size_t{0}, size_t{3}, size_t{16}, size_t{17}, size_t{64}, n - offset}) {
-          SCOPED_TRACE("isa " + std::to_string(static_cast<int>(isa)) + ", dtype " + std::to_string(dtype) +
-                       ", offset " + std::to_string(offset) + ", length " + std::to_string(len));
-          std::vector<float> streamed(n + 32, 7.0f), stored(n + 32, 7.0f);
-          const char* src = static_cast<const char*>(sources[dtype]) + offset * (dtype == 0 ? 4 : 2);
-          // The destination offset by `offset` floats from a 64-byte boundary.
-          float* a = streamed.data() + (16 - reinterpret_cast<uintptr_t>(streamed.data()) / 4 % 16) % 16 + offset;
-          float* b = stored.data() + (16 - reinterpret_cast<uintptr_t>(stored.data()) / 4 % 16) % 16 + offset;
-          k.stream_into_zero[dtype](a, src, len);
-          k.accumulate_into_zero[dtype](b, src, len);
-          ASSERT_EQ(std::memcmp(a, b, len * 4), 0);
-          ASSERT_EQ(a[len], 7.0f);  // nothing past the end
-          if (a != streamed.data()) {
-            ASSERT_EQ(a[-1], 7.0f);
-          }
-        }
   }
 }
 
