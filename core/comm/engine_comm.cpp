@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 
 #include "config/config.hpp"
+#include "util/keep_forever.hpp"
 #include "util/test_hooks.hpp"
 
 namespace zero {
@@ -390,19 +390,6 @@ void EngineComm::broadcast(void* buf, size_t n_elems, ElemType type, int root, c
   c.host_memory = host_memory;
   run(std::move(c), Counter::kBroadcast, bytes, bytes * (n - 1) / n);
 }
-
-namespace {
-
-// A buffer a collective left in flight: the backend may still write into it, so it is never freed, and stays
-// reachable from here for the life of the process (a leak checker sees it kept, not lost).
-void keep_forever(std::unique_ptr<char[]> buffer) {
-  static std::mutex mutex;
-  static std::vector<char*>* const kept = new std::vector<char*>();
-  std::lock_guard<std::mutex> lock(mutex);
-  kept->push_back(buffer.release());
-}
-
-}  // namespace
 
 void EngineComm::run_small(Collective c, size_t total_bytes, Counter counter, uint64_t bytes, uint64_t wire_bytes) {
   void* const caller = c.buf;

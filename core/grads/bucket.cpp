@@ -1,9 +1,8 @@
 #include "grads/bucket.hpp"
 
-#include <mutex>
-
 #include "memory/ops.hpp"
 #include "util/error.hpp"
+#include "util/keep_forever.hpp"
 
 namespace zero {
 
@@ -51,18 +50,6 @@ Bucket::Bucket(int index, size_t elems, std::vector<UnitSlot> units, DType accum
     : index_(index), elems_(elems), units_(std::move(units)), accum_dtype_(accum_dtype), comm_dtype_(comm_dtype) {
   pieces_.resize(units_.size());
 }
-
-namespace {
-
-// A sink a backend may still call: reachable for the life of the process (a leak checker sees it kept, not lost).
-void keep_forever(std::unique_ptr<AccumulatorPieces> pieces) {
-  static std::mutex mutex;
-  static std::vector<AccumulatorPieces*>* const kept = new std::vector<AccumulatorPieces*>();
-  std::lock_guard<std::mutex> lock(mutex);
-  kept->push_back(pieces.release());
-}
-
-}  // namespace
 
 Bucket::~Bucket() {
   if (reducing_ == nullptr) return;
